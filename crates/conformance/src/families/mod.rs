@@ -1,0 +1,13 @@
+//! Case families. Each module declares its cases in one place; [`all`]
+//! is the registry.
+
+use crate::case::Case;
+
+pub mod smoke;
+
+/// Every registered case, in report order.
+pub fn all() -> Vec<Case> {
+    let mut cases = Vec::new();
+    cases.extend(smoke::cases());
+    cases
+}

@@ -1,0 +1,14 @@
+//! The conformance suite: one registry of cases, a runner, reports, and the
+//! snapshot gate.
+//!
+//! Data flows one way: a [`case::Case`] describes seeded inputs, the port
+//! (crate `layers`) computes, the oracle computes the same with the pinned
+//! reference, the outputs are compared bit for bit, and the run becomes a
+//! report row plus a snapshot of the output digest and findings.
+
+pub mod case;
+pub mod families;
+pub mod inputs;
+pub mod report;
+pub mod runner;
+pub mod snapshots;

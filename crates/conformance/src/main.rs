@@ -1,0 +1,250 @@
+//! `cargo xtask conformance` runs this binary (see the README).
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Parser, ValueEnum};
+use conformance::case::Device;
+use conformance::report::{self, exit, Environment, Report, Row};
+use conformance::runner::{self, RunOptions};
+use conformance::snapshots::{self, Mode, Provenance};
+use conformance::families;
+use oracle::{Arg, Oracle, Value};
+
+/// Bit-exact conformance of the layers against the pinned MLX reference.
+#[derive(Parser, Debug)]
+#[command(name = "conformance", version)]
+struct Cli {
+    /// Device to run on; default: gpu (Metal) when available, else cpu.
+    #[arg(long, value_enum)]
+    device: Option<Device>,
+    /// Run only cases whose name contains this text.
+    #[arg(long)]
+    filter: Option<String>,
+    /// Print the registered cases and exit.
+    #[arg(long)]
+    list: bool,
+    /// Base seed for every case's inputs (each case adds its own offset).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Cases run concurrently (they share one interpreter).
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
+    /// What to print on stdout (all report files are written regardless).
+    #[arg(long, value_enum, default_value_t = Format::Human)]
+    format: Format,
+    /// Snapshot gate: check (default; never writes), review (prints diffs),
+    /// accept (writes; used by `cargo xtask fixtures accept`).
+    #[arg(long, value_enum, default_value_t = GateMode::Check)]
+    fixtures: GateMode,
+    /// Proof mode: flip one bit of each case's reference input; every
+    /// must-equal case must then fail.
+    #[arg(long)]
+    perturb: bool,
+    /// Where reports are written.
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Format {
+    Human,
+    Json,
+    Junit,
+    Markdown,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum GateMode {
+    Check,
+    Review,
+    Accept,
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("workspace root")
+}
+
+fn fail(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(exit::ENVIRONMENT as u8)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    let mode = match cli.fixtures {
+        GateMode::Check => Mode::Check,
+        GateMode::Review => Mode::Review,
+        GateMode::Accept => Mode::Accept,
+    };
+    if mode == Mode::Accept && ci {
+        return fail("snapshots are never written under CI=true; run `cargo xtask fixtures accept` locally and commit");
+    }
+    // insta writes only in accept mode. Set before any thread starts.
+    std::env::set_var("INSTA_UPDATE", if mode == Mode::Accept { "always" } else { "no" });
+    std::env::set_var("INSTA_FORCE_PASS", "0");
+
+    let cases = families::all();
+    if let Err(dup) = unique_names(&cases) {
+        return fail(format!("two cases are named `{dup}`; case names must be unique"));
+    }
+    if cli.list {
+        for c in &cases {
+            println!("{:<64} {:<11} {}", c.name, format!("{:?}", c.expect), c.reference);
+        }
+        return ExitCode::SUCCESS;
+    }
+    let selected = match runner::select(&cases, cli.filter.as_deref()) {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    let out_dir = cli.out.clone().unwrap_or_else(|| root.join("target/conformance"));
+    report::clear(&out_dir);
+
+    let fingerprint = match read_fingerprint(&root) {
+        Ok(f) => f,
+        Err(e) => return fail(e),
+    };
+    let oracle = match Oracle::start() {
+        Ok(o) => o,
+        Err(e) => return fail(e),
+    };
+    let metal = oracle.info().metal_available;
+    let device = cli.device.unwrap_or(if metal { Device::Gpu } else { Device::Cpu });
+    if device == Device::Gpu && !metal {
+        return fail("--device gpu: no Metal GPU on this machine (MLX reports metal unavailable); use --device cpu");
+    }
+    runner::set_device(device);
+    if let Err(e) = oracle.set_device(device == Device::Gpu) {
+        return fail(e);
+    }
+    let gpu_arch = match oracle.call("<setup>", "environment", &[], &[]) {
+        Ok(Value::Dict(d)) => match d.get("gpu_architecture") {
+            Some(Value::Str(s)) => Some(s.clone()),
+            _ => None,
+        },
+        _ => None,
+    };
+    let (backend, device_family) = match device {
+        Device::Cpu => ("cpu".to_owned(), format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH)),
+        Device::Gpu => ("metal".to_owned(), gpu_arch.unwrap_or_else(|| "unknown".into())),
+    };
+    let set_dir = snapshots::set_dir(&root.join("fixtures"), &backend, &device_family, &oracle.info().mlx_version);
+    let environment = Environment {
+        mlx_version: oracle.info().mlx_version.clone(),
+        backend: backend.clone(),
+        device: device.name().into(),
+        device_family: device_family.clone(),
+        snapshot_set: set_dir.file_name().unwrap().to_string_lossy().into_owned(),
+        lock_sha256: fingerprint.lock_sha256.clone(),
+        libmlx: oracle.info().libmlx.clone(),
+        seed: cli.seed,
+    };
+    let _ = Arg::None;
+
+    let options = RunOptions { device, seed: cli.seed, jobs: cli.jobs, perturb: cli.perturb };
+    let started = Instant::now();
+    let terminal = std::io::stderr().is_terminal();
+    let bar = if terminal { indicatif::ProgressBar::new(selected.len() as u64) } else { indicatif::ProgressBar::hidden() };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {elapsed} {msg}").expect("template"),
+    );
+    let human = matches!(cli.format, Format::Human);
+    let results = runner::run(&selected, &oracle, &options, &|r| {
+        if terminal {
+            bar.set_message(r.name.clone());
+            bar.inc(1);
+        } else if human {
+            println!("{:<7} {} ({:.1} ms)", format!("{:?}", r.verdict).to_lowercase(), r.name, r.time_ms);
+        }
+    });
+    bar.finish_and_clear();
+
+    if mode == Mode::Accept {
+        if let Some(bad) = results.iter().find(|r| r.verdict == runner::Verdict::Fail) {
+            return fail(format!("refusing to accept snapshots: must-equal case `{}` fails", bad.name));
+        }
+        if let Err(e) = check_lock(&root, &fingerprint) {
+            return fail(format!("refusing to accept snapshots: {e}"));
+        }
+    }
+    let provenance = Provenance {
+        mlx_version: environment.mlx_version.clone(),
+        backend: backend.clone(),
+        device: device_family.clone(),
+        lock_sha256: fingerprint.lock_sha256.clone(),
+        date: today(),
+    };
+    let complete = cli.filter.is_none() && !cli.perturb;
+    let (statuses, orphans) = if cli.perturb {
+        (vec![snapshots::Status::NotChecked; results.len()], vec![])
+    } else {
+        snapshots::gate(&set_dir, &results, mode, &provenance, complete)
+    };
+    let rows: Vec<Row> = results.into_iter().zip(statuses).map(|(result, snapshot)| Row { result, snapshot }).collect();
+    let report = Report::new(environment, rows, if mode == Mode::Accept { &[] } else { &orphans }, started.elapsed().as_secs_f64() * 1e3);
+    if let Err(e) = report::write_all(&out_dir, &report) {
+        return fail(format!("cannot write reports to {}: {e}", out_dir.display()));
+    }
+    match cli.format {
+        Format::Human => {
+            for row in &report.cases {
+                println!("{}", report::human::line(row));
+            }
+            print!("{}", report::human::summary(&report));
+            println!("reports: {}", out_dir.display());
+            if mode == Mode::Accept {
+                println!("snapshots written to {}; orphans removed: {}", set_dir.display(), orphans.len());
+            }
+        }
+        Format::Json => println!("{}", serde_json::to_string_pretty(&report).expect("json")),
+        Format::Junit => println!("{}", report::junit::render(&report)),
+        Format::Markdown => println!("{}", report::markdown::render(&report)),
+    }
+    ExitCode::from(report.summary.exit_code as u8)
+}
+
+fn unique_names(cases: &[conformance::case::Case]) -> Result<(), String> {
+    let mut seen = std::collections::BTreeSet::new();
+    for c in cases {
+        if !seen.insert(c.name.as_str()) {
+            return Err(c.name.clone());
+        }
+    }
+    Ok(())
+}
+
+struct Fingerprint {
+    lock_sha256: String,
+}
+
+fn read_fingerprint(root: &Path) -> Result<Fingerprint, String> {
+    let path = root.join(".reference/fingerprint.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|_| format!("reference environment missing ({} not found); run `cargo xtask setup`", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| format!("{} is malformed ({e}); run `cargo xtask setup --force`", path.display()))?;
+    let lock = v.get("lock_sha256").and_then(|x| x.as_str()).unwrap_or_default().to_owned();
+    Ok(Fingerprint { lock_sha256: lock })
+}
+
+fn check_lock(root: &Path, fingerprint: &Fingerprint) -> Result<(), String> {
+    use sha2::Digest;
+    let lock = std::fs::read(root.join("reference/requirements.lock")).map_err(|e| format!("cannot read the lock: {e}"))?;
+    let now = format!("{:x}", sha2::Sha256::digest(lock));
+    if now != fingerprint.lock_sha256 {
+        return Err(format!(
+            "the reference environment was built from lock {} but reference/requirements.lock is {now}; run `cargo xtask setup`",
+            fingerprint.lock_sha256
+        ));
+    }
+    Ok(())
+}
+
+fn today() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()[..10].to_owned()
+}

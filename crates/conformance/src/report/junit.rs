@@ -1,0 +1,43 @@
+//! JUnit XML for CI test tabs.
+
+use quick_junit::{NonSuccessKind, Report as JUnit, TestCase, TestCaseStatus, TestSuite};
+
+use super::{first_diff, Report};
+use crate::runner::Verdict;
+use crate::snapshots::Status;
+
+pub fn render(report: &Report) -> String {
+    let mut junit = JUnit::new("mlx-conformance");
+    let mut suites: std::collections::BTreeMap<String, TestSuite> = Default::default();
+    for row in &report.cases {
+        let r = &row.result;
+        let status = match (&r.verdict, &row.snapshot) {
+            (Verdict::Fail, _) => {
+                let mut s = TestCaseStatus::non_success(NonSuccessKind::Failure);
+                s.set_message(format!("must-equal failure: {}", first_diff(r).0));
+                s
+            }
+            (Verdict::Error, _) => {
+                let mut s = TestCaseStatus::non_success(NonSuccessKind::Error);
+                s.set_message(r.message.clone().unwrap_or_default());
+                s
+            }
+            (_, Status::Drift { .. } | Status::Missing | Status::Invalid { .. }) => {
+                let mut s = TestCaseStatus::non_success(NonSuccessKind::Failure);
+                s.set_message("snapshot drift (see report.md)");
+                s
+            }
+            (Verdict::Skip, _) => {
+                let mut s = TestCaseStatus::skipped();
+                s.set_message(r.message.clone().unwrap_or_default());
+                s
+            }
+            _ => TestCaseStatus::success(),
+        };
+        let mut case = TestCase::new(r.name.clone(), status);
+        case.set_time(std::time::Duration::from_secs_f64(r.time_ms / 1e3));
+        suites.entry(r.family.clone()).or_insert_with(|| TestSuite::new(r.family.clone())).add_test_case(case);
+    }
+    junit.add_test_suites(suites.into_values());
+    junit.to_string().unwrap_or_else(|e| format!("<!-- junit rendering failed: {e} -->"))
+}

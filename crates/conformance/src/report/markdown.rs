@@ -1,0 +1,95 @@
+//! `report.md`, for a kernel change review: summary, each failure with its
+//! first diff, findings that changed against the snapshots.
+
+use std::fmt::Write;
+
+use super::{first_diff, verdict_word, Report};
+use crate::runner::Verdict;
+use crate::snapshots::Status;
+
+pub fn render(report: &Report) -> String {
+    let s = &report.summary;
+    let e = &report.environment;
+    let mut md = String::new();
+    let _ = writeln!(md, "# MLX conformance report\n");
+    let _ = writeln!(
+        md,
+        "MLX {} · backend {} · device {} · snapshot set `{}` · lock `{}` · seed {}\n",
+        e.mlx_version, e.backend, e.device, e.snapshot_set, &e.lock_sha256[..e.lock_sha256.len().min(12)], e.seed
+    );
+    let _ = writeln!(
+        md,
+        "**{}** — {} cases: {} passed, {} failed, {} findings, {} skipped, {} errors, {} snapshot drifts; exit code {}\n",
+        if s.exit_code == 0 { "PASS" } else { "NOT PASSING" },
+        s.total, s.passed, s.failed, s.findings, s.skipped, s.errors, s.drifted, s.exit_code
+    );
+    let _ = writeln!(md, "| family | cases | wall ms |\n|---|---:|---:|");
+    for (f, fs) in &report.families {
+        let _ = writeln!(md, "| {f} | {} | {:.1} |", fs.cases, fs.wall_ms);
+    }
+    let failures: Vec<_> = report.cases.iter().filter(|r| matches!(r.result.verdict, Verdict::Fail | Verdict::Error)).collect();
+    let _ = writeln!(md, "\n## Failures ({})\n", failures.len());
+    for row in failures {
+        let r = &row.result;
+        let _ = writeln!(md, "### `{}` — {}\n\nreference: {}\n", r.name, verdict_word(row), r.reference);
+        if let Some(out) = &r.output {
+            for o in &out.outputs {
+                let _ = writeln!(md, "- `{}`: {}", o.name, o.comparison.summary());
+            }
+        }
+        if let Some(m) = &r.message {
+            let _ = writeln!(md, "```\n{m}\n```");
+        }
+        md.push('\n');
+    }
+    let drifts: Vec<_> = report
+        .cases
+        .iter()
+        .filter(|r| matches!(r.snapshot, Status::Drift { .. } | Status::Missing | Status::Invalid { .. }))
+        .collect();
+    let _ = writeln!(md, "\n## Snapshot and finding drift ({})\n", drifts.len());
+    for row in drifts {
+        let _ = writeln!(md, "### `{}`\n", row.result.name);
+        match &row.snapshot {
+            Status::Drift { recorded, now } => {
+                let field = |v: &Option<serde_json::Value>, k: &str| {
+                    v.as_ref().and_then(|v| v.get(k)).map_or("(none)".into(), |x| x.to_string())
+                };
+                let now = Some(now.clone());
+                for k in ["finding", "digest", "path", "outputs"] {
+                    let (a, b) = (field(recorded, k), field(&now, k));
+                    if a != b {
+                        let _ = writeln!(md, "- {k}: recorded `{a}`\n  now `{b}`");
+                    }
+                }
+            }
+            Status::Missing => {
+                let _ = writeln!(md, "- no snapshot recorded (new case?) — `cargo xtask fixtures accept`");
+            }
+            Status::Invalid { error } => {
+                let _ = writeln!(md, "- {error}");
+            }
+            _ => {}
+        }
+        md.push('\n');
+    }
+    if !s.orphaned_snapshots.is_empty() {
+        let _ = writeln!(md, "\n## Orphaned snapshots\n");
+        for o in &s.orphaned_snapshots {
+            let _ = writeln!(md, "- `{o}`");
+        }
+    }
+    let findings: Vec<_> = report.cases.iter().filter(|r| r.result.verdict == Verdict::Measured).collect();
+    let _ = writeln!(md, "\n## Findings ({})\n", findings.len());
+    for row in findings {
+        let f = row.result.output.as_ref().and_then(|o| o.finding.as_ref());
+        let _ = writeln!(md, "- `{}`: {}", row.result.name, f.map_or("-".into(), |f| f.to_string()));
+    }
+    let _ = writeln!(md, "\n## All cases\n\n| case | verdict | path | first diff | max ulp | ms |\n|---|---|---|---|---:|---:|");
+    for row in &report.cases {
+        let (d, u) = first_diff(&row.result);
+        let path = row.result.output.as_ref().map_or("-", |o| o.path.as_str());
+        let _ = writeln!(md, "| `{}` | {} | {} | {} | {} | {:.1} |", row.result.name, verdict_word(row), path, d, u, row.result.time_ms);
+    }
+    md
+}

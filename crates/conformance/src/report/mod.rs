@@ -1,0 +1,173 @@
+//! Reports: a human table on the terminal and, under `target/conformance/`,
+//! `report.json` (versioned schema), `junit.xml` and `report.md`.
+//!
+//! Files are written to a temporary name and renamed at the very end, and
+//! old reports are removed when a run starts: an interrupted run leaves no
+//! report that looks complete.
+
+pub mod human;
+pub mod junit;
+pub mod markdown;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::runner::{CaseResult, Verdict};
+use crate::snapshots::Status;
+
+/// Version of the `report.json` schema. Bump on any breaking change.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The environment a run saw.
+#[derive(Debug, Clone, Serialize)]
+pub struct Environment {
+    pub mlx_version: String,
+    pub backend: String,
+    pub device: String,
+    pub device_family: String,
+    pub snapshot_set: String,
+    pub lock_sha256: String,
+    pub libmlx: String,
+    pub seed: u64,
+}
+
+/// One case in the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    #[serde(flatten)]
+    pub result: CaseResult,
+    pub snapshot: Status,
+}
+
+/// Per-family totals.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FamilySummary {
+    pub cases: usize,
+    pub wall_ms: f64,
+}
+
+/// Counts over the run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Summary {
+    pub total: usize,
+    pub passed: usize,
+    pub failed: usize,
+    pub findings: usize,
+    pub skipped: usize,
+    pub errors: usize,
+    pub drifted: usize,
+    pub orphaned_snapshots: Vec<String>,
+    pub wall_ms: f64,
+    pub exit_code: i32,
+}
+
+/// The whole report (`report.json`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub schema_version: u32,
+    pub complete: bool,
+    pub environment: Environment,
+    pub summary: Summary,
+    pub families: BTreeMap<String, FamilySummary>,
+    pub cases: Vec<Row>,
+}
+
+/// Exit codes (documented in the README).
+pub mod exit {
+    pub const PASS: i32 = 0;
+    pub const MUST_EQUAL_FAILURE: i32 = 1;
+    pub const DRIFT: i32 = 2;
+    pub const ENVIRONMENT: i32 = 3;
+}
+
+impl Report {
+    pub fn new(environment: Environment, rows: Vec<Row>, orphans: &[PathBuf], wall_ms: f64) -> Self {
+        let mut s = Summary { total: rows.len(), wall_ms, ..Summary::default() };
+        let mut families: BTreeMap<String, FamilySummary> = BTreeMap::new();
+        for row in &rows {
+            let f = families.entry(row.result.family.clone()).or_default();
+            f.cases += 1;
+            f.wall_ms += row.result.time_ms;
+            match row.result.verdict {
+                Verdict::Pass => s.passed += 1,
+                Verdict::Fail => s.failed += 1,
+                Verdict::Measured => s.findings += 1,
+                Verdict::Skip => s.skipped += 1,
+                Verdict::Error => s.errors += 1,
+            }
+            if matches!(row.snapshot, Status::Drift { .. } | Status::Missing | Status::Invalid { .. }) {
+                s.drifted += 1;
+            }
+        }
+        s.orphaned_snapshots = orphans.iter().map(|p| p.display().to_string()).collect();
+        // Precedence: a broken verdict first, then a run that could not
+        // evaluate everything, then drift.
+        s.exit_code = if s.failed > 0 {
+            exit::MUST_EQUAL_FAILURE
+        } else if s.errors > 0 {
+            exit::ENVIRONMENT
+        } else if s.drifted > 0 || !s.orphaned_snapshots.is_empty() {
+            exit::DRIFT
+        } else {
+            exit::PASS
+        };
+        Self { schema_version: SCHEMA_VERSION, complete: true, environment, summary: s, families, cases: rows }
+    }
+}
+
+/// Removes the reports of a previous run.
+pub fn clear(dir: &Path) {
+    for f in ["report.json", "junit.xml", "report.md"] {
+        let _ = std::fs::remove_file(dir.join(f));
+    }
+}
+
+/// Writes all three report files atomically (temp file + rename each).
+pub fn write_all(dir: &Path, report: &Report) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let files = [
+        ("report.json", serde_json::to_string_pretty(report).expect("report serialises")),
+        ("junit.xml", junit::render(report)),
+        ("report.md", markdown::render(report)),
+    ];
+    for (name, text) in &files {
+        std::fs::write(dir.join(format!("{name}.partial")), text)?;
+    }
+    for (name, _) in &files {
+        std::fs::rename(dir.join(format!("{name}.partial")), dir.join(name))?;
+    }
+    Ok(())
+}
+
+/// The first difference of a row, for tables.
+pub fn first_diff(row: &CaseResult) -> (String, String) {
+    let Some(out) = &row.output else { return ("-".into(), "-".into()) };
+    for o in &out.outputs {
+        match &o.comparison {
+            oracle::Comparison::Equal => continue,
+            oracle::Comparison::Differs(d) => {
+                return (
+                    format!("{}{:?}: {} vs ref {}", o.name, d.first_index, d.actual.bits, d.expected.bits),
+                    d.max_ulp.to_string(),
+                )
+            }
+            other => return (format!("{}: {}", o.name, other.summary()), "-".into()),
+        }
+    }
+    ("-".into(), if out.outputs.is_empty() { "-".into() } else { "0".into() })
+}
+
+/// A short verdict word for tables.
+pub fn verdict_word(row: &Row) -> &'static str {
+    match (&row.result.verdict, &row.snapshot) {
+        (Verdict::Pass, Status::Drift { .. } | Status::Missing | Status::Invalid { .. }) => "DRIFT",
+        (Verdict::Measured, Status::Drift { .. } | Status::Missing | Status::Invalid { .. }) => "DRIFT",
+        (Verdict::Pass, _) => "pass",
+        (Verdict::Fail, _) => "FAIL",
+        (Verdict::Measured, _) => "finding",
+        (Verdict::Skip, _) => "skip",
+        (Verdict::Error, _) => "ERROR",
+    }
+}

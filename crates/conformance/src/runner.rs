@@ -1,0 +1,166 @@
+//! Runs cases: applicability, timing, panics as harness errors, verdicts.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use oracle::Oracle;
+use serde::Serialize;
+
+use crate::case::{Applies, Case, CaseOutput, Ctx, Device, Expect};
+
+/// How a run is configured.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub device: Device,
+    pub seed: u64,
+    pub jobs: usize,
+    /// Proof mode: the reference receives perturbed inputs (see [`Ctx`]).
+    pub perturb: bool,
+}
+
+/// A case's verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Must-equal and every output bit-identical.
+    Pass,
+    /// Must-equal and some output differs.
+    Fail,
+    /// A finding was measured (whether it matches the record is the
+    /// snapshot gate's business).
+    Measured,
+    /// Cannot run on this backend.
+    Skip,
+    /// The case could not be evaluated (exception, panic, bad setup).
+    Error,
+}
+
+/// The result of one case.
+#[derive(Debug, Clone, Serialize)]
+pub struct CaseResult {
+    pub name: String,
+    pub family: String,
+    pub reference: String,
+    pub expect: Expect,
+    pub verdict: Verdict,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<CaseOutput>,
+    /// Skip reason or error message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    pub time_ms: f64,
+}
+
+/// Selects cases whose name contains `filter` (all when `None`). An unknown
+/// filter is an error listing the closest case names.
+pub fn select<'a>(cases: &'a [Case], filter: Option<&str>) -> Result<Vec<&'a Case>, String> {
+    let Some(filter) = filter else { return Ok(cases.iter().collect()) };
+    let chosen: Vec<&Case> = cases.iter().filter(|c| c.name.contains(filter)).collect();
+    if !chosen.is_empty() {
+        return Ok(chosen);
+    }
+    let mut scored: Vec<(f64, &str)> =
+        cases.iter().map(|c| (strsim::jaro_winkler(filter, &c.name), c.name.as_str())).collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let closest: Vec<&str> = scored.iter().take(5).map(|s| s.1).collect();
+    Err(format!(
+        "--filter `{filter}` matches no case. Closest names:\n  {}\n(`--list` prints every case)",
+        closest.join("\n  ")
+    ))
+}
+
+/// Runs `cases`, calling `progress` after each. Results keep the input order.
+pub fn run(
+    cases: &[&Case],
+    oracle: &Oracle,
+    options: &RunOptions,
+    progress: &(dyn Fn(&CaseResult) + Sync),
+) -> Vec<CaseResult> {
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<CaseResult>>> = Mutex::new(vec![None; cases.len()]);
+    let worker = || loop {
+        let i = next.fetch_add(1, Ordering::SeqCst);
+        let Some(case) = cases.get(i) else { break };
+        let result = run_one(case, oracle, options);
+        progress(&result);
+        results.lock().expect("no worker panics while holding the lock")[i] = Some(result);
+    };
+    let jobs = options.jobs.clamp(1, cases.len().max(1));
+    if jobs == 1 {
+        worker();
+    } else {
+        std::thread::scope(|s| {
+            for _ in 0..jobs {
+                s.spawn(|| {
+                    set_device(options.device);
+                    worker()
+                });
+            }
+        });
+    }
+    results.into_inner().expect("workers done").into_iter().map(|r| r.expect("every case ran")).collect()
+}
+
+/// Routes MLX (Rust side) to `device` on this thread.
+pub fn set_device(device: Device) {
+    let d = match device {
+        Device::Cpu => mlx_rs::Device::cpu(),
+        Device::Gpu => mlx_rs::Device::gpu(),
+    };
+    mlx_rs::Device::set_default(&d);
+}
+
+fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
+    let mut result = CaseResult {
+        name: case.name.clone(),
+        family: case.family.to_owned(),
+        reference: case.reference.to_owned(),
+        expect: case.expect,
+        verdict: Verdict::Skip,
+        output: None,
+        message: None,
+        time_ms: 0.0,
+    };
+    if let Applies::Only(device, reason) = case.applies {
+        if device != options.device {
+            result.message = Some(reason.to_owned());
+            return result;
+        }
+    }
+    let ctx = Ctx {
+        oracle,
+        device: options.device,
+        seed: options.seed.wrapping_add(case.seed),
+        case: &case.name,
+        perturb: options.perturb,
+    };
+    let start = Instant::now();
+    let outcome = catch_unwind(AssertUnwindSafe(|| (case.run)(&ctx)));
+    result.time_ms = start.elapsed().as_secs_f64() * 1e3;
+    match outcome {
+        Ok(Ok(output)) => {
+            result.verdict = match case.expect {
+                Expect::MustEqual if output.all_equal() => Verdict::Pass,
+                Expect::MustEqual => Verdict::Fail,
+                Expect::Finding => Verdict::Measured,
+            };
+            result.output = Some(output);
+        }
+        Ok(Err(e)) => {
+            result.verdict = Verdict::Error;
+            result.message = Some(e.to_string());
+        }
+        Err(panic) => {
+            let text = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "non-string panic payload".into());
+            result.verdict = Verdict::Error;
+            result.message = Some(format!("harness error: the case panicked: {text}"));
+        }
+    }
+    result
+}

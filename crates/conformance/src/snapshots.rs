@@ -1,0 +1,215 @@
+//! The snapshot gate: per case, a digest of the port's output bits plus the
+//! findings, pinned per backend × device family × MLX version under
+//! `fixtures/snapshots/<set>/`, so a change inside MLX shows even when both
+//! sides move together.
+//!
+//! Files are insta snapshots. `cargo xtask conformance` only checks
+//! (nothing is written); `cargo xtask fixtures review` prints the diffs and
+//! `cargo xtask fixtures accept` is the only writer. Each snapshot body
+//! carries a `seal` (sha256 of the rest), so a hand-edited or corrupted file
+//! is a typed error naming it rather than a silent pass.
+
+use std::collections::BTreeSet;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+use crate::case::Expect;
+use crate::runner::{CaseResult, Verdict};
+
+/// What the gate does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Compare only; never write.
+    Check,
+    /// Compare, print each drift's diff; never write.
+    Review,
+    /// Write every snapshot that differs, delete orphans.
+    Accept,
+}
+
+/// A snapshot file problem, naming the file.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("snapshot {file} is corrupted: {reason}. Fix: restore it from git, or re-record with `cargo xtask fixtures accept`")]
+    Corrupt { file: PathBuf, reason: String },
+    #[error("snapshot {file} was edited by hand (its seal does not match its content). Snapshots are written only by `cargo xtask fixtures accept`")]
+    HandEdited { file: PathBuf },
+    #[error("cannot read snapshot {file}: {source}")]
+    Io { file: PathBuf, source: std::io::Error },
+}
+
+/// Gate status of one case.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "status")]
+pub enum Status {
+    Match,
+    /// No snapshot recorded for this case.
+    Missing,
+    /// The recorded snapshot differs: `recorded` and `now` are the bodies.
+    Drift { recorded: Option<Value>, now: Value },
+    /// Written by `fixtures accept`.
+    Written,
+    Invalid { error: String },
+    /// Skipped, errored or failed cases are not gated.
+    NotChecked,
+}
+
+/// Provenance written into every snapshot's metadata.
+#[derive(Debug, Clone, Serialize)]
+pub struct Provenance {
+    pub mlx_version: String,
+    pub backend: String,
+    pub device: String,
+    pub lock_sha256: String,
+    pub date: String,
+}
+
+/// The snapshot set directory for this backend, device family and MLX version.
+pub fn set_dir(fixtures: &Path, backend: &str, device_family: &str, mlx_version: &str) -> PathBuf {
+    fixtures.join("snapshots").join(format!("{backend}-{device_family}-mlx{mlx_version}"))
+}
+
+/// The file name of a case's snapshot.
+pub fn file_name(case: &str) -> String {
+    format!("{}.snap", case.replace('/', "__"))
+}
+
+/// The body pinned for a case: output digest, reference path, outputs'
+/// verdicts, and the finding.
+pub fn body(result: &CaseResult) -> Option<Value> {
+    let out = result.output.as_ref()?;
+    let outputs: serde_json::Map<String, Value> =
+        out.outputs.iter().map(|o| (o.name.clone(), json!(o.comparison.summary()))).collect();
+    let mut body = json!({
+        "case": result.name,
+        "expect": result.expect,
+        "path": out.path,
+        "digest": out.digest,
+        "outputs": outputs,
+        "finding": out.finding,
+    });
+    let seal = seal_of(&body);
+    body["seal"] = json!(seal);
+    Some(body)
+}
+
+fn seal_of(body: &Value) -> String {
+    let mut b = body.clone();
+    if let Some(map) = b.as_object_mut() {
+        map.remove("seal");
+    }
+    format!("{:x}", Sha256::digest(serde_json::to_vec(&b).expect("json")))
+}
+
+/// Reads a recorded snapshot body, verifying its seal.
+pub fn read(file: &Path) -> Result<Option<Value>, SnapshotError> {
+    let text = match std::fs::read_to_string(file) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(SnapshotError::Io { file: file.into(), source }),
+    };
+    let corrupt = |reason: &str| SnapshotError::Corrupt { file: file.into(), reason: reason.into() };
+    let rest = text.strip_prefix("---\n").ok_or_else(|| corrupt("no `---` header"))?;
+    let end = rest.find("\n---\n").ok_or_else(|| corrupt("header is not closed by `---`"))?;
+    let body: Value = serde_json::from_str(&rest[end + 5..])
+        .map_err(|e| corrupt(&format!("body is not JSON ({e})")))?;
+    let seal = body.get("seal").and_then(Value::as_str).ok_or_else(|| corrupt("no seal"))?;
+    if seal != seal_of(&body) {
+        return Err(SnapshotError::HandEdited { file: file.into() });
+    }
+    Ok(Some(body))
+}
+
+/// Gates every result against the set in `dir`. Returns a status per
+/// result (same order) and the orphaned snapshot files (recorded for no
+/// case that ran). `complete` says whether the selection was the whole
+/// registry (orphans are only judged then).
+pub fn gate(
+    dir: &Path,
+    results: &[CaseResult],
+    mode: Mode,
+    provenance: &Provenance,
+    complete: bool,
+) -> (Vec<Status>, Vec<PathBuf>) {
+    let statuses = results.iter().map(|r| gate_one(dir, r, mode, provenance)).collect();
+    let mut orphans = Vec::new();
+    if complete {
+        let expected: BTreeSet<String> = results
+            .iter()
+            .filter(|r| r.output.is_some())
+            .map(|r| file_name(&r.name))
+            .collect();
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.ends_with(".snap") && !expected.contains(&name) {
+                    orphans.push(e.path());
+                }
+            }
+        }
+        orphans.sort();
+        if mode == Mode::Accept {
+            for o in &orphans {
+                let _ = std::fs::remove_file(o);
+            }
+        }
+    }
+    (statuses, orphans)
+}
+
+fn gate_one(dir: &Path, result: &CaseResult, mode: Mode, provenance: &Provenance) -> Status {
+    // A failed must-equal or an errored case has no trustworthy bits to pin.
+    if matches!(result.verdict, Verdict::Fail | Verdict::Error | Verdict::Skip) {
+        return Status::NotChecked;
+    }
+    let Some(now) = body(result) else { return Status::NotChecked };
+    let file = dir.join(file_name(&result.name));
+    let recorded = match read(&file) {
+        Ok(r) => r,
+        Err(e) if mode != Mode::Accept => return Status::Invalid { error: e.to_string() },
+        Err(_) => None,
+    };
+    if recorded.as_ref() == Some(&now) {
+        return Status::Match;
+    }
+    match mode {
+        Mode::Accept => match write(dir, &result.name, result.expect, &now, provenance) {
+            Ok(()) => Status::Written,
+            Err(e) => Status::Invalid { error: e },
+        },
+        Mode::Check | Mode::Review => {
+            if mode == Mode::Review {
+                // insta renders the diff; nothing is written (INSTA_UPDATE=no).
+                let _ = catch_unwind(AssertUnwindSafe(|| assert_with_insta(dir, &result.name, &now, provenance)));
+            }
+            match recorded {
+                None => Status::Missing,
+                Some(recorded) => Status::Drift { recorded: Some(recorded), now },
+            }
+        }
+    }
+}
+
+fn assert_with_insta(dir: &Path, case: &str, body: &Value, provenance: &Provenance) {
+    let mut settings = insta::Settings::clone_current();
+    settings.set_snapshot_path(dir);
+    settings.set_prepend_module_to_snapshot(false);
+    settings.set_omit_expression(true);
+    settings.set_input_file(case);
+    settings.set_info(provenance);
+    let name = case.replace('/', "__");
+    let text = serde_json::to_string_pretty(body).expect("json");
+    settings.bind(|| insta::assert_snapshot!(name, text));
+}
+
+fn write(dir: &Path, case: &str, expect: Expect, body: &Value, provenance: &Provenance) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    // INSTA_UPDATE=always (set by the accept command) makes insta write the file.
+    assert_with_insta(dir, case, body, provenance);
+    let _ = expect;
+    Ok(())
+}

@@ -1,0 +1,214 @@
+//! Bit-for-bit comparison.
+//!
+//! Dtype and shape are checked first, then every element's raw bits. Equal
+//! bits are equal; anything else differs. **NaN policy:** NaNs are compared
+//! by their bits too, so two NaNs with different payloads or signs differ,
+//! and `+0.0` differs from `-0.0`. A port that is bit-identical never needs
+//! more.
+
+use serde::{Deserialize, Serialize};
+
+use crate::tensor::{DType, HostTensor};
+
+/// One element as both sides see it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ElementValue {
+    /// Decimal value (floats decoded from their bits).
+    pub value: f64,
+    /// Raw bits, `0x`-prefixed hex, zero-padded to the dtype's width.
+    pub bits: String,
+}
+
+/// How two tensors differ element-wise.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Difference {
+    /// Elements whose bits differ.
+    pub count: usize,
+    /// Elements compared.
+    pub total: usize,
+    /// First differing element, as a multi-dimensional index (row-major).
+    pub first_index: Vec<usize>,
+    /// The implementation's (Rust port's) value there.
+    pub actual: ElementValue,
+    /// The reference's value there.
+    pub expected: ElementValue,
+    /// Largest distance in units in the last place over all differing
+    /// elements (for integers: the largest absolute difference).
+    pub max_ulp: u64,
+}
+
+/// The outcome of comparing an implementation output with the reference.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Comparison {
+    Equal,
+    DtypeMismatch { actual: DType, expected: DType },
+    ShapeMismatch { actual: Vec<usize>, expected: Vec<usize> },
+    Differs(Difference),
+}
+
+impl Comparison {
+    pub fn is_equal(&self) -> bool {
+        matches!(self, Comparison::Equal)
+    }
+    /// One line for a report table.
+    pub fn summary(&self) -> String {
+        match self {
+            Comparison::Equal => "equal".into(),
+            Comparison::DtypeMismatch { actual, expected } => {
+                format!("dtype {} != reference {}", actual.name(), expected.name())
+            }
+            Comparison::ShapeMismatch { actual, expected } => {
+                format!("shape {actual:?} != reference {expected:?}")
+            }
+            Comparison::Differs(d) => format!(
+                "{}/{} differ; first at {:?}: {} ({}) vs reference {} ({}); max {} ulp",
+                d.count,
+                d.total,
+                d.first_index,
+                d.actual.value,
+                d.actual.bits,
+                d.expected.value,
+                d.expected.bits,
+                d.max_ulp
+            ),
+        }
+    }
+}
+
+/// Compares `actual` (the port) with `expected` (the reference) bit for bit.
+pub fn compare(actual: &HostTensor, expected: &HostTensor) -> Comparison {
+    if actual.dtype != expected.dtype {
+        return Comparison::DtypeMismatch { actual: actual.dtype, expected: expected.dtype };
+    }
+    if actual.shape != expected.shape {
+        return Comparison::ShapeMismatch {
+            actual: actual.shape.clone(),
+            expected: expected.shape.clone(),
+        };
+    }
+    if actual.bytes == expected.bytes {
+        return Comparison::Equal;
+    }
+    let dtype = actual.dtype;
+    let mut count = 0;
+    let mut first = None;
+    let mut max_ulp = 0;
+    for i in 0..actual.len() {
+        let (a, e) = (actual.bits(i), expected.bits(i));
+        if a != e {
+            count += 1;
+            first.get_or_insert(i);
+            max_ulp = max_ulp.max(ulp_distance(dtype, a, e));
+        }
+    }
+    let i = first.expect("byte buffers differ, so some element differs");
+    let element = |t: &HostTensor| ElementValue {
+        value: t.value(i),
+        bits: format!("0x{:0width$x}", t.bits(i), width = dtype.size() * 2),
+    };
+    Comparison::Differs(Difference {
+        count,
+        total: actual.len(),
+        first_index: unravel(i, &actual.shape),
+        actual: element(actual),
+        expected: element(expected),
+        max_ulp,
+    })
+}
+
+/// Row-major flat index to a multi-dimensional index.
+pub fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0; shape.len()];
+    for (d, &n) in shape.iter().enumerate().rev() {
+        if n > 0 {
+            idx[d] = i % n;
+            i /= n;
+        }
+    }
+    idx
+}
+
+/// Distance in representable values between two bit patterns.
+///
+/// Floats map to a monotonic integer line (negative values mirrored), so
+/// `+0` and `-0` are one apart and adjacent floats are one apart. NaN
+/// payloads are compared by the same rule (they sit beyond infinity).
+pub fn ulp_distance(dtype: DType, a: u64, b: u64) -> u64 {
+    let width = dtype.size() as u32 * 8;
+    let ordered = |x: u64| -> i128 {
+        if !dtype.is_float() {
+            return match dtype {
+                DType::Int32 => x as u32 as i32 as i128,
+                DType::Int64 => x as i64 as i128,
+                _ => x as i128,
+            };
+        }
+        let sign = 1u64 << (width - 1);
+        let magnitude = (x & (sign - 1)) as i128;
+        if x & sign != 0 {
+            -magnitude - 1
+        } else {
+            magnitude
+        }
+    };
+    (ordered(a) - ordered(b)).unsigned_abs() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bf16(values: &[f32], shape: &[usize]) -> HostTensor {
+        let bytes = values
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
+            .collect();
+        HostTensor::new(DType::Bfloat16, shape.to_vec(), bytes).unwrap()
+    }
+
+    #[test]
+    fn equal_bits_are_equal() {
+        let a = bf16(&[1.0, -2.5, 0.0, 3.0], &[2, 2]);
+        assert_eq!(compare(&a, &a.clone()), Comparison::Equal);
+    }
+
+    #[test]
+    fn first_difference_is_reported_with_index_and_bits() {
+        let a = bf16(&[1.0, -2.5, 0.0, 3.0], &[2, 2]);
+        let mut b = a.clone();
+        b.bytes[6] ^= 1; // lowest mantissa bit of element [1, 1]
+        let Comparison::Differs(d) = compare(&a, &b) else { panic!("must differ") };
+        assert_eq!(d.count, 1);
+        assert_eq!(d.first_index, vec![1, 1]);
+        assert_eq!(d.max_ulp, 1);
+        assert_eq!(d.actual.bits, "0x4040");
+        assert_eq!(d.expected.bits, "0x4041");
+    }
+
+    #[test]
+    fn signed_zeros_differ_by_one_ulp() {
+        let a = bf16(&[0.0], &[1]);
+        let b = bf16(&[-0.0], &[1]);
+        let Comparison::Differs(d) = compare(&a, &b) else { panic!("must differ") };
+        assert_eq!(d.max_ulp, 1);
+    }
+
+    #[test]
+    fn shape_and_dtype_mismatch_are_their_own_outcomes() {
+        let a = bf16(&[1.0, 2.0], &[2]);
+        let b = bf16(&[1.0, 2.0], &[1, 2]);
+        assert!(matches!(compare(&a, &b), Comparison::ShapeMismatch { .. }));
+        let c = HostTensor::new(DType::Float16, vec![2], a.bytes.clone()).unwrap();
+        assert!(matches!(compare(&a, &c), Comparison::DtypeMismatch { .. }));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn ulp_is_symmetric_and_zero_only_on_equal_bits(a: u32, b: u32) {
+            let d = ulp_distance(DType::Float32, a as u64, b as u64);
+            proptest::prop_assert_eq!(d, ulp_distance(DType::Float32, b as u64, a as u64));
+            proptest::prop_assert_eq!(d == 0, a == b);
+        }
+    }
+}
