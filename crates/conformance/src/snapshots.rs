@@ -213,3 +213,107 @@ fn write(dir: &Path, case: &str, expect: Expect, body: &Value, provenance: &Prov
     let _ = expect;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::case::CaseOutput;
+
+    fn result(name: &str) -> CaseResult {
+        let mut output = CaseOutput::new("pure-mlx");
+        output.digest = "abc".into();
+        CaseResult {
+            name: name.into(),
+            family: "f".into(),
+            reference: "r".into(),
+            expect: Expect::MustEqual,
+            verdict: Verdict::Pass,
+            output: Some(output),
+            message: None,
+            time_ms: 1.0,
+        }
+    }
+
+    fn provenance() -> Provenance {
+        Provenance { mlx_version: "0".into(), backend: "cpu".into(), device: "d".into(), lock_sha256: "l".into(), date: "today".into() }
+    }
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("conformance-snap-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn record(dir: &Path, r: &CaseResult) -> PathBuf {
+        let file = dir.join(file_name(&r.name));
+        let text = serde_json::to_string_pretty(&body(r).unwrap()).unwrap();
+        std::fs::write(&file, format!("---\nsource: test\n---\n{text}\n")).unwrap();
+        file
+    }
+
+    #[test]
+    fn recorded_body_matches_and_a_changed_digest_drifts() {
+        let dir = temp_dir("drift");
+        let r = result("a/b");
+        record(&dir, &r);
+        let (s, orphans) = gate(&dir, std::slice::from_ref(&r), Mode::Check, &provenance(), true);
+        assert_eq!(s, vec![Status::Match]);
+        assert!(orphans.is_empty());
+        let mut moved = r.clone();
+        moved.output.as_mut().unwrap().digest = "abd".into();
+        let (s, _) = gate(&dir, &[moved], Mode::Check, &provenance(), true);
+        assert!(matches!(s[0], Status::Drift { .. }));
+    }
+
+    #[test]
+    fn a_finding_that_disappears_is_drift() {
+        let dir = temp_dir("finding");
+        let mut r = result("f/x");
+        r.expect = Expect::Finding;
+        r.verdict = Verdict::Measured;
+        r.output.as_mut().unwrap().finding = Some(json!({"differs": 3}));
+        record(&dir, &r);
+        r.output.as_mut().unwrap().finding = Some(json!({"differs": 0}));
+        let (s, _) = gate(&dir, &[r], Mode::Check, &provenance(), true);
+        assert!(matches!(s[0], Status::Drift { .. }));
+    }
+
+    #[test]
+    fn hand_edited_and_corrupted_snapshots_are_typed_errors_naming_the_file() {
+        let dir = temp_dir("edit");
+        let r = result("a/b");
+        let file = record(&dir, &r);
+        let text = std::fs::read_to_string(&file).unwrap().replace("\"abc\"", "\"abd\"");
+        std::fs::write(&file, text).unwrap();
+        let err = read(&file).unwrap_err();
+        assert!(matches!(err, SnapshotError::HandEdited { .. }));
+        assert!(err.to_string().contains(&file.display().to_string()));
+        std::fs::write(&file, "not a snapshot").unwrap();
+        assert!(matches!(read(&file).unwrap_err(), SnapshotError::Corrupt { .. }));
+        let (s, _) = gate(&dir, &[r], Mode::Check, &provenance(), true);
+        assert!(matches!(&s[0], Status::Invalid { error } if error.contains("a__b.snap")));
+    }
+
+    #[test]
+    fn orphaned_snapshots_are_reported_on_complete_runs_only() {
+        let dir = temp_dir("orphan");
+        let r = result("a/b");
+        record(&dir, &r);
+        record(&dir, &result("gone/case"));
+        let (_, orphans) = gate(&dir, std::slice::from_ref(&r), Mode::Check, &provenance(), true);
+        assert_eq!(orphans.len(), 1);
+        assert!(orphans[0].ends_with("gone__case.snap"));
+        let (_, orphans) = gate(&dir, &[r], Mode::Check, &provenance(), false);
+        assert!(orphans.is_empty());
+    }
+
+    #[test]
+    fn missing_snapshot_is_reported_and_check_never_writes() {
+        let dir = temp_dir("missing");
+        let r = result("new/case");
+        let (s, _) = gate(&dir, &[r], Mode::Check, &provenance(), true);
+        assert_eq!(s, vec![Status::Missing]);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    }
+}

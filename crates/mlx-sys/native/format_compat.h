@@ -1,10 +1,11 @@
-// Force-included into every mlx-c translation unit. GCC 12's libstdc++ has
-// no <format>; mlx-c's private/io.h uses std::format. Map it to {fmt}
-// (header-only) where the standard library lacks it.
+// Force-included into every mlx-c translation unit. mlx-c's private/io.h
+// uses std::format; GCC 12's libstdc++ has no <format>. Where the header is
+// missing, map std::format to {fmt} (header-only, Debian libfmt-dev).
 #pragma once
 #if defined(__cplusplus)
-#include <version>
-#if !defined(__cpp_lib_format)
+#if __has_include(<format>)
+#include <format>
+#else
 #define FMT_HEADER_ONLY
 #include <fmt/format.h>
 namespace std {

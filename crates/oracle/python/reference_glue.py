@@ -58,7 +58,7 @@ _NP_RAW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def to_mx(dtype_name, shape, data):
-    dtype = getattr(mx, dtype_name)
+    dtype = mx.bool_ if dtype_name == "bool" else getattr(mx, dtype_name)
     size = dtype.size
     raw = np.frombuffer(data, dtype=_NP_RAW[size]).reshape(shape)
     array = mx.array(raw, dtype=_RAW_VIEW[size])
@@ -68,9 +68,7 @@ def to_mx(dtype_name, shape, data):
 def from_mx(array):
     mx.eval(array)
     name = str(array.dtype).removeprefix("mlx.core.")
-    raw = array.view(_RAW_VIEW[array.dtype.size]) if array.dtype != mx.bool_ else array.astype(mx.uint8)
-    if name == "bool":
-        raw = array.view(mx.uint8)
+    raw = array.view(_RAW_VIEW[array.dtype.size])
     return name, tuple(array.shape), np.array(raw, copy=False).tobytes()
 
 
@@ -96,6 +94,15 @@ def environment():
 
 def smoke_quantized_matmul(x, w, scales, biases, group_size, bits):
     return mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=group_size, bits=bits)
+
+
+# --- quantized families (crates/conformance/src/families/quantized*) -----
+
+
+# --- position families (crates/conformance/src/families/position*) -------
+
+
+# --- attention families (crates/conformance/src/families/attention*) -----
 
 
 # --- oracle self-tests ----------------------------------------------------

@@ -249,7 +249,9 @@ fn start_state() -> Result<State, OracleError> {
 
 fn format_exception(py: Python<'_>, e: &PyErr) -> String {
     let formatted = py.import("traceback").and_then(|tb| {
-        tb.getattr("format_exception")?.call1((e.value(py),))?.extract::<Vec<String>>()
+        tb.getattr("format_exception")?
+            .call1((e.get_type(py), e.value(py), e.traceback(py)))?
+            .extract::<Vec<String>>()
     });
     match formatted {
         Ok(lines) => lines.concat(),

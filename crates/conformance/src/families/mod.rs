@@ -3,11 +3,17 @@
 
 use crate::case::Case;
 
+pub mod attention;
+pub mod position;
+pub mod quantized;
 pub mod smoke;
 
 /// Every registered case, in report order.
 pub fn all() -> Vec<Case> {
     let mut cases = Vec::new();
     cases.extend(smoke::cases());
+    cases.extend(quantized::cases());
+    cases.extend(position::cases());
+    cases.extend(attention::cases());
     cases
 }

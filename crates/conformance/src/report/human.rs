@@ -41,12 +41,15 @@ pub fn summary(report: &Report) -> String {
     for o in &s.orphaned_snapshots {
         out.push_str(&format!("orphaned snapshot (no case records it): {o}\n"));
     }
-    out.push_str(&format!(
-        "snapshot set {} · MLX {} · {} ({})\n",
+    // The plain closing line CI reads: passed = verdicts that hold, failed =
+    // everything that makes the exit code non-zero.
+    let bad = s.failed + s.errors + s.drifted + s.orphaned_snapshots.len();
+    out.push_str(&format!("snapshot set {} · MLX {} · {} ({})\n",
         report.environment.snapshot_set,
         report.environment.mlx_version,
         report.environment.backend,
         report.environment.device
     ));
+    out.push_str(&format!("conformance: {} passed, {} failed, {} skipped\n", s.passed + s.findings, bad, s.skipped));
     out
 }

@@ -1,0 +1,7 @@
+//! Case family `position` (in progress).
+
+use crate::case::Case;
+
+pub fn cases() -> Vec<Case> {
+    Vec::new()
+}

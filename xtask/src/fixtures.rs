@@ -1,0 +1,49 @@
+//! `cargo xtask fixtures review|accept`: the only way snapshot fixtures
+//! change. `review` runs the suite and prints every drift as a diff without
+//! writing; `accept` records (the runner refuses when a must-equal case
+//! fails or the environment differs from the lock, and under `CI=true`).
+
+use std::ffi::OsString;
+use std::path::Path;
+
+use anyhow::{bail, Result};
+
+use crate::env::check_reference;
+use crate::util;
+
+#[derive(clap::Subcommand)]
+pub enum Action {
+    /// Run the suite and print each snapshot drift as a diff (writes nothing)
+    Review {
+        /// Extra runner arguments (e.g. `--device gpu`)
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
+    /// Run the suite and record the snapshots of this backend (the only writer)
+    Accept {
+        /// Extra runner arguments (e.g. `--device gpu`)
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
+}
+
+pub fn run(root: &Path, action: &Action) -> Result<i32> {
+    check_reference(root)?;
+    let (mode, args) = match action {
+        Action::Review { args } => ("review", args),
+        Action::Accept { args } => ("accept", args),
+    };
+    if mode == "accept" && std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        bail!("snapshots are never written under CI=true; run `cargo xtask fixtures accept` locally and commit");
+    }
+    if args.iter().any(|a| a.to_string_lossy().starts_with("--filter")) {
+        bail!("fixtures {mode} runs the whole registry (orphans are judged on complete runs); drop --filter");
+    }
+    util::status(
+        util::cargo()
+            .current_dir(root)
+            .args(["run", "--quiet", "-p", "conformance", "--", "--fixtures", mode])
+            .args(args),
+        "the conformance runner",
+    )
+}

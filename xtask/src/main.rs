@@ -1,0 +1,90 @@
+//! Workspace tasks, run as `cargo xtask <command>` (alias in .cargo/config.toml).
+//!
+//! xtask depends on nothing that needs the reference environment (no mlx-sys,
+//! layers, oracle or pyo3), so it builds on a fresh checkout and can create
+//! that environment.
+//!
+//! Exit codes: a wrapped child's code is passed through unchanged; a failure
+//! of xtask itself (missing, half-built or drifted environment, a set-up step
+//! that failed) exits 3 after printing `error: <message>`.
+
+mod conformance;
+mod env;
+mod fixtures;
+mod lock;
+mod setup;
+mod system;
+mod testing;
+mod util;
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+/// Exit code for a problem with the environment (the conformance runner uses
+/// the same code for the same meaning).
+const EXIT_ENVIRONMENT: i32 = 3;
+
+#[derive(Parser)]
+#[command(
+    name = "xtask",
+    bin_name = "cargo xtask",
+    about = "Workspace tasks for the MLX conformance suite"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create the pinned reference environment in .reference/ (idempotent)
+    Setup(setup::Args),
+    /// Re-lock reference/requirements.in into reference/requirements.lock and its .sha256
+    Lock,
+    /// Check the reference environment, run `cargo test --workspace`, then the CPU conformance run
+    Test {
+        /// Extra arguments for the conformance runner (after the default `--device cpu`)
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
+    /// Check the reference environment, then run the conformance runner with these arguments
+    #[command(disable_help_flag = true)]
+    Conformance {
+        /// Arguments passed unchanged to the conformance runner (`--help` included)
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
+    /// Review or accept the snapshot fixtures of this backend
+    Fixtures {
+        #[command(subcommand)]
+        action: fixtures::Action,
+    },
+}
+
+/// The workspace root: xtask lives in `<root>/xtask`.
+fn workspace_root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let root = manifest.parent().expect("xtask has a parent directory");
+    root.canonicalize().unwrap_or_else(|_| root.to_path_buf())
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    let result = match cli.command {
+        Command::Setup(args) => setup::run(&root, &args).map(|()| 0),
+        Command::Lock => lock::run(&root).map(|()| 0),
+        Command::Test { args } => testing::run(&root, &args),
+        Command::Conformance { args } => conformance::run(&root, &args),
+        Command::Fixtures { action } => fixtures::run(&root, &action),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            std::process::exit(EXIT_ENVIRONMENT);
+        }
+    }
+}

@@ -1,0 +1,525 @@
+//! `cargo xtask setup`: creates the pinned reference environment.
+//!
+//! Steps, each of which must succeed before the next:
+//! 1. preflight: the lock matches its committed hash, a shared-libpython
+//!    CPython 3.11 and `uv` are available (nothing is modified yet);
+//! 2. the old fingerprint is deleted (an interrupted set-up never looks ready);
+//! 3. `.reference/venv` is (re)created and the lock installed with hashes,
+//!    without dependency closure;
+//! 4. mlx-c sources are taken from the crates.io package mlx-sys 0.7.0
+//!    (through `cargo fetch`) and copied atomically to `.reference/mlx-c`;
+//! 5. `.reference/fingerprint.json` is written last, atomically.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+use crate::env::{self, Fingerprint};
+use crate::util::{self, rel};
+
+/// The uv release installed from PyPI when none is on PATH.
+pub const UV_VERSION: &str = "0.13.9";
+/// The crates.io package whose sources include mlx-c (the version mlx-rs pins).
+const MLX_SYS_VERSION: &str = "0.7.0";
+const FETCH_DIR: &str = ".reference/fetch-mlx-sys";
+const NETWORK_HINT: &str = "PyPI unreachable? setup needs network access to PyPI and crates.io";
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Rebuild the environment even if the fingerprint says it is up to date
+    #[arg(long)]
+    force: bool,
+    /// Base Python 3.11 interpreter to use (default: `python3.11`, then `python3`, from PATH)
+    #[arg(long, value_name = "PATH")]
+    python: Option<PathBuf>,
+}
+
+pub fn run(root: &Path, args: &Args) -> Result<()> {
+    let started = Instant::now();
+    let fingerprint_path = root.join(env::FINGERPRINT);
+
+    // Cheap checks first: the lock must be the committed one, whatever state
+    // the environment is in.
+    let lock_sha256 = verify_lock_hash(root)?;
+    // The build's system packages (cheap file checks when present).
+    crate::system::ensure()?;
+    if !args.force {
+        match env::reference_status(root) {
+            Ok(_) => {
+                println!(
+                    "reference environment is up to date ({})",
+                    fingerprint_path.display()
+                );
+                return Ok(());
+            }
+            Err(reason) => println!("setup: {reason}; building it"),
+        }
+    } else {
+        println!("setup: --force: rebuilding the reference environment");
+    }
+
+    // Preflight: nothing is modified until these pass.
+    let python = find_python(args.python.as_deref())?;
+    println!(
+        "setup: python {} at {} (shared libpython in {})",
+        python.version,
+        python.executable.display(),
+        python.libdir.display()
+    );
+    let uv = find_uv(Some(&python.executable), true)?;
+    println!("setup: {} via `{}`", uv.version, uv.describe());
+
+    // From here on the environment is being rebuilt: it must not look ready.
+    std::fs::create_dir_all(root.join(env::REFERENCE_DIR))?;
+    remove_if_exists(&fingerprint_path)?;
+
+    let venv = root.join(env::VENV);
+    let venv_python = venv.join("bin/python");
+    println!("setup: creating {}", env::VENV);
+    let mut cmd = uv.command();
+    cmd.current_dir(root)
+        .args(["venv", "--clear", "--python"])
+        .arg(&python.executable)
+        .arg(&venv);
+    run_uv(&mut cmd, "uv venv")?;
+
+    let lock = root.join(env::LOCK);
+    let pins = env::parse_lock(&std::fs::read_to_string(&lock)?)?;
+    println!(
+        "setup: installing {} pinned packages from {} (--no-deps --require-hashes)",
+        pins.len(),
+        env::LOCK
+    );
+    let mut cmd = uv.command();
+    cmd.current_dir(root)
+        .env("VIRTUAL_ENV", &venv)
+        .args(["pip", "install", "--no-deps", "--require-hashes", "-r"])
+        .arg(&lock)
+        .arg("--python")
+        .arg(&venv_python);
+    run_uv(&mut cmd, "uv pip install")?;
+
+    let installed = query_venv(&venv_python)?;
+    println!(
+        "setup: mlx {} imports from {}",
+        installed.mlx_version,
+        rel(root, Path::new(&installed.purelib))
+    );
+
+    println!("setup: fetching crates.io mlx-sys {MLX_SYS_VERSION} for the mlx-c sources");
+    let source = fetch_mlx_c(root)?;
+    let mlx_c = root.join(env::MLX_C);
+    copy_dir_atomically(&source, &mlx_c)?;
+    println!("setup: copied mlx-c to {}", env::MLX_C);
+
+    let site_packages = PathBuf::from(&installed.purelib);
+    let mlx_dir = site_packages.join("mlx");
+    let packages: BTreeMap<String, String> = installed
+        .packages
+        .iter()
+        .map(|(name, version)| (env::normalize(name), version.clone()))
+        .collect();
+    let fingerprint = Fingerprint {
+        schema: env::SCHEMA,
+        python: venv_python,
+        base_python: installed
+            .base_executable
+            .map(PathBuf::from)
+            .unwrap_or_else(|| python.executable.clone()),
+        python_version: installed.version,
+        python_libdir: python.libdir.clone(),
+        site_packages,
+        libmlx: mlx_dir.join("lib").join(env::libmlx_name()),
+        mlx_dir,
+        mlx_c_dir: env::MLX_C.to_owned(),
+        mlx_version: installed.mlx_version,
+        packages,
+        lock_sha256,
+        platform: env::platform(),
+    };
+    // The same check `cargo xtask setup` and every other command will run.
+    if let Err(reason) = env::verify(root, &fingerprint) {
+        bail!("the environment just built does not pass its own check: {reason}");
+    }
+    write_atomically(
+        &fingerprint_path,
+        &(serde_json::to_string_pretty(&fingerprint)? + "\n"),
+    )?;
+    println!(
+        "setup: reference environment ready ({}) in {:.1} s",
+        fingerprint_path.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// Checks reference/requirements.lock against the committed hash; returns it.
+fn verify_lock_hash(root: &Path) -> Result<String> {
+    let recorded_path = root.join(env::LOCK_SHA256);
+    let recorded = std::fs::read_to_string(&recorded_path).with_context(|| {
+        format!(
+            "cannot read {} — re-lock with `cargo xtask lock`",
+            env::LOCK_SHA256
+        )
+    })?;
+    let recorded = recorded.trim();
+    let actual = util::sha256_file(&root.join(env::LOCK))?;
+    if recorded != actual {
+        bail!(
+            "lock hash mismatch: {} was edited; re-lock with `cargo xtask lock` \
+             ({} records {recorded}, the file hashes to {actual})",
+            env::LOCK,
+            env::LOCK_SHA256
+        );
+    }
+    Ok(actual)
+}
+
+/// A base interpreter fit for the lock (cp311) and for pyo3 (shared libpython).
+struct BasePython {
+    executable: PathBuf,
+    version: String,
+    libdir: PathBuf,
+}
+
+#[derive(Deserialize)]
+struct PythonInfo {
+    version: String,
+    major_minor: (u32, u32),
+    executable: String,
+    shared: Option<i64>,
+    framework: Option<String>,
+    libdir: Option<String>,
+    ldlibrary: Option<String>,
+}
+
+const BASE_QUERY: &str = r#"
+import json, sys, sysconfig
+c = sysconfig.get_config_var
+print(json.dumps({"version": "%d.%d.%d" % sys.version_info[:3],
+    "major_minor": list(sys.version_info[:2]), "executable": sys.executable,
+    "shared": c("Py_ENABLE_SHARED"), "framework": c("PYTHONFRAMEWORK"),
+    "libdir": c("LIBDIR"), "ldlibrary": c("LDLIBRARY")}))
+"#;
+
+const PYTHON_FIX: &str = "install CPython 3.11 built with a shared libpython \
+    (e.g. `PYTHON_CONFIGURE_OPTS=--enable-shared pyenv install 3.11`, or \
+    `apt install python3.11 python3.11-dev`), then run `cargo xtask setup`, \
+    or pass `--python /path/to/python3.11`";
+
+fn find_python(explicit: Option<&Path>) -> Result<BasePython> {
+    let candidates: Vec<OsString> = match explicit {
+        Some(path) => vec![path.as_os_str().to_owned()],
+        None => vec!["python3.11".into(), "python3".into()],
+    };
+    let mut rejected = Vec::new();
+    for candidate in &candidates {
+        let shown = candidate.to_string_lossy();
+        match probe_python(candidate) {
+            Ok(python) => return Ok(python),
+            Err(reason) => rejected.push(format!("`{shown}`: {reason}")),
+        }
+    }
+    bail!(
+        "no suitable Python 3.11 ({}) — {PYTHON_FIX}",
+        rejected.join("; ")
+    )
+}
+
+fn probe_python(program: &std::ffi::OsStr) -> std::result::Result<BasePython, String> {
+    let output = Command::new(program)
+        .args(["-I", "-c", BASE_QUERY])
+        .output()
+        .map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => "not found".to_owned(),
+            _ => format!("cannot run: {e}"),
+        })?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let first = stderr.lines().next().unwrap_or("").trim();
+        return Err(format!("does not run ({first})"));
+    }
+    let info: PythonInfo = serde_json::from_slice(&output.stdout)
+        .map_err(|e| format!("unexpected answer to the version query ({e})"))?;
+    if info.major_minor != (3, 11) {
+        return Err(format!(
+            "is Python {}, need 3.11 exactly (the lock is for cp311)",
+            info.version
+        ));
+    }
+    let framework = info.framework.as_deref().is_some_and(|f| !f.is_empty());
+    if info.shared != Some(1) && !framework {
+        return Err(format!(
+            "Python {} at {} has no shared libpython (Py_ENABLE_SHARED != 1; pyo3 needs it)",
+            info.version, info.executable
+        ));
+    }
+    let libdir = PathBuf::from(info.libdir.unwrap_or_default());
+    if !framework {
+        if let Some(library) = info.ldlibrary.filter(|l| !l.is_empty()) {
+            if !libdir.join(&library).exists() {
+                return Err(format!(
+                    "Python {} at {}: {} not found in LIBDIR {} (install the -dev package)",
+                    info.version,
+                    info.executable,
+                    library,
+                    libdir.display()
+                ));
+            }
+        }
+    }
+    Ok(BasePython {
+        executable: PathBuf::from(info.executable),
+        version: info.version,
+        libdir,
+    })
+}
+
+/// How to run uv: the `uv` on PATH, or `<python> -m uv` after installing it.
+pub struct Uv {
+    program: OsString,
+    prefix: Vec<OsString>,
+    pub version: String,
+}
+
+impl Uv {
+    /// A uv command that ignores uv.toml / pyproject.toml configuration.
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.prefix).env("UV_NO_CONFIG", "1");
+        cmd
+    }
+
+    pub fn describe(&self) -> String {
+        let mut parts = vec![self.program.to_string_lossy().into_owned()];
+        parts.extend(self.prefix.iter().map(|p| p.to_string_lossy().into_owned()));
+        parts.join(" ")
+    }
+
+    fn probe(program: OsString, prefix: Vec<OsString>) -> Option<Uv> {
+        let output = Command::new(&program)
+            .args(&prefix)
+            .arg("--version")
+            .output()
+            .ok()?;
+        let version = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+        (output.status.success() && version.starts_with("uv ")).then_some(Uv {
+            program,
+            prefix,
+            version,
+        })
+    }
+}
+
+/// Finds uv on PATH, or as a module of `python`; with `install`, installs
+/// uv==UV_VERSION from PyPI with `python -m pip` if neither works.
+pub fn find_uv(python: Option<&Path>, install: bool) -> Result<Uv> {
+    if let Some(uv) = Uv::probe("uv".into(), Vec::new()) {
+        return Ok(uv);
+    }
+    let python: OsString = python.map_or_else(|| "python3".into(), |p| p.as_os_str().to_owned());
+    let as_module = || Uv::probe(python.clone(), vec!["-m".into(), "uv".into()]);
+    if let Some(uv) = as_module() {
+        return Ok(uv);
+    }
+    let manual = format!(
+        "install uv {UV_VERSION} yourself (`pipx install uv=={UV_VERSION}`, \
+         `python3 -m pip install --user uv=={UV_VERSION}`, or \
+         `curl -LsSf https://astral.sh/uv/{UV_VERSION}/install.sh | sh`) so that `uv` is on PATH, \
+         then run `cargo xtask setup`"
+    );
+    if !install {
+        bail!("uv not found on PATH — {manual}");
+    }
+    println!(
+        "setup: uv not found on PATH; installing uv=={UV_VERSION} with `{} -m pip`",
+        python.to_string_lossy()
+    );
+    let output = util::output(
+        Command::new(&python).args(["-m", "pip", "install", &format!("uv=={UV_VERSION}")]),
+        "pip",
+    )?;
+    if !output.status.success() {
+        bail!(
+            "uv not found on PATH, and `{} -m pip install uv=={UV_VERSION}` failed:\n{}\n{manual}",
+            python.to_string_lossy(),
+            util::tail(&output, 25)
+        );
+    }
+    as_module().with_context(|| {
+        format!("installed uv=={UV_VERSION} with pip, but `-m uv` does not run — {manual}")
+    })
+}
+
+/// Runs a uv command with captured output; on failure surfaces uv's stderr.
+fn run_uv(cmd: &mut Command, what: &str) -> Result<()> {
+    let output = util::output(cmd, what)?;
+    if output.status.success() {
+        return Ok(());
+    }
+    let hint = if util::looks_like_network_failure(&output) {
+        format!("\n{NETWORK_HINT}")
+    } else {
+        String::new()
+    };
+    bail!(
+        "{what} failed (exit {}):\n{}{hint}",
+        util::exit_code(output.status),
+        util::tail(&output, 30)
+    )
+}
+
+#[derive(Deserialize)]
+struct VenvInfo {
+    version: String,
+    base_executable: Option<String>,
+    purelib: String,
+    mlx_version: String,
+    packages: BTreeMap<String, String>,
+}
+
+const VENV_QUERY: &str = r#"
+import json, sys, sysconfig, importlib.metadata as md
+import mlx.core as mx
+print(json.dumps({"version": "%d.%d.%d" % sys.version_info[:3],
+    "base_executable": getattr(sys, "_base_executable", None),
+    "purelib": sysconfig.get_paths()["purelib"], "mlx_version": mx.__version__,
+    "packages": {d.metadata["Name"]: d.version for d in md.distributions()}}))
+"#;
+
+/// Asks the new venv what it holds; importing `mlx.core` is the smoke test.
+fn query_venv(venv_python: &Path) -> Result<VenvInfo> {
+    let output = util::output(
+        Command::new(venv_python).args(["-I", "-c", VENV_QUERY]),
+        "the venv's python",
+    )?;
+    if !output.status.success() {
+        bail!(
+            "the new venv cannot import mlx.core:\n{}",
+            util::tail(&output, 15)
+        );
+    }
+    serde_json::from_slice(&output.stdout).context("unexpected answer from the venv's python")
+}
+
+/// `cargo fetch`es crates.io mlx-sys through a throwaway manifest (its own
+/// workspace, so our `[patch.crates-io]` does not apply) and returns the
+/// unpacked `src/mlx-c` in the cargo registry.
+fn fetch_mlx_c(root: &Path) -> Result<PathBuf> {
+    let dir = root.join(FETCH_DIR);
+    std::fs::create_dir_all(dir.join("src"))?;
+    let manifest = dir.join("Cargo.toml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "# Written by `cargo xtask setup`: fetches the crates.io mlx-sys\n\
+             # package, whose sources include mlx-c. Not part of the workspace.\n\
+             [package]\nname = \"fetch-mlx-sys\"\nversion = \"0.0.0\"\n\
+             edition = \"2021\"\npublish = false\n\n\
+             [dependencies]\nmlx-sys = \"={MLX_SYS_VERSION}\"\n\n[workspace]\n"
+        ),
+    )?;
+    std::fs::write(dir.join("src/lib.rs"), "")?;
+    let output = util::output(
+        util::cargo()
+            .current_dir(&dir)
+            .arg("fetch")
+            .arg("--manifest-path")
+            .arg(&manifest),
+        "cargo fetch",
+    )?;
+    if !output.status.success() {
+        let hint = if util::looks_like_network_failure(&output) {
+            format!("\n{NETWORK_HINT}")
+        } else {
+            String::new()
+        };
+        bail!(
+            "cargo fetch of mlx-sys {MLX_SYS_VERSION} failed:\n{}{hint}",
+            util::tail(&output, 20)
+        );
+    }
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cargo")))
+        .context("neither CARGO_HOME nor HOME is set")?;
+    let registry = cargo_home.join("registry/src");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(&registry)
+        .with_context(|| format!("listing {}", registry.display()))?
+        .filter_map(|entry| entry.ok())
+        .map(|entry| {
+            entry
+                .path()
+                .join(format!("mlx-sys-{MLX_SYS_VERSION}/src/mlx-c"))
+        })
+        .filter(|path| path.join("mlx/c").is_dir())
+        .collect();
+    found.sort();
+    found.into_iter().next().with_context(|| {
+        format!(
+            "cargo fetch succeeded but no {}/*/mlx-sys-{MLX_SYS_VERSION}/src/mlx-c was found",
+            registry.display()
+        )
+    })
+}
+
+/// Copies `from` into a temporary sibling of `to`, then renames it into place.
+fn copy_dir_atomically(from: &Path, to: &Path) -> Result<()> {
+    let name = to
+        .file_name()
+        .context("target has no name")?
+        .to_string_lossy();
+    let tmp = to.with_file_name(format!("{name}.tmp"));
+    let old = to.with_file_name(format!("{name}.old"));
+    remove_if_exists(&tmp)?;
+    remove_if_exists(&old)?;
+    copy_dir(from, &tmp)
+        .with_context(|| format!("copying {} to {}", from.display(), tmp.display()))?;
+    if to.exists() {
+        std::fs::rename(to, &old)?;
+    }
+    std::fs::rename(&tmp, to)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), to.display()))?;
+    remove_if_exists(&old)
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let target = to.join(entry.file_name());
+        // Follows symlinks: the copy is self-contained.
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &target)?;
+        } else {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
+fn write_atomically(path: &Path, contents: &str) -> Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, contents).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+}
+
+fn remove_if_exists(path: &Path) -> Result<()> {
+    let result = if path.is_dir() && !path.is_symlink() {
+        std::fs::remove_dir_all(path)
+    } else {
+        std::fs::remove_file(path)
+    };
+    match result {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing {}", path.display()))
+        }
+        _ => Ok(()),
+    }
+}
