@@ -1,0 +1,611 @@
+//! MLX model directories: `config.json`, memory-mapped `model*.safetensors`
+//! shards (with `model.safetensors.index.json` when sharded), tensors by
+//! name, and the quantization spec of each module path.
+//!
+//! Mirrors the loading half of `mlx_lm.utils.load_model` (mlx-lm 0.32.2):
+//! `load_config` (`config.json`), the weight files (`glob("model*.safetensors")`,
+//! loaded with `mx.load`), and the per-path quantization decision
+//! (`class_predicate` + `infer_quant_config`, see [`Checkpoint::resolve_quant_spec`]).
+//!
+//! Deliberate differences, all stricter:
+//! * A tensor name in two shards is an error; the reference keeps whichever
+//!   file `glob` lists last (an unspecified order).
+//! * The index, when present, is checked: every listed shard must exist and
+//!   hold the tensors listed for it. The reference never reads the index.
+//! * Overlapping tensor byte ranges are an error (see [`SafetensorsFile`]).
+//!
+//! Every failure is a typed [`CheckpointError`] naming the file, tensor or
+//! module path; nothing here panics on malformed input.
+
+mod offload;
+mod quant_config;
+mod safetensors;
+mod writer;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use mlx_rs::Array;
+use serde_json::{Map, Value};
+
+use crate::ffi::MlxError;
+use crate::quantized::{PayloadError, QuantizedPayload, SpecError};
+
+pub use self::offload::{map_page_aligned, page_size, ExpertOffload, OffloadEntry, OffloadError};
+pub use self::quant_config::{
+    LayerKind, NotQuantizedReason, SpecResolution, SpecSource, Unresolvable,
+};
+pub use self::safetensors::{
+    mlx_dtype, SafetensorsFile, SafetensorsHeader, TensorDtype, TensorInfo, TensorView,
+};
+pub use self::writer::{write_arrays, write_model_dir, write_safetensors, RawTensor};
+
+/// Any error of checkpoint loading.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// An I/O error on `path`.
+    #[error("{}: {source}", .path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A file shorter than the 8-byte header length.
+    #[error("{}: {len} bytes is too short for a safetensors file (the header length alone takes 8)", .file.display())]
+    FileTooShort {
+        /// The file.
+        file: PathBuf,
+        /// Its length.
+        len: usize,
+    },
+    /// The header length points past the end of the file.
+    #[error("{}: the header length {header_len} extends past the end of the file ({file_len} bytes)", .file.display())]
+    HeaderLengthPastEnd {
+        /// The file.
+        file: PathBuf,
+        /// The declared header length.
+        header_len: u64,
+        /// The file's length.
+        file_len: u64,
+    },
+    /// The header is not the expected JSON.
+    #[error("{}: invalid header JSON: {message}", .file.display())]
+    InvalidHeaderJson {
+        /// The file.
+        file: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A dtype name safetensors does not define.
+    #[error("{}: tensor `{tensor}` has unknown dtype {dtype:?}", .file.display())]
+    UnknownDtype {
+        /// The file.
+        file: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// The dtype string found.
+        dtype: String,
+    },
+    /// `data_offsets` reversed or past the data section.
+    #[error("{}: tensor `{tensor}` has data offsets [{start}, {end}) outside the {data_len}-byte data section", .file.display())]
+    OffsetsOutOfRange {
+        /// The file.
+        file: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Start offset.
+        start: u64,
+        /// End offset.
+        end: u64,
+        /// Length of the data section.
+        data_len: u64,
+    },
+    /// Two tensors share bytes.
+    #[error("{}: tensors `{first}` and `{second}` have overlapping data", .file.display())]
+    OverlappingTensors {
+        /// The file.
+        file: PathBuf,
+        /// One tensor.
+        first: String,
+        /// The other.
+        second: String,
+    },
+    /// shape × dtype is not the byte range's length.
+    #[error("{}: tensor `{tensor}` ({dtype} {shape:?}) needs {} bytes but its data offsets span {actual_bytes}",
+        .file.display(), .expected_bytes.map_or_else(|| "an impossible number of".to_owned(), |n| n.to_string()))]
+    SizeMismatch {
+        /// The file.
+        file: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Its dtype.
+        dtype: TensorDtype,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// `prod(shape) * bitsize / 8`, `None` on overflow or a partial byte.
+        expected_bytes: Option<u64>,
+        /// `end - start`.
+        actual_bytes: u64,
+    },
+    /// A dtype MLX cannot load (e.g. `F8_E5M2`).
+    #[error("{}: tensor `{tensor}` has dtype {dtype}, which MLX cannot hold", .file.display())]
+    UnsupportedArrayDtype {
+        /// The file.
+        file: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Its dtype.
+        dtype: TensorDtype,
+    },
+    /// A dimension past `i32::MAX`.
+    #[error("{}: tensor `{tensor}` has shape {shape:?}, too large for MLX", .file.display())]
+    ShapeTooLarge {
+        /// The file.
+        file: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+    /// MLX rejected an array built from a tensor.
+    #[error("{}: tensor `{tensor}`: {source}", .file.display())]
+    Array {
+        /// The file.
+        file: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// MLX's error.
+        source: MlxError,
+    },
+    /// No `config.json` in the directory.
+    #[error("{}: config.json not found", .path.display())]
+    ConfigMissing {
+        /// The expected path.
+        path: PathBuf,
+    },
+    /// `config.json` is not a JSON object.
+    #[error("{}: malformed config: {message}", .path.display())]
+    ConfigMalformed {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// No `model*.safetensors` (the reference's `FileNotFoundError`).
+    #[error("No safetensors found in {}", .dir.display())]
+    NoWeightFiles {
+        /// The directory.
+        dir: PathBuf,
+    },
+    /// The index is not `{"weight_map": {name: file}}`.
+    #[error("{}: malformed index: {message}", .path.display())]
+    IndexMalformed {
+        /// The index file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The index disagrees with the shards.
+    #[error("{}: tensor `{tensor}` is listed in shard {shard:?}, {reason}", .index.display())]
+    IndexMismatch {
+        /// The index file.
+        index: PathBuf,
+        /// The tensor.
+        tensor: String,
+        /// The shard it names.
+        shard: String,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// A tensor name in two shards.
+    #[error("tensor `{tensor}` is in both {} and {}", .first.display(), .second.display())]
+    DuplicateTensor {
+        /// The tensor.
+        tensor: String,
+        /// One file.
+        first: PathBuf,
+        /// The other.
+        second: PathBuf,
+    },
+    /// No tensor of this name.
+    #[error("no tensor `{name}` in the checkpoint")]
+    TensorNotFound {
+        /// The name.
+        name: String,
+    },
+    /// A tensor a quantized layer needs is missing (`.weight`, `.scales`, or
+    /// affine `.biases`).
+    #[error("{path}: missing tensor `{tensor}`")]
+    MissingTensor {
+        /// The module path.
+        path: String,
+        /// The missing tensor.
+        tensor: String,
+    },
+    /// A tensor the layer cannot hold (`.biases` for a mode without zero
+    /// points: the reference's strict `load_weights` rejects it).
+    #[error("{path}: unexpected tensor `{tensor}` for this quantization mode")]
+    UnexpectedTensor {
+        /// The module path.
+        path: String,
+        /// The tensor.
+        tensor: String,
+    },
+    /// The module's in_features must be positive.
+    #[error("{path}: in_features={in_features} is not positive")]
+    InvalidInFeatures {
+        /// The module path.
+        path: String,
+        /// The value given.
+        in_features: i32,
+    },
+    /// The path's spec cannot be resolved.
+    #[error("{path}: cannot resolve the quantization spec: {reason}")]
+    QuantSpecUnresolvable {
+        /// The module path.
+        path: String,
+        /// Why.
+        reason: Unresolvable,
+    },
+    /// The resolved spec is one the reference rejects (unknown mode, or a
+    /// mode/bits/group_size combination `mx.quantize` refuses).
+    #[error("{path}: {source}")]
+    InvalidSpec {
+        /// The module path.
+        path: String,
+        /// The rejection.
+        source: SpecError,
+    },
+    /// A quantized layer was requested for a path that is not quantized.
+    #[error("{path}: not quantized ({reason:?})")]
+    NotQuantized {
+        /// The module path.
+        path: String,
+        /// Why.
+        reason: NotQuantizedReason,
+    },
+    /// The path's tensors do not fit each other, the spec, or in_features.
+    #[error("{path}: {source}")]
+    Payload {
+        /// The module path.
+        path: String,
+        /// What does not fit.
+        source: PayloadError,
+    },
+    /// An offload file cannot serve a tensor.
+    #[error("{}: {reason}", .file.display())]
+    Offload {
+        /// The offload file.
+        file: PathBuf,
+        /// Why.
+        reason: OffloadError,
+    },
+}
+
+/// The tensors of one quantized module, resolved and checked.
+#[derive(Debug, Clone)]
+pub struct QuantizedTensors {
+    /// weight, scales, biases and the resolved spec.
+    pub payload: QuantizedPayload,
+    /// The additive `.bias`, when the checkpoint has one.
+    pub bias: Option<Array>,
+    /// Where the spec came from.
+    pub source: SpecSource,
+}
+
+/// An MLX model directory, opened and validated.
+pub struct Checkpoint {
+    dir: PathBuf,
+    config: Map<String, Value>,
+    files: Vec<SafetensorsFile>,
+    /// tensor name → index into `files`.
+    index: BTreeMap<String, usize>,
+}
+
+impl std::fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checkpoint")
+            .field("dir", &self.dir)
+            .field("files", &self.files)
+            .field("tensors", &self.index.len())
+            .finish()
+    }
+}
+
+const INDEX_FILE: &str = "model.safetensors.index.json";
+
+/// Reads and parses `config.json` as `mlx_lm.utils.load_config` does
+/// (`json.load`; the result must be an object).
+///
+/// # Errors
+/// [`CheckpointError::ConfigMissing`], [`CheckpointError::ConfigMalformed`],
+/// [`CheckpointError::Io`].
+pub fn load_config(dir: impl AsRef<Path>) -> Result<Map<String, Value>, CheckpointError> {
+    let path = dir.as_ref().join("config.json");
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(CheckpointError::ConfigMissing { path })
+        }
+        Err(source) => return Err(CheckpointError::Io { path, source }),
+    };
+    parse_config(&bytes, &path)
+}
+
+/// Parses config bytes; `path` only names them in errors.
+///
+/// # Errors
+/// [`CheckpointError::ConfigMalformed`].
+pub fn parse_config(bytes: &[u8], path: &Path) -> Result<Map<String, Value>, CheckpointError> {
+    let malformed = |message: String| CheckpointError::ConfigMalformed {
+        path: path.to_owned(),
+        message,
+    };
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(malformed("not a JSON object".to_owned())),
+        Err(e) => Err(malformed(e.to_string())),
+    }
+}
+
+impl Checkpoint {
+    /// Opens `dir`: `config.json`, every `model*.safetensors` (sorted by
+    /// name, each memory-mapped and its header validated), and the index when
+    /// present.
+    ///
+    /// # Errors
+    /// Config errors, [`CheckpointError::NoWeightFiles`], every safetensors
+    /// header error, [`CheckpointError::DuplicateTensor`], and index errors.
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self, CheckpointError> {
+        let dir = dir.as_ref().to_owned();
+        let config = load_config(&dir)?;
+        let io = |source| CheckpointError::Io {
+            path: dir.clone(),
+            source,
+        };
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .map_err(io)?
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().is_ok_and(|t| !t.is_dir()))
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| n.starts_with("model") && n.ends_with(".safetensors"))
+            .collect();
+        names.sort();
+        if names.is_empty() {
+            return Err(CheckpointError::NoWeightFiles { dir });
+        }
+        let files = names
+            .iter()
+            .map(|n| SafetensorsFile::open(dir.join(n)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut index: BTreeMap<String, usize> = BTreeMap::new();
+        for (i, file) in files.iter().enumerate() {
+            for (name, _) in file.tensors() {
+                if let Some(&j) = index.get(name) {
+                    return Err(CheckpointError::DuplicateTensor {
+                        tensor: name.to_owned(),
+                        first: files[j].path().to_owned(),
+                        second: file.path().to_owned(),
+                    });
+                }
+                index.insert(name.to_owned(), i);
+            }
+        }
+        let checkpoint = Checkpoint {
+            dir,
+            config,
+            files,
+            index,
+        };
+        checkpoint.check_index(&names)?;
+        Ok(checkpoint)
+    }
+
+    fn check_index(&self, names: &[String]) -> Result<(), CheckpointError> {
+        let path = self.dir.join(INDEX_FILE);
+        let bytes = match std::fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(source) => return Err(CheckpointError::Io { path, source }),
+        };
+        let malformed = |message: &str| CheckpointError::IndexMalformed {
+            path: path.clone(),
+            message: message.to_owned(),
+        };
+        let json: Value = serde_json::from_slice(&bytes).map_err(|e| malformed(&e.to_string()))?;
+        let weight_map = json
+            .get("weight_map")
+            .and_then(Value::as_object)
+            .ok_or_else(|| malformed("no `weight_map` object"))?;
+        for (tensor, shard) in weight_map {
+            let shard = shard
+                .as_str()
+                .ok_or_else(|| malformed("a `weight_map` value is not a string"))?;
+            let mismatch = |reason| CheckpointError::IndexMismatch {
+                index: path.clone(),
+                tensor: tensor.clone(),
+                shard: shard.to_owned(),
+                reason,
+            };
+            let Some(i) = names.iter().position(|n| n == shard) else {
+                return Err(mismatch(
+                    "which is not a model*.safetensors file of the directory",
+                ));
+            };
+            if self.index.get(tensor) != Some(&i) {
+                return Err(mismatch("which does not hold it"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The parsed `config.json`.
+    pub fn config(&self) -> &Map<String, Value> {
+        &self.config
+    }
+
+    /// The safetensors files, sorted by name.
+    pub fn files(&self) -> &[SafetensorsFile] {
+        &self.files
+    }
+
+    /// Every tensor name, sorted.
+    pub fn tensor_names(&self) -> impl Iterator<Item = &str> {
+        self.index.keys().map(String::as_str)
+    }
+
+    /// Whether tensor `name` exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    /// The file holding tensor `name`.
+    ///
+    /// # Errors
+    /// [`CheckpointError::TensorNotFound`].
+    pub fn file_of(&self, name: &str) -> Result<&SafetensorsFile, CheckpointError> {
+        self.index
+            .get(name)
+            .and_then(|&i| self.files.get(i))
+            .ok_or_else(|| CheckpointError::TensorNotFound {
+                name: name.to_owned(),
+            })
+    }
+
+    /// dtype, shape and byte range of tensor `name`.
+    ///
+    /// # Errors
+    /// [`CheckpointError::TensorNotFound`].
+    pub fn tensor_info(&self, name: &str) -> Result<&TensorInfo, CheckpointError> {
+        self.file_of(name)?
+            .info(name)
+            .ok_or_else(|| CheckpointError::TensorNotFound {
+                name: name.to_owned(),
+            })
+    }
+
+    /// Tensor `name` with its raw bytes (borrowed from the memory map).
+    ///
+    /// # Errors
+    /// [`CheckpointError::TensorNotFound`].
+    pub fn tensor(&self, name: &str) -> Result<TensorView<'_>, CheckpointError> {
+        self.file_of(name)?.tensor(name)
+    }
+
+    /// Tensor `name` as an MLX array, with `mx.load`'s dtype and bits.
+    ///
+    /// # Errors
+    /// [`CheckpointError::TensorNotFound`] and [`TensorView::to_array`]'s.
+    pub fn array(&self, name: &str) -> Result<Array, CheckpointError> {
+        self.tensor(name)?.to_array()
+    }
+
+    /// The quantization spec of module `path` (e.g.
+    /// `model.layers.0.mlp.down_proj`), resolved as `mlx_lm.utils.load_model`
+    /// (mlx-lm 0.32.2) does: `class_predicate` — a per-path entry of
+    /// `config["quantization"]` (a dict, `false`/falsy = not quantized,
+    /// `true` = the top-level values), else `infer_quant_config` on the saved
+    /// tensors when `path.scales` exists, else not quantized — then the
+    /// checks `to_quantized`/`mx.quantize` make. See the rules in
+    /// `checkpoint/quant_config.rs`.
+    ///
+    /// `kind` selects `to_quantized`'s defaults; `in_features` is the
+    /// unquantized module's `weight.shape[-1]`.
+    ///
+    /// # Errors
+    /// [`CheckpointError::QuantSpecUnresolvable`], [`CheckpointError::InvalidSpec`],
+    /// [`CheckpointError::Payload`] (group size not dividing in_features),
+    /// [`CheckpointError::MissingTensor`] (scales without weight),
+    /// [`CheckpointError::InvalidInFeatures`].
+    pub fn resolve_quant_spec(
+        &self,
+        path: &str,
+        kind: LayerKind,
+        in_features: i32,
+    ) -> Result<SpecResolution, CheckpointError> {
+        quant_config::resolve(&self.config, Some(&self.dir), self, path, kind, in_features)
+    }
+
+    /// The tensors of quantized module `path`, checked against the resolved
+    /// spec and `in_features` (the reference's strict `load_weights`).
+    ///
+    /// # Errors
+    /// [`Checkpoint::resolve_quant_spec`]'s, [`CheckpointError::NotQuantized`],
+    /// [`CheckpointError::MissingTensor`] for `.weight`/`.scales`/affine
+    /// `.biases`, [`CheckpointError::UnexpectedTensor`] for `.biases` of a
+    /// mode without zero points, [`CheckpointError::Payload`] for shapes that
+    /// do not fit, and array conversion errors.
+    pub fn quantized_tensors(
+        &self,
+        path: &str,
+        kind: LayerKind,
+        in_features: i32,
+    ) -> Result<QuantizedTensors, CheckpointError> {
+        let (spec, source) = match self.resolve_quant_spec(path, kind, in_features)? {
+            SpecResolution::Quantized { spec, source } => (spec, source),
+            SpecResolution::NotQuantized(reason) => {
+                return Err(CheckpointError::NotQuantized {
+                    path: path.to_owned(),
+                    reason,
+                })
+            }
+        };
+        let required = |suffix: &str| {
+            let name = format!("{path}.{suffix}");
+            if self.contains(&name) {
+                self.array(&name)
+            } else {
+                Err(CheckpointError::MissingTensor {
+                    path: path.to_owned(),
+                    tensor: name,
+                })
+            }
+        };
+        let optional = |suffix: &str| {
+            let name = format!("{path}.{suffix}");
+            self.contains(&name).then(|| self.array(&name)).transpose()
+        };
+        let weight = required("weight")?;
+        let scales = required("scales")?;
+        let biases = if spec.mode.has_biases() {
+            Some(required("biases")?)
+        } else {
+            if self.contains(&format!("{path}.biases")) {
+                return Err(CheckpointError::UnexpectedTensor {
+                    path: path.to_owned(),
+                    tensor: format!("{path}.biases"),
+                });
+            }
+            None
+        };
+        let payload_error = |source| CheckpointError::Payload {
+            path: path.to_owned(),
+            source,
+        };
+        let payload = QuantizedPayload::new(weight, scales, biases, spec).map_err(payload_error)?;
+        if payload.in_features() != in_features {
+            return Err(payload_error(PayloadError::InFeatures {
+                expected: in_features,
+                actual: payload.in_features(),
+            }));
+        }
+        Ok(QuantizedTensors {
+            payload,
+            bias: optional("bias")?,
+            source,
+        })
+    }
+}
+
+impl quant_config::Tensors for Checkpoint {
+    fn lookup(&self, name: &str) -> Option<(TensorDtype, &[usize])> {
+        let info = self.tensor_info(name).ok()?;
+        Some((info.dtype, info.shape.as_slice()))
+    }
+}

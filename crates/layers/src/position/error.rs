@@ -1,0 +1,307 @@
+//! The one error type of the position module.
+
+use std::fmt;
+
+use mlx_rs::error::Exception;
+
+use super::rope_index::GridThw;
+
+/// Which kind of vision span a rope-index error is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum VisionKind {
+    /// An image span (`image_token_id`, `image_grid_thw`).
+    Image,
+    /// A video frame span (`video_token_id`, one row of the expanded
+    /// `video_grid_thw`).
+    Video,
+}
+
+impl fmt::Display for VisionKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            VisionKind::Image => "image",
+            VisionKind::Video => "video",
+        })
+    }
+}
+
+/// Everything that can go wrong computing or applying positions.
+///
+/// Variants note whether the pinned reference fails the same way
+/// ("reference: raises …") or accepts the input silently ("stricter than
+/// the reference"), so a conformance case knows which side to expect.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PositionError {
+    /// `rotary_dim` is odd. Stricter than the reference: `compute_inv_freq`
+    /// yields `ceil(rotary_dim / 2)` frequencies and the CPU path then
+    /// silently rotates `rotary_dim + 1` channels.
+    #[error("rotary_dim {rotary_dim} is odd: RoPE rotates channel pairs")]
+    OddRotaryDim {
+        /// The offending rotary dimension.
+        rotary_dim: usize,
+    },
+
+    /// `rotary_dim` exceeds the head dimension of q/k. Reference: raises
+    /// `ValueError [broadcast_shapes]` on the CPU path.
+    #[error("rotary_dim {rotary_dim} exceeds head_dim {head_dim}")]
+    RotaryDimExceedsHeadDim {
+        /// Configured rotary dimension.
+        rotary_dim: usize,
+        /// Last axis of q/k.
+        head_dim: usize,
+    },
+
+    /// `mrope_section` has fewer than 3 entries. Reference: raises
+    /// `IndexError` in `_interleaved_position_selector` (it reads entries 1
+    /// and 2).
+    #[error("mrope_section {section:?} has {} entries; the interleaved selector reads entries 1 and 2", section.len())]
+    MropeSectionTooShort {
+        /// The section as given.
+        section: Vec<usize>,
+    },
+
+    /// The sections of `mrope_section` sum to more than the frequency count
+    /// `rotary_dim / 2`. Stricter than the reference, whose selector clips
+    /// every axis at the frequency count (`min(3·section[i], F)`) and so
+    /// silently gives axes fewer frequencies than declared.
+    #[error("mrope_section {section:?} sums to {sum}, more than the {freq_count} frequencies of rotary_dim")]
+    MropeSectionExceedsFrequencies {
+        /// The section as given.
+        section: Vec<usize>,
+        /// Its sum.
+        sum: usize,
+        /// `rotary_dim / 2`.
+        freq_count: usize,
+    },
+
+    /// An array has the wrong number of axes.
+    #[error("{tensor} must have shape {expected}, got {shape:?}")]
+    Rank {
+        /// Which argument.
+        tensor: &'static str,
+        /// The expected layout, e.g. `[B, H, L, D]`.
+        expected: &'static str,
+        /// The shape given.
+        shape: Vec<i32>,
+    },
+
+    /// q and k disagree on batch, length or head dimension (their head
+    /// counts may differ: grouped-query attention).
+    #[error("q {q:?} and k {k:?} must agree on B, L and D (only H may differ)")]
+    QkShapeMismatch {
+        /// Shape of q.
+        q: Vec<i32>,
+        /// Shape of k.
+        k: Vec<i32>,
+    },
+
+    /// `position_ids` do not fit the tensor they position.
+    #[error(
+        "position_ids shape {got:?} does not fit {tensor} {tensor_shape:?}: expected {expected}"
+    )]
+    PositionIdsShape {
+        /// Shape of the position ids.
+        got: Vec<i32>,
+        /// The tensor being positioned.
+        tensor: &'static str,
+        /// Its shape.
+        tensor_shape: Vec<i32>,
+        /// What would fit.
+        expected: &'static str,
+    },
+
+    /// The 1-D form of the Gemma RoPE (positions `[B, L]`) needs an even
+    /// head dimension. Reference: raises `ValueError [broadcast_shapes]`
+    /// (cos/sin have `2·(H/2)` channels against `H`).
+    #[error("head_dim {head_dim} is odd: the 1-D RoPE form needs an even head dimension")]
+    OddHeadDim {
+        /// Last axis of the input.
+        head_dim: usize,
+    },
+
+    /// The head dimension leaves no channel pair per position axis
+    /// (`head_dim < 2·axes`). Reference: raises `ZeroDivisionError` on
+    /// `2.0 / channels_per_dim`.
+    #[error("head_dim {head_dim} leaves no channel pair for each of {axes} position axes")]
+    HeadDimTooSmall {
+        /// Last axis of the input.
+        head_dim: usize,
+        /// Number of position axes (last axis of `positions`).
+        axes: usize,
+    },
+
+    /// Rotary tables built for one head dimension were applied to inputs
+    /// of another.
+    #[error("tables were built for head_dim {tables}, inputs have {inputs}")]
+    TablesHeadDim {
+        /// Head dimension of the tables.
+        tables: usize,
+        /// Head dimension of the inputs.
+        inputs: usize,
+    },
+
+    /// Positions `[B, L, 0]`: no axis to rotate by. Reference: raises
+    /// `ZeroDivisionError`.
+    #[error("positions have no axis (last dimension 0)")]
+    NoPositionAxes,
+
+    /// `spatial_merge_size` is zero. Reference: raises `ZeroDivisionError`.
+    #[error("spatial_merge_size must be positive")]
+    ZeroMergeSize,
+
+    /// A grid's h or w is not a multiple of the spatial merge size.
+    /// Stricter than the reference, which floors `h // merge`, `w // merge`.
+    #[error(
+        "{kind} grid {grid_index} {grid}: h and w must be multiples of spatial_merge_size {merge}"
+    )]
+    NonIntegralMerge {
+        /// Image or video.
+        kind: VisionKind,
+        /// Index into the (expanded) grid list.
+        grid_index: usize,
+        /// The grid, in patch units.
+        grid: GridThw,
+        /// The spatial merge size.
+        merge: usize,
+    },
+
+    /// A grid covers no token (`t`, `h/merge` or `w/merge` is zero).
+    /// Reference: raises `ValueError [max] Cannot max reduce … size 0` when
+    /// the next span reads the previous maximum (and accepts it silently
+    /// only as the very last span).
+    #[error("{kind} grid {grid_index} {grid} covers no token")]
+    EmptyGrid {
+        /// Image or video.
+        kind: VisionKind,
+        /// Index into the (expanded) grid list.
+        grid_index: usize,
+        /// The grid, in patch units.
+        grid: GridThw,
+    },
+
+    /// More vision spans than grids. Reference: indexes past the grid
+    /// array and then raises `ValueError [max] …`.
+    #[error("{kind} span {span_index} has no grid ({grids} {kind} grids given)")]
+    MissingGrid {
+        /// Image or video.
+        kind: VisionKind,
+        /// Zero-based index of the span without a grid.
+        span_index: usize,
+        /// How many grids of this kind were given (videos: frames).
+        grids: usize,
+    },
+
+    /// Fewer vision spans than grids. Stricter than the reference, which
+    /// ignores the extra grids.
+    #[error("{provided} {kind} grids given but only {used} {kind} spans in the prompt")]
+    UnusedGrids {
+        /// Image or video.
+        kind: VisionKind,
+        /// Grids consumed by spans.
+        used: usize,
+        /// Grids given (videos: frames after expansion).
+        provided: usize,
+    },
+
+    /// A span was counted (vision_start followed by the token) but no such
+    /// token occurs at or after the search start. Reference: raises
+    /// `ValueError: … is not in list` from `list.index`.
+    #[error("no {kind} token at or after token {from}")]
+    VisionTokenNotFound {
+        /// Image or video.
+        kind: VisionKind,
+        /// Where the search started (index among unmasked tokens).
+        from: usize,
+    },
+
+    /// A grid does not cover its span: the run of vision tokens starting at
+    /// `start` has `found` tokens, the grid claims `expected`. Stricter than
+    /// the reference, which positions `expected` tokens regardless of what
+    /// they are.
+    #[error("{kind} grid {grid_index} covers {expected} tokens but the span at token {start} has {found}")]
+    GridSpanMismatch {
+        /// Image or video.
+        kind: VisionKind,
+        /// Index into the (expanded) grid list.
+        grid_index: usize,
+        /// First token of the span (index among unmasked tokens).
+        start: usize,
+        /// `t · (h/merge) · (w/merge)`.
+        expected: usize,
+        /// Length of the run of vision tokens found there.
+        found: usize,
+    },
+
+    /// An image or video token lies outside every grid span. Stricter than
+    /// the reference, which gives it a text position.
+    #[error("{kind} token at {index} lies outside every vision span")]
+    UncoveredVisionToken {
+        /// Image or video.
+        kind: VisionKind,
+        /// Token index (among unmasked tokens).
+        index: usize,
+    },
+
+    /// The attention mask does not match the input ids.
+    #[error("attention_mask has {mask} entries for {input_ids} input ids")]
+    MaskLength {
+        /// Mask length.
+        mask: usize,
+        /// Number of input ids.
+        input_ids: usize,
+    },
+
+    /// The three position streams of a rope index differ in length.
+    #[error("position streams have lengths {lengths:?}")]
+    StreamLengths {
+        /// Lengths of the t, h, w streams.
+        lengths: [usize; 3],
+    },
+
+    /// A position does not fit in `i32` (position ids are int32).
+    #[error("position of token {index} overflows int32")]
+    PositionOverflow {
+        /// Token index within the sequence.
+        index: u64,
+    },
+
+    /// A position would be negative.
+    #[error("position of token {index} would be negative ({value})")]
+    NegativePosition {
+        /// Token index within the sequence.
+        index: u64,
+        /// The position computed.
+        value: i64,
+    },
+
+    /// A kernel launch dimension does not fit in `i32`.
+    #[error("kernel grid of {work} threads overflows int32")]
+    GridOverflow {
+        /// Threads needed.
+        work: u128,
+    },
+
+    /// Regime boundaries must be positive and strictly increasing.
+    #[error("regime boundaries {boundaries:?} are not positive and strictly increasing")]
+    RegimeBoundaries {
+        /// The list given.
+        boundaries: Vec<usize>,
+    },
+
+    /// The Metal kernel path was requested where Metal is not available.
+    #[error("the fused Metal mRoPE kernel needs Metal, which this MLX build does not have")]
+    MetalUnavailable,
+
+    /// A raw mlx-c call of the Metal kernel path failed. MLX's own message
+    /// goes to mlx-rs's error stash, which is not readable from here.
+    #[error("mlx-c {call} failed")]
+    MetalKernel {
+        /// The mlx-c function that failed.
+        call: &'static str,
+    },
+
+    /// MLX rejected an operation.
+    #[error(transparent)]
+    Mlx(#[from] Exception),
+}

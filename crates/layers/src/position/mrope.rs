@@ -1,0 +1,579 @@
+//! Qwen3.5 interleaved multimodal RoPE (mRoPE): frequency→axis selector,
+//! `inv_freq`, cos/sin tables and the q/k apply on both reference paths.
+//!
+//! Mirrors `mlx_vlm.models.rope_utils` (mlx-vlm 0.7.6): style
+//! `"interleaved"`, half-split pairing, as constructed by
+//! `mlx_vlm.models.qwen3_5.language.Qwen3_5RotaryEmbedding`.
+
+use std::sync::OnceLock;
+
+use mlx_rs::ops::indexing::{take_axis, Ellipsis, TryIndexOp};
+use mlx_rs::ops::{concatenate, expand_dims, transpose_axes};
+use mlx_rs::{Array, Dtype};
+
+use super::error::PositionError;
+use super::metal_kernel::{mrope_kernel_launch, mrope_kernel_spec, run_mrope_kernel};
+
+/// How a rotated channel is paired with its partner.
+///
+/// Mirrors `rope_utils._pairing_for_style` (mlx-vlm 0.7.6). Qwen3.5's
+/// `"interleaved"` style uses [`Pairing::HalfSplit`]; [`Pairing::EvenOdd`]
+/// exists for the kernel text of the even/odd styles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pairing {
+    /// Channel `d` pairs with `d + rotary_dim/2` (`rotate_half`).
+    HalfSplit,
+    /// Channel `2i` pairs with `2i + 1` (`rotate_half_even_odd`).
+    EvenOdd,
+}
+
+impl Pairing {
+    /// The reference's string for this pairing (`_HALF_SPLIT`,
+    /// `_EVEN_ODD`), as it appears in kernel names.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Pairing::HalfSplit => "half_split",
+            Pairing::EvenOdd => "even_odd",
+        }
+    }
+}
+
+/// Which implementation of the mRoPE apply runs.
+///
+/// The reference decides once per process: `rope_utils._HAS_METAL =
+/// mx.metal.is_available()` (evaluated at import), and
+/// `MRoPERotaryEmbedding.fused_apply = position_selector is not None and
+/// _HAS_METAL` (mlx-vlm 0.7.6). The two paths do not round alike: the
+/// kernel computes in f32 and rounds once to the activation dtype (and
+/// ignores `attention_scaling`); the pure-MLX path casts cos/sin to the
+/// activation dtype first and rotates in that dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MropePath {
+    /// The fused Metal kernel of `_mrope_apply_kernel` (Metal builds).
+    MetalKernel,
+    /// `MRoPERotaryEmbedding.__call__` + `_apply_interleaved_rotary_pos_emb_axis1`
+    /// (every other build: CPU, CUDA).
+    PureMlx,
+}
+
+impl MropePath {
+    /// The path `MRoPERotaryEmbedding.apply_rotary` takes in this process.
+    ///
+    /// Mirrors `_HAS_METAL`: it depends on whether this libmlx has Metal,
+    /// not on the default device. On a Metal machine whose default device
+    /// has been set to the CPU the reference still launches the kernel (and
+    /// MLX rejects the launch on a CPU stream); this port does the same, so
+    /// the suite reports the path the reference would take.
+    ///
+    /// # Errors
+    /// [`PositionError::MetalKernel`] if mlx-c cannot answer.
+    pub fn current() -> Result<Self, PositionError> {
+        Ok(if metal_is_available()? {
+            MropePath::MetalKernel
+        } else {
+            MropePath::PureMlx
+        })
+    }
+
+    /// A short name for reports: `"metal-kernel"` or `"pure-mlx"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MropePath::MetalKernel => "metal-kernel",
+            MropePath::PureMlx => "pure-mlx",
+        }
+    }
+}
+
+/// Whether this libmlx has a usable Metal back end
+/// (`mx.metal.is_available()`, MLX 0.32.2). Cached for the process, as the
+/// reference caches it in `_HAS_METAL`.
+///
+/// # Errors
+/// [`PositionError::MetalKernel`] if the mlx-c call fails;
+/// [`PositionError::Mlx`] if MLX cannot report a default device.
+pub fn metal_is_available() -> Result<bool, PositionError> {
+    static HAS_METAL: OnceLock<bool> = OnceLock::new();
+    if let Some(&known) = HAS_METAL.get() {
+        return Ok(known);
+    }
+    // Any wrapped op installs mlx-rs's error handler; without it a failing
+    // raw mlx-c call would print and exit the process.
+    mlx_rs::Device::try_default()?;
+    let mut available = false;
+    // SAFETY: `available` is a valid out-pointer for the duration of the call.
+    let status = unsafe { mlx_sys::mlx_metal_is_available(&mut available) };
+    if status != 0 {
+        return Err(PositionError::MetalKernel {
+            call: "mlx_metal_is_available",
+        });
+    }
+    Ok(*HAS_METAL.get_or_init(|| available))
+}
+
+/// Configuration of one mRoPE: the fields `MRoPERotaryEmbedding.__init__`
+/// reads (mlx-vlm 0.7.6).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MropeConfig {
+    /// Rotated channels per head (`dim` in the reference):
+    /// `int(head_dim * partial_rotary_factor)` for Qwen3.5. Channels past it
+    /// pass through unchanged.
+    pub rotary_dim: usize,
+    /// `rope_theta`, the frequency base (`base` in the reference).
+    pub rope_theta: f64,
+    /// `mrope_section`: frequencies per axis (t, h, w). Only entries 1 and 2
+    /// are read by the interleaved selector; axis 0 takes every remaining
+    /// frequency.
+    pub mrope_section: Vec<usize>,
+    /// Multiplier on cos and sin (`attention_scaling`; 1.0 for Qwen3.5).
+    /// The pure-MLX path multiplies by it even when it is 1.0; the Metal
+    /// kernel ignores it, as the reference's does.
+    pub attention_scaling: f32,
+}
+
+impl MropeConfig {
+    /// The Qwen3.5 attention's rotary: `Qwen3_5RotaryEmbedding(int(head_dim *
+    /// partial_rotary_factor), base=rope_theta, mrope_section=...)` from
+    /// `rope_parameters` (mlx-vlm 0.7.6 `qwen3_5/language.py`), with
+    /// `attention_scaling = 1.0`.
+    ///
+    /// The product is truncated toward zero like Python's `int()`.
+    pub fn qwen3_5(
+        head_dim: usize,
+        partial_rotary_factor: f64,
+        rope_theta: f64,
+        mrope_section: Vec<usize>,
+    ) -> Self {
+        // `as usize` truncates toward zero and saturates, like `int()` on
+        // the values a config can hold.
+        let rotary_dim = (head_dim as f64 * partial_rotary_factor) as usize;
+        MropeConfig {
+            rotary_dim,
+            rope_theta,
+            mrope_section,
+            attention_scaling: 1.0,
+        }
+    }
+
+    /// Number of rotary frequencies, `rotary_dim / 2` (the length of
+    /// `inv_freq` once the config is valid).
+    pub fn freq_count(&self) -> usize {
+        self.rotary_dim / 2
+    }
+
+    /// Checks the config.
+    ///
+    /// # Errors
+    /// - [`PositionError::OddRotaryDim`] (stricter than the reference, which
+    ///   would rotate `rotary_dim + 1` channels).
+    /// - [`PositionError::MropeSectionTooShort`] (the reference raises
+    ///   `IndexError`).
+    /// - [`PositionError::MropeSectionExceedsFrequencies`] when the sections
+    ///   sum to more than `rotary_dim / 2` (stricter than the reference,
+    ///   which clips). A smaller sum is accepted, as the reference does: the
+    ///   rest goes to axis 0 (the class default `[11, 11, 0]` relies on it).
+    pub fn validate(&self) -> Result<(), PositionError> {
+        if self.rotary_dim % 2 == 1 {
+            return Err(PositionError::OddRotaryDim {
+                rotary_dim: self.rotary_dim,
+            });
+        }
+        if self.mrope_section.len() < 3 {
+            return Err(PositionError::MropeSectionTooShort {
+                section: self.mrope_section.clone(),
+            });
+        }
+        let sum = self
+            .mrope_section
+            .iter()
+            .try_fold(0usize, |acc, &s| acc.checked_add(s))
+            .unwrap_or(usize::MAX);
+        if sum > self.freq_count() {
+            return Err(PositionError::MropeSectionExceedsFrequencies {
+                section: self.mrope_section.clone(),
+                sum,
+                freq_count: self.freq_count(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Which position axis (0 = t, 1 = h, 2 = w) feeds each of `freq_dim`
+/// frequencies.
+///
+/// Mirrors `rope_utils._interleaved_position_selector(mrope_section,
+/// freq_dim)` (mlx-vlm 0.7.6) exactly: start from all zeros; axis 1 takes
+/// indices `1, 4, 7, …` below `min(3·mrope_section[1], freq_dim)`; axis 2
+/// takes `2, 5, 8, …` below `min(3·mrope_section[2], freq_dim)`.
+/// `mrope_section[0]` is never read and entries past 2 are ignored; a
+/// section larger than `freq_dim` allows is clipped, not rejected (see
+/// [`MropeConfig::validate`] for the strict check).
+///
+/// Finding: the seed (`qwen-mrope.ts` `interleavedSelector`) applies the
+/// same rule with `mrope_section` hard-coded to `[11, 11, 10]`.
+///
+/// # Errors
+/// [`PositionError::MropeSectionTooShort`] when `mrope_section` has fewer
+/// than 3 entries (the reference raises `IndexError`).
+pub fn interleaved_position_selector(
+    mrope_section: &[usize],
+    freq_dim: usize,
+) -> Result<Vec<i32>, PositionError> {
+    if mrope_section.len() < 3 {
+        return Err(PositionError::MropeSectionTooShort {
+            section: mrope_section.to_vec(),
+        });
+    }
+    let mut selector = vec![0i32; freq_dim];
+    for (axis, offset) in [(1usize, 1usize), (2, 2)] {
+        let end = mrope_section[axis].saturating_mul(3).min(freq_dim);
+        for idx in (offset..end).step_by(3) {
+            selector[idx] = axis as i32;
+        }
+    }
+    Ok(selector)
+}
+
+/// `inv_freq` on the device, with the reference's op sequence and dtypes.
+///
+/// Mirrors `rope_utils.compute_inv_freq(dim, base)` (mlx-vlm 0.7.6):
+/// `1.0 / (base ** (mx.arange(0, dim, 2).astype(mx.float32) / dim))`, i.e.
+/// int32 `arange` → cast to f32 → divide by f32(`dim`) → `power(f32(base),
+/// ·)` → `divide(f32(1.0), ·)`. Returns shape `[ceil(dim/2)]`, f32, lazy.
+///
+/// Finding: the seed (`mropeInvFreq`) multiplies by the f32 reciprocal
+/// `1/dim` instead of dividing by `dim`; the two differ in the last bit for
+/// some entries when `dim` is not a power of two.
+///
+/// # Errors
+/// [`PositionError::Mlx`] if MLX rejects an op (e.g. `dim` beyond `i32`).
+pub fn compute_inv_freq(dim: usize, base: f64) -> Result<Array, PositionError> {
+    let stop = i32::try_from(dim).map_err(|_| {
+        PositionError::Mlx(mlx_rs::error::Exception::custom(format!(
+            "rotary dim {dim} does not fit in int32"
+        )))
+    })?;
+    let exponents = Array::arange::<i32, i32>(0, stop, 2)?
+        .as_dtype(Dtype::Float32)?
+        .divide(Array::from_f32(dim as f32))?;
+    // A Python scalar meeting an f32 array becomes an f32 scalar array.
+    let denominators = Array::from_f32(base as f32).power(&exponents)?;
+    Ok(Array::from_f32(1.0).divide(&denominators)?)
+}
+
+/// Host emulation of `inv_freq` in f32, for measurement:
+/// `1.0 / base.powf(i / dim)` with `i = 0, 2, 4, …` and every operation in
+/// f32 (`i / dim` is a correctly rounded f32 division, as on the device).
+/// Differs from [`compute_inv_freq`] wherever the platform's `powf` and
+/// MLX's `power` round differently.
+pub fn inv_freq_host_f32(dim: usize, base: f32) -> Vec<f32> {
+    (0..dim)
+        .step_by(2)
+        .map(|i| 1.0f32 / base.powf(i as f32 / dim as f32))
+        .collect()
+}
+
+/// Host emulation of `inv_freq` in f64, rounded once to f32 at the end:
+/// `(1.0 / base.powf(i / dim)) as f32` with `i = 0, 2, 4, …` and every
+/// intermediate in f64. An estimate of the correctly rounded value, for
+/// measuring how far the device's f32 sequence is from it.
+pub fn inv_freq_host_f64(dim: usize, base: f64) -> Vec<f32> {
+    (0..dim)
+        .step_by(2)
+        .map(|i| (1.0f64 / base.powf(i as f64 / dim as f64)) as f32)
+        .collect()
+}
+
+/// One mRoPE, ready to apply: config, `inv_freq` and selector built once,
+/// like `MRoPERotaryEmbedding` (mlx-vlm 0.7.6) with style `"interleaved"`.
+#[derive(Debug)]
+pub struct Mrope {
+    config: MropeConfig,
+    inv_freq: Array,
+    selector: Vec<i32>,
+    selector_array: Array,
+}
+
+impl Mrope {
+    /// Builds the rotary: validates `config`, computes `inv_freq` with
+    /// [`compute_inv_freq`] and the selector with
+    /// [`interleaved_position_selector`], and evaluates both (the reference's
+    /// `eval_cached_arrays`).
+    ///
+    /// # Errors
+    /// Those of [`MropeConfig::validate`], and [`PositionError::Mlx`].
+    pub fn new(config: MropeConfig) -> Result<Self, PositionError> {
+        config.validate()?;
+        let inv_freq = compute_inv_freq(config.rotary_dim, config.rope_theta)?;
+        let selector = interleaved_position_selector(&config.mrope_section, config.freq_count())?;
+        let selector_array = Array::from_slice(&selector, &[selector.len() as i32]);
+        mlx_rs::transforms::eval([&inv_freq, &selector_array])?;
+        Ok(Mrope {
+            config,
+            inv_freq,
+            selector,
+            selector_array,
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &MropeConfig {
+        &self.config
+    }
+
+    /// `inv_freq`, shape `[rotary_dim / 2]`, f32.
+    pub fn inv_freq(&self) -> &Array {
+        &self.inv_freq
+    }
+
+    /// The frequency→axis selector, length `rotary_dim / 2`.
+    pub fn position_selector(&self) -> &[i32] {
+        &self.selector
+    }
+
+    /// Rotation angles `[B, L, rotary_dim/2]`, f32.
+    ///
+    /// Mirrors `rope_utils.compute_mrope_frequencies` (mlx-vlm 0.7.6) for
+    /// the interleaved style with the cached selector:
+    /// - `position_ids` `[B, L]`: `position_ids.astype(f32)[..., None] *
+    ///   inv_freq` (every axis at the same position);
+    /// - `position_ids` `[3, B, L]`: `_selected_mrope_freqs`:
+    ///   `take(position_ids, selector, axis=0).transpose(1, 2, 0)`, cast to
+    ///   f32, times `inv_freq`.
+    ///
+    /// # Errors
+    /// [`PositionError::Rank`] for other ranks; [`PositionError::Mlx`].
+    pub fn frequencies(&self, position_ids: &Array) -> Result<Array, PositionError> {
+        match position_ids.ndim() {
+            2 => Ok(expand_dims(position_ids.as_dtype(Dtype::Float32)?, -1)?
+                .multiply(&self.inv_freq)?),
+            3 => {
+                let selected = take_axis(position_ids, &self.selector_array, 0)?;
+                Ok(transpose_axes(&selected, &[1, 2, 0])?
+                    .as_dtype(Dtype::Float32)?
+                    .multiply(&self.inv_freq)?)
+            }
+            _ => Err(PositionError::Rank {
+                tensor: "position_ids",
+                expected: "[B, L] or [3, B, L]",
+                shape: position_ids.shape().to_vec(),
+            }),
+        }
+    }
+
+    /// cos and sin tables, each `[B, L, rotary_dim]` in `dtype`.
+    ///
+    /// Mirrors `MRoPERotaryEmbedding.__call__(x, position_ids)` with
+    /// `cast_output=True` (mlx-vlm 0.7.6), `dtype` being `x.dtype`:
+    /// `emb = concatenate([freqs, freqs], -1)`, `cos = cos(emb) *
+    /// attention_scaling`, `sin = sin(emb) * attention_scaling` (in f32),
+    /// then both cast to `dtype`.
+    ///
+    /// # Errors
+    /// Those of [`Mrope::frequencies`].
+    pub fn cos_sin(
+        &self,
+        dtype: Dtype,
+        position_ids: &Array,
+    ) -> Result<(Array, Array), PositionError> {
+        let freqs = self.frequencies(position_ids)?;
+        let emb = concatenate(&[&freqs, &freqs], -1)?;
+        let scaling = Array::from_f32(self.config.attention_scaling);
+        let cos = emb.cos()?.multiply(&scaling)?;
+        let sin = emb.sin()?.multiply(&scaling)?;
+        Ok((cos.as_dtype(dtype)?, sin.as_dtype(dtype)?))
+    }
+
+    /// Rotates q and k on the path the reference takes here
+    /// ([`MropePath::current`]).
+    ///
+    /// Mirrors `MRoPERotaryEmbedding.apply_rotary(q, k, position_ids,
+    /// unsqueeze_dim=1)` (mlx-vlm 0.7.6). See [`Mrope::apply_with_path`] for
+    /// shapes, dtypes and errors.
+    pub fn apply(
+        &self,
+        q: &Array,
+        k: &Array,
+        position_ids: &Array,
+    ) -> Result<(Array, Array), PositionError> {
+        self.apply_with_path(MropePath::current()?, q, k, position_ids)
+    }
+
+    /// Rotates q and k on the given path.
+    ///
+    /// - `q`: `[B, Hq, L, D]`, `k`: `[B, Hk, L, D]` (head counts may
+    ///   differ); any float dtypes. The first `rotary_dim` channels rotate,
+    ///   the rest pass through bit-exact.
+    /// - `position_ids`: integer `[B', L]` (text: one position for all
+    ///   axes) or `[3, B', L]` (t, h, w), with `B' = B`, or `B' = 1` on the
+    ///   pure-MLX path (broadcast, as the reference's cos/sin broadcast).
+    ///
+    /// Returns `(q_embed, k_embed)` with the shapes and dtypes of q and k.
+    ///
+    /// [`MropePath::PureMlx`] mirrors `cos, sin = self(k, position_ids)` then
+    /// `_apply_interleaved_rotary_pos_emb_axis1(q, k, cos, sin)`: cos/sin in
+    /// k's dtype get a head axis; `x_rot * cos + rotate_half(x_rot) * sin` in
+    /// the promoted dtype, cast to x's dtype, concatenated with the pass-
+    /// through channels. The reference wraps that function in `mx.compile`;
+    /// its fused CPU kernel keeps each intermediate in its dtype, so the
+    /// eager sequence issues the same arithmetic.
+    ///
+    /// [`MropePath::MetalKernel`] mirrors `_compiled_mrope_apply(rotary_dim,
+    /// position_ids.ndim, "half_split")`: the kernel of
+    /// [`mrope_kernel_spec`](super::mrope_kernel_spec) launched on q, then
+    /// on k, as [`mrope_kernel_launch`](super::mrope_kernel_launch)
+    /// describes.
+    ///
+    /// # Errors
+    /// - [`PositionError::Rank`] if q or k is not 4-D or `position_ids` is
+    ///   neither 2-D nor 3-D;
+    /// - [`PositionError::QkShapeMismatch`] if q and k differ in B, L or D;
+    /// - [`PositionError::RotaryDimExceedsHeadDim`];
+    /// - [`PositionError::PositionIdsShape`] if `position_ids` do not fit.
+    ///   On the Metal path `B'` must equal `B`: the reference's kernel
+    ///   indexes `position_ids` with q's batch size and would read past a
+    ///   `B' = 1` array (a reference hazard this port refuses);
+    /// - [`PositionError::MetalUnavailable`] for the Metal path without
+    ///   Metal; [`PositionError::GridOverflow`]; [`PositionError::Mlx`].
+    pub fn apply_with_path(
+        &self,
+        path: MropePath,
+        q: &Array,
+        k: &Array,
+        position_ids: &Array,
+    ) -> Result<(Array, Array), PositionError> {
+        check_qk(q, k, self.config.rotary_dim)?;
+        check_position_ids(position_ids, q.shape(), path)?;
+        match path {
+            MropePath::PureMlx => {
+                let (cos, sin) = self.cos_sin(k.dtype(), position_ids)?;
+                apply_interleaved_axis1(q, k, &cos, &sin)
+            }
+            MropePath::MetalKernel => {
+                if !metal_is_available()? {
+                    return Err(PositionError::MetalUnavailable);
+                }
+                let spec = mrope_kernel_spec(
+                    self.config.rotary_dim,
+                    position_ids.ndim(),
+                    Pairing::HalfSplit,
+                );
+                let half = self.inv_freq.shape()[0] as usize;
+                let inputs = |x: &Array| -> [Array; 4] {
+                    [
+                        x.clone(),
+                        position_ids.clone(),
+                        self.inv_freq.clone(),
+                        self.selector_array.clone(),
+                    ]
+                };
+                let launch_q = mrope_kernel_launch(q.shape(), q.dtype(), half)?;
+                let launch_k = mrope_kernel_launch(k.shape(), k.dtype(), half)?;
+                let q_out = run_mrope_kernel(&spec, &launch_q, &inputs(q))?;
+                let k_out = run_mrope_kernel(&spec, &launch_k, &inputs(k))?;
+                Ok((q_out, k_out))
+            }
+        }
+    }
+}
+
+/// Rotates q and k with a one-off [`Mrope`] built from `config`, on the path
+/// the reference takes here. See [`Mrope::apply_with_path`].
+///
+/// Mirrors `MRoPERotaryEmbedding(config...).apply_rotary(q, k,
+/// position_ids)` (mlx-vlm 0.7.6).
+///
+/// # Errors
+/// Those of [`Mrope::new`] and [`Mrope::apply_with_path`].
+pub fn apply_mrope(
+    q: &Array,
+    k: &Array,
+    position_ids: &Array,
+    config: &MropeConfig,
+) -> Result<(Array, Array), PositionError> {
+    Mrope::new(config.clone())?.apply(q, k, position_ids)
+}
+
+fn check_qk(q: &Array, k: &Array, rotary_dim: usize) -> Result<(), PositionError> {
+    for (name, x) in [("q", q), ("k", k)] {
+        if x.ndim() != 4 {
+            return Err(PositionError::Rank {
+                tensor: name,
+                expected: "[B, H, L, D]",
+                shape: x.shape().to_vec(),
+            });
+        }
+    }
+    let (qs, ks) = (q.shape(), k.shape());
+    if qs[0] != ks[0] || qs[2] != ks[2] || qs[3] != ks[3] {
+        return Err(PositionError::QkShapeMismatch {
+            q: qs.to_vec(),
+            k: ks.to_vec(),
+        });
+    }
+    let head_dim = qs[3] as usize;
+    if rotary_dim > head_dim {
+        return Err(PositionError::RotaryDimExceedsHeadDim {
+            rotary_dim,
+            head_dim,
+        });
+    }
+    Ok(())
+}
+
+fn check_position_ids(
+    position_ids: &Array,
+    q_shape: &[i32],
+    path: MropePath,
+) -> Result<(), PositionError> {
+    let (batch, len) = (q_shape[0], q_shape[2]);
+    let batch_fits = |b: i32| b == batch || (b == 1 && path == MropePath::PureMlx);
+    let fits = match *position_ids.shape() {
+        [b, l] => batch_fits(b) && l == len,
+        [3, b, l] => batch_fits(b) && l == len,
+        _ => false,
+    };
+    if fits {
+        return Ok(());
+    }
+    Err(PositionError::PositionIdsShape {
+        got: position_ids.shape().to_vec(),
+        tensor: "q",
+        tensor_shape: q_shape.to_vec(),
+        expected: match path {
+            MropePath::PureMlx => "[B or 1, L] or [3, B or 1, L]",
+            MropePath::MetalKernel => "[B, L] or [3, B, L]",
+        },
+    })
+}
+
+/// `rope_utils.rotate_half` (mlx-vlm 0.7.6): `concatenate([-x2, x1], -1)`
+/// of the two halves of the last axis.
+pub(super) fn rotate_half(x: &Array) -> Result<Array, PositionError> {
+    let n = x.shape()[x.ndim() - 1];
+    let x1 = x.try_index((Ellipsis, ..n / 2))?;
+    let x2 = x.try_index((Ellipsis, n / 2..))?;
+    Ok(concatenate(&[&x2.negative()?, &x1], -1)?)
+}
+
+/// `rope_utils._apply_interleaved_rotary_pos_emb_axis1` (mlx-vlm 0.7.6).
+fn apply_interleaved_axis1(
+    q: &Array,
+    k: &Array,
+    cos: &Array,
+    sin: &Array,
+) -> Result<(Array, Array), PositionError> {
+    let cos = expand_dims(cos, 1)?;
+    let sin = expand_dims(sin, 1)?;
+    let rotary_dim = cos.shape()[cos.ndim() - 1];
+    let one = |x: &Array| -> Result<Array, PositionError> {
+        let x_rot = x.try_index((Ellipsis, ..rotary_dim))?;
+        let x_pass = x.try_index((Ellipsis, rotary_dim..))?;
+        let embed = x_rot
+            .multiply(&cos)?
+            .add(rotate_half(&x_rot)?.multiply(&sin)?)?
+            .as_dtype(x.dtype())?;
+        Ok(concatenate(&[&embed, &x_pass], -1)?)
+    };
+    Ok((one(q)?, one(k)?))
+}

@@ -1,0 +1,243 @@
+//! Errors of the quantized layers.
+
+use mlx_rs::Dtype;
+
+use crate::checkpoint::CheckpointError;
+use crate::ffi::{MlxError, Mode, UnknownMode};
+
+/// A `(mode, bits, group_size)` the reference rejects.
+///
+/// The messages are those `mlx.core.quantize` raises (mlx 0.32.2), and the
+/// checks run in its order: mode, then group size, then bits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// A mode string outside affine, mxfp4, mxfp8, nvfp4.
+    #[error(transparent)]
+    UnknownMode(#[from] UnknownMode),
+    /// A group size the mode does not support.
+    #[error("{}", group_size_message(*.mode, *.group_size))]
+    UnsupportedGroupSize {
+        /// The mode.
+        mode: Mode,
+        /// The rejected group size.
+        group_size: i32,
+    },
+    /// A bit width the mode does not support.
+    #[error("{}", bits_message(*.mode, *.bits))]
+    UnsupportedBits {
+        /// The mode.
+        mode: Mode,
+        /// The rejected bit width.
+        bits: i32,
+    },
+}
+
+fn group_size_message(mode: Mode, group_size: i32) -> String {
+    match mode {
+        Mode::Affine => format!(
+            "[quantize] The requested group size {group_size} is not supported. \
+             The supported group sizes are 32, 64, and 128."
+        ),
+        _ => format!(
+            "[quantize] {mode} quantization requires group size {} but got {group_size}.",
+            mode.defaults().0
+        ),
+    }
+}
+
+fn bits_message(mode: Mode, bits: i32) -> String {
+    match mode {
+        Mode::Affine => format!(
+            "[quantize] The requested number of bits {bits} is not supported. \
+             The supported bits are 2, 3, 4, 5, 6 and 8."
+        ),
+        _ => format!(
+            "[quantize] {mode} quantization requires bits to be {} but got {bits}.",
+            mode.defaults().1
+        ),
+    }
+}
+
+/// Quantized tensors that do not fit together (or do not fit their spec).
+///
+/// `weight` is `uint32 [.., out, packed]` with `packed * 32 == in_features *
+/// bits`; `scales` (and affine `biases`) are `[.., out, in_features /
+/// group_size]`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PayloadError {
+    /// The spec itself is rejected by the reference.
+    #[error(transparent)]
+    Spec(#[from] SpecError),
+    /// The packed weight is not `uint32`.
+    #[error("the quantized weight must be uint32, got {dtype:?}")]
+    WeightDtype {
+        /// The dtype found.
+        dtype: Dtype,
+    },
+    /// A tensor with the wrong number of dimensions.
+    #[error("`{tensor}` must have {expected} dimensions, got shape {shape:?}")]
+    Rank {
+        /// `weight`, `scales`, `biases` or `bias`.
+        tensor: &'static str,
+        /// The required number of dimensions.
+        expected: usize,
+        /// The shape found.
+        shape: Vec<i32>,
+    },
+    /// `packed * 32` is not a multiple of `bits`, so no integer in_features
+    /// packs to this width.
+    #[error("a packed width of {packed} uint32 ({} bits) is not a multiple of bits={bits}", .packed * 32)]
+    BitsDoNotDivide {
+        /// The last dimension of `weight`.
+        packed: i32,
+        /// The bit width of the spec.
+        bits: i32,
+    },
+    /// `group_size` does not divide in_features.
+    #[error("group_size={group_size} does not divide in_features={in_features}")]
+    GroupSizeDoesNotDivide {
+        /// in_features (`packed * 32 / bits`).
+        in_features: i32,
+        /// The group size of the spec.
+        group_size: i32,
+    },
+    /// `scales` does not have shape `[.., out, in_features / group_size]`.
+    #[error(
+        "scales shape {actual:?} does not match weight shape {weight:?}: expected {expected:?}"
+    )]
+    ScalesShape {
+        /// The weight shape.
+        weight: Vec<i32>,
+        /// The expected scales shape.
+        expected: Vec<i32>,
+        /// The scales shape found.
+        actual: Vec<i32>,
+    },
+    /// `biases` does not have the shape of `scales`.
+    #[error("biases shape {actual:?} does not match scales shape {expected:?}")]
+    BiasesShape {
+        /// The scales shape.
+        expected: Vec<i32>,
+        /// The biases shape found.
+        actual: Vec<i32>,
+    },
+    /// Affine quantization without zero points.
+    #[error("{mode} quantization requires biases (zero points)")]
+    MissingBiases {
+        /// The mode.
+        mode: Mode,
+    },
+    /// Zero points given for a mode that has none.
+    #[error("{mode} quantization has no biases (zero points), but biases were given")]
+    UnexpectedBiases {
+        /// The mode.
+        mode: Mode,
+    },
+    /// The additive `bias` does not have the output shape.
+    #[error("bias shape {actual:?} does not match the expected {expected:?}")]
+    BiasShape {
+        /// The expected shape (`[out]`, or `[E, out]` for switch layers).
+        expected: Vec<i32>,
+        /// The shape found.
+        actual: Vec<i32>,
+    },
+    /// The tensors describe a layer of another input width than the module
+    /// the caller builds (the reference's `load_weights` shape check).
+    #[error("the tensors hold in_features={actual}, the module has in_features={expected}")]
+    InFeatures {
+        /// The module's input width.
+        expected: i32,
+        /// The input width the tensors hold.
+        actual: i32,
+    },
+}
+
+/// Any error of a quantized layer.
+#[derive(Debug, thiserror::Error)]
+pub enum LayerError {
+    /// MLX rejected a call; the message is MLX's.
+    #[error(transparent)]
+    Mlx(#[from] MlxError),
+    /// Invalid quantized tensors or spec.
+    #[error(transparent)]
+    Payload(#[from] PayloadError),
+    /// Loading from a checkpoint failed.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The input's last dimension is not in_features.
+    #[error("input shape {shape:?} does not end in in_features={in_features}")]
+    InputShape {
+        /// The layer's input width.
+        in_features: i32,
+        /// The input shape.
+        shape: Vec<i32>,
+    },
+    /// A payload exchange would change the layer's shape (the additive bias
+    /// and the LoRA adapters are shaped by it); nothing was exchanged.
+    #[error(
+        "the new payload is {in_features}->{out_features}, the layer is \
+         {expected_in}->{expected_out}; payload not exchanged"
+    )]
+    FeaturesChanged {
+        /// The layer's in_features.
+        expected_in: i32,
+        /// The layer's out_features.
+        expected_out: i32,
+        /// The new payload's in_features.
+        in_features: i32,
+        /// The new payload's out_features.
+        out_features: i32,
+    },
+    /// LoRA matrices that do not fit each other or the layer.
+    #[error(
+        "LoRA adapter `{name}`: lora_a {lora_a:?} and lora_b {lora_b:?} do not fit \
+         a {in_features}->{out_features} layer (expected [in, r] and [r, out])"
+    )]
+    AdapterShape {
+        /// The adapter's name (empty before it is attached).
+        name: String,
+        /// The layer's in_features (or `-1` when checked without a layer).
+        in_features: i32,
+        /// The layer's out_features (or `-1` when checked without a layer).
+        out_features: i32,
+        /// `lora_a`'s shape.
+        lora_a: Vec<i32>,
+        /// `lora_b`'s shape.
+        lora_b: Vec<i32>,
+    },
+    /// An adapter with this name is already attached.
+    #[error("a LoRA adapter named `{name}` is already attached")]
+    DuplicateAdapter {
+        /// The name.
+        name: String,
+    },
+    /// No adapter with this name is attached.
+    #[error("no LoRA adapter named `{name}` is attached")]
+    UnknownAdapter {
+        /// The name.
+        name: String,
+    },
+    /// An expert index outside `0..num_experts` (checked on the host before
+    /// calling MLX, whose gather does not bound-check on every backend).
+    #[error("expert index {index} at flat position {position} is out of range for {num_experts} experts")]
+    ExpertIndexOutOfRange {
+        /// The offending index.
+        index: i128,
+        /// Its position in the flattened (row-major) indices.
+        position: usize,
+        /// The number of experts.
+        num_experts: i32,
+    },
+    /// Expert indices must be integers.
+    #[error("expert indices must have an integer dtype, got {dtype:?}")]
+    IndicesDtype {
+        /// The dtype found.
+        dtype: Dtype,
+    },
+}
+
+impl From<mlx_rs::error::Exception> for LayerError {
+    fn from(e: mlx_rs::error::Exception) -> Self {
+        LayerError::Mlx(e.into())
+    }
+}

@@ -1,0 +1,396 @@
+//! `QuantizedLinear`: quantized projection + additive bias + LoRA residuals.
+
+use std::fmt;
+
+use mlx_rs::{ops, Array};
+
+use crate::checkpoint::{Checkpoint, LayerKind};
+use crate::ffi;
+
+use super::{LayerError, LoraAdapter, PayloadError, QuantSpec, QuantizedPayload};
+
+/// How [`QuantizedLinear::forward`] treats the rows (the M query rows) of its
+/// input.
+///
+/// One layer type with a mode replaces the seed's `QuantizedLinearPlain` /
+/// `QuantizedLinearRows` wrappers: both wrapped the same weights, bias and
+/// adapters, so in Rust they are one owner of that state and the row policy
+/// is a plain value, switchable at run time and visible in `Debug`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Forward {
+    /// One `quantized_matmul` over all rows, as the reference runs it. MLX
+    /// may pick a different kernel (and summation order) for different M, so
+    /// row i's bits may depend on how many rows were sent.
+    #[default]
+    Batched,
+    /// The input is flattened to `[N, K]` and every row goes through the
+    /// whole layer (matmul, bias, LoRA) as its own `M = 1` call; the rows are
+    /// then concatenated and reshaped back. Row i's result is therefore
+    /// bit-identical to sending that row alone (the decode case), whatever M.
+    ///
+    /// The seed ran only the quantized matmul per row and applied the LoRA
+    /// residual to the whole batch, so with adapters attached its rows were
+    /// not independent; here the residual is per row too.
+    ///
+    /// Measured on the CPU backend of MLX 0.32.2: both modes gave identical
+    /// bits for M in {2, 7, 16, 33, 64}, every mode, f32/f16/bf16, with and
+    /// without a LoRA adapter; the CPU kernels do not change with M. The mode
+    /// exists for backends that do (Metal picks a different kernel for small
+    /// M), where this cannot be measured here.
+    RowsIndependent,
+}
+
+/// A quantized linear layer: mirrors `mlx.nn.QuantizedLinear.__call__` (mlx
+/// 0.32.2) wrapped by `mlx_lm.tuner.lora.LoRALinear.__call__` (mlx-lm
+/// 0.32.2) for each attached adapter:
+///
+/// ```text
+/// y = quantized_matmul(x, weight, scales, biases, transpose=True, group_size, bits, mode)
+/// y = y + bias                                   # if the layer has `.bias`
+/// y = y + (scale_k * ((x @ A_k) @ B_k)).astype(x.dtype)   # k in attachment order
+/// ```
+///
+/// Input `x`: `[.., K]` with `K = in_features`, any number of leading (batch)
+/// dimensions; output `[.., out_features]`. Output dtype: affine →
+/// `promote(x, scales)`, floating-point modes → `x.dtype`; then promoted with
+/// `bias`'s dtype, then with `x.dtype` per adapter.
+///
+/// Several adapters: mlx-lm nests one `LoRALinear` per adapter, each adding
+/// its residual to the output of the inner one; attaching `a` then `b` is
+/// `LoRALinear_b(LoRALinear_a(base))`, i.e. residuals are added in
+/// attachment order, each to the running sum, each computed from the same
+/// `x`.
+pub struct QuantizedLinear {
+    payload: QuantizedPayload,
+    bias: Option<Array>,
+    adapters: Vec<(String, LoraAdapter)>,
+    forward: Forward,
+}
+
+impl fmt::Debug for QuantizedLinear {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QuantizedLinear")
+            .field("payload", &self.payload)
+            .field(
+                "bias",
+                &self.bias.as_ref().map(|b| (b.shape().to_vec(), b.dtype())),
+            )
+            .field("adapters", &self.adapters)
+            .field("forward", &self.forward)
+            .finish()
+    }
+}
+
+impl QuantizedLinear {
+    /// A layer from a 2-D payload (`weight` `uint32 [out, packed]`) and an
+    /// optional additive `bias` `[out]` (the `.bias` of
+    /// `nn.QuantizedLinear`, distinct from the zero points `biases`).
+    /// [`Forward::Batched`], no adapters.
+    ///
+    /// # Errors
+    /// [`PayloadError::Rank`] for a weight that is not 2-D,
+    /// [`PayloadError::BiasShape`] for a bias not shaped `[out]`.
+    pub fn new(payload: QuantizedPayload, bias: Option<Array>) -> Result<Self, LayerError> {
+        payload.require_rank(2)?;
+        if let Some(b) = &bias {
+            let expected = vec![payload.out_features()];
+            if b.shape() != expected.as_slice() {
+                return Err(PayloadError::BiasShape {
+                    expected,
+                    actual: b.shape().to_vec(),
+                }
+                .into());
+            }
+        }
+        Ok(QuantizedLinear {
+            payload,
+            bias,
+            adapters: Vec::new(),
+            forward: Forward::Batched,
+        })
+    }
+
+    /// [`QuantizedPayload::new`] then [`QuantizedLinear::new`].
+    ///
+    /// # Errors
+    /// Any [`PayloadError`] of either.
+    pub fn from_arrays(
+        weight: Array,
+        scales: Array,
+        biases: Option<Array>,
+        spec: QuantSpec,
+        bias: Option<Array>,
+    ) -> Result<Self, LayerError> {
+        Self::new(QuantizedPayload::new(weight, scales, biases, spec)?, bias)
+    }
+
+    /// The layer at module `path` (e.g. `model.layers.0.self_attn.q_proj`) of
+    /// a checkpoint, as `mlx_lm.utils.load_model` builds it: the spec resolved
+    /// per path ([`Checkpoint::resolve_quant_spec`] with
+    /// [`LayerKind::Linear`]), then `path.weight`, `path.scales`,
+    /// `path.biases` (affine), and `path.bias` when present.
+    ///
+    /// `in_features` is the unquantized module's input width (from the model
+    /// architecture); the reference needs it too, to infer the spec of paths
+    /// the config does not name.
+    ///
+    /// # Errors
+    /// [`LayerError::Checkpoint`]: spec unresolvable or rejected, path not
+    /// quantized, missing tensors, or tensors inconsistent with the spec or
+    /// with `in_features` (named by path).
+    pub fn from_checkpoint(
+        checkpoint: &Checkpoint,
+        path: &str,
+        in_features: i32,
+    ) -> Result<Self, LayerError> {
+        let tensors = checkpoint.quantized_tensors(path, LayerKind::Linear, in_features)?;
+        let layer = Self::new(tensors.payload, tensors.bias)
+            .map_err(|e| checkpoint_payload_error(path, e))?;
+        Ok(layer)
+    }
+
+    /// The quantized payload.
+    pub fn payload(&self) -> &QuantizedPayload {
+        &self.payload
+    }
+
+    /// The additive `bias` `[out]`, if the layer has one.
+    pub fn bias(&self) -> Option<&Array> {
+        self.bias.as_ref()
+    }
+
+    /// The spec of the current payload.
+    pub fn spec(&self) -> QuantSpec {
+        self.payload.spec()
+    }
+
+    /// `packed * 32 / bits` of the current payload.
+    pub fn in_features(&self) -> i32 {
+        self.payload.in_features()
+    }
+
+    /// `weight.shape[0]`.
+    pub fn out_features(&self) -> i32 {
+        self.payload.out_features()
+    }
+
+    /// The row policy [`QuantizedLinear::forward`] uses.
+    pub fn forward_mode(&self) -> Forward {
+        self.forward
+    }
+
+    /// Sets the row policy.
+    pub fn set_forward_mode(&mut self, forward: Forward) {
+        self.forward = forward;
+    }
+
+    /// Builder form of [`QuantizedLinear::set_forward_mode`].
+    pub fn with_forward_mode(mut self, forward: Forward) -> Self {
+        self.forward = forward;
+        self
+    }
+
+    /// Atomically installs `next` (weight, scales, biases, spec) and returns
+    /// the previous payload: the seed's `exchangeQuantizedState`, the one
+    /// mutation sensitivity sweeps use.
+    ///
+    /// `&mut self` means no forward can observe a half-exchanged layer; the
+    /// new payload is fully validated (by [`QuantizedPayload::new`]) before
+    /// the single move that installs it. The spec may change (e.g. 4 → 8
+    /// bits); the shape may not, because `bias` and the adapters depend on it.
+    ///
+    /// # Errors
+    /// [`LayerError::Payload`] for a payload that is not 2-D,
+    /// [`LayerError::FeaturesChanged`] when in/out features differ; in both
+    /// cases the layer is unchanged.
+    pub fn exchange_payload(
+        &mut self,
+        next: QuantizedPayload,
+    ) -> Result<QuantizedPayload, LayerError> {
+        next.require_rank(2)?;
+        if (next.in_features(), next.out_features()) != (self.in_features(), self.out_features()) {
+            return Err(LayerError::FeaturesChanged {
+                expected_in: self.in_features(),
+                expected_out: self.out_features(),
+                in_features: next.in_features(),
+                out_features: next.out_features(),
+            });
+        }
+        Ok(std::mem::replace(&mut self.payload, next))
+    }
+
+    /// The attached adapters, in attachment (= application) order.
+    pub fn adapters(&self) -> impl Iterator<Item = (&str, &LoraAdapter)> {
+        self.adapters.iter().map(|(n, a)| (n.as_str(), a))
+    }
+
+    /// The adapter named `name`.
+    pub fn adapter(&self, name: &str) -> Option<&LoraAdapter> {
+        self.adapters
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, a)| a)
+    }
+
+    /// Appends an adapter; its residual is added after those of the adapters
+    /// already attached.
+    ///
+    /// # Errors
+    /// [`LayerError::DuplicateAdapter`] if `name` is attached,
+    /// [`LayerError::AdapterShape`] unless `lora_a` is `[in, r]` and `lora_b`
+    /// `[r, out]`.
+    pub fn attach_adapter(
+        &mut self,
+        name: impl Into<String>,
+        adapter: LoraAdapter,
+    ) -> Result<(), LayerError> {
+        let name = name.into();
+        if self.adapter(&name).is_some() {
+            return Err(LayerError::DuplicateAdapter { name });
+        }
+        self.check_adapter(&name, &adapter)?;
+        self.adapters.push((name, adapter));
+        Ok(())
+    }
+
+    /// Replaces the adapter named `name` in place (its position in the order
+    /// is kept) and returns the previous one.
+    ///
+    /// # Errors
+    /// [`LayerError::UnknownAdapter`], or [`LayerError::AdapterShape`]
+    /// (nothing replaced).
+    pub fn swap_adapter(
+        &mut self,
+        name: &str,
+        adapter: LoraAdapter,
+    ) -> Result<LoraAdapter, LayerError> {
+        self.check_adapter(name, &adapter)?;
+        let slot = self
+            .adapters
+            .iter_mut()
+            .find(|(n, _)| n == name)
+            .ok_or_else(|| LayerError::UnknownAdapter {
+                name: name.to_owned(),
+            })?;
+        Ok(std::mem::replace(&mut slot.1, adapter))
+    }
+
+    /// Removes and returns the adapter named `name`; the others keep their
+    /// order.
+    pub fn detach_adapter(&mut self, name: &str) -> Option<LoraAdapter> {
+        let i = self.adapters.iter().position(|(n, _)| n == name)?;
+        Some(self.adapters.remove(i).1)
+    }
+
+    /// Removes every adapter.
+    pub fn clear_adapters(&mut self) {
+        self.adapters.clear();
+    }
+
+    fn check_adapter(&self, name: &str, adapter: &LoraAdapter) -> Result<(), LayerError> {
+        if adapter.in_features() != self.in_features()
+            || adapter.out_features() != self.out_features()
+        {
+            return Err(LayerError::AdapterShape {
+                name: name.to_owned(),
+                in_features: self.in_features(),
+                out_features: self.out_features(),
+                lora_a: adapter.lora_a().shape().to_vec(),
+                lora_b: adapter.lora_b().shape().to_vec(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The layer's output for `x` `[.., in_features]` under the layer's
+    /// [`Forward`] mode; `[.., out_features]`.
+    ///
+    /// # Errors
+    /// [`LayerError::InputShape`] if `x` is a scalar or does not end in
+    /// in_features; [`LayerError::Mlx`] with MLX's message otherwise.
+    pub fn forward(&self, x: &Array) -> Result<Array, LayerError> {
+        self.forward_as(x, self.forward)
+    }
+
+    /// [`QuantizedLinear::forward`] with an explicit row policy.
+    ///
+    /// # Errors
+    /// As [`QuantizedLinear::forward`].
+    pub fn forward_as(&self, x: &Array, forward: Forward) -> Result<Array, LayerError> {
+        let shape = x.shape();
+        if shape.last() != Some(&self.in_features()) {
+            return Err(LayerError::InputShape {
+                in_features: self.in_features(),
+                shape: shape.to_vec(),
+            });
+        }
+        match forward {
+            Forward::Batched => self.forward_batched(x),
+            Forward::RowsIndependent => self.forward_rows(x),
+        }
+    }
+
+    fn forward_batched(&self, x: &Array) -> Result<Array, LayerError> {
+        let p = &self.payload;
+        let spec = p.spec();
+        let mut y = ffi::quantized_matmul(
+            x,
+            p.weight(),
+            p.scales(),
+            p.biases(),
+            true,
+            spec.group_size,
+            spec.bits,
+            spec.mode,
+        )?;
+        if let Some(bias) = &self.bias {
+            y = ops::add(&y, bias)?;
+        }
+        for (_, adapter) in &self.adapters {
+            y = adapter.apply(x, &y)?;
+        }
+        Ok(y)
+    }
+
+    fn forward_rows(&self, x: &Array) -> Result<Array, LayerError> {
+        let shape = x.shape();
+        let k = self.in_features();
+        let rows: i64 = shape[..shape.len() - 1]
+            .iter()
+            .map(|&d| i64::from(d))
+            .product();
+        if rows <= 1 {
+            // Zero rows or one row: the batched call already is the M=1 call.
+            return self.forward_batched(x);
+        }
+        let rows_i32 = i32::try_from(rows).map_err(|_| LayerError::InputShape {
+            in_features: k,
+            shape: shape.to_vec(),
+        })?;
+        let flat = x.reshape(&[rows_i32, k])?;
+        let outputs = flat
+            .split_equal(rows_i32, 0)?
+            .iter()
+            .map(|row| self.forward_batched(row))
+            .collect::<Result<Vec<_>, _>>()?;
+        let y = ops::concatenate(&outputs, 0)?;
+        let mut out_shape = shape.to_vec();
+        if let Some(last) = out_shape.last_mut() {
+            *last = self.out_features();
+        }
+        Ok(y.reshape(&out_shape)?)
+    }
+}
+
+/// A layer-level check that failed while building from a checkpoint, named
+/// by module path.
+pub(crate) fn checkpoint_payload_error(path: &str, e: LayerError) -> LayerError {
+    match e {
+        LayerError::Payload(source) => crate::checkpoint::CheckpointError::Payload {
+            path: path.to_owned(),
+            source,
+        }
+        .into(),
+        other => other,
+    }
+}

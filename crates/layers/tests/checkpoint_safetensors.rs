@@ -1,0 +1,373 @@
+//! One test per typed safetensors / model-directory error, plus round trips.
+
+mod checkpoint_support;
+
+use checkpoint_support::{float_tensor, model_dir, normal, raw_safetensors, same_bits, TempDir};
+use layers::checkpoint::{
+    write_arrays, write_model_dir, Checkpoint, CheckpointError, RawTensor, SafetensorsFile,
+    SafetensorsHeader, TensorDtype,
+};
+use mlx_rs::{Array, Dtype};
+use serde_json::json;
+use std::path::Path;
+
+fn parse(bytes: &[u8]) -> Result<SafetensorsHeader, CheckpointError> {
+    SafetensorsHeader::parse(bytes, Path::new("t.safetensors"))
+}
+
+fn u8_entry(start: u64, end: u64, n: u64) -> serde_json::Value {
+    json!({"dtype": "U8", "shape": [n], "data_offsets": [start, end]})
+}
+
+#[test]
+fn file_too_short() {
+    let err = parse(&[1, 2, 3]).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::FileTooShort { len: 3, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn header_length_past_end_of_file() {
+    let mut bytes = raw_safetensors(&json!({}), &[]);
+    bytes[..8].copy_from_slice(&1000u64.to_le_bytes());
+    let err = parse(&bytes).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CheckpointError::HeaderLengthPastEnd {
+                header_len: 1000,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // A length that does not even fit in memory.
+    bytes[..8].copy_from_slice(&u64::MAX.to_le_bytes());
+    assert!(matches!(
+        parse(&bytes).unwrap_err(),
+        CheckpointError::HeaderLengthPastEnd { .. }
+    ));
+}
+
+#[test]
+fn invalid_header_json() {
+    let text = b"{\"a\": ";
+    let mut bytes = (text.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(text);
+    let err = parse(&bytes).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::InvalidHeaderJson { .. }),
+        "{err}"
+    );
+    // Valid JSON of the wrong structure.
+    for header in [
+        json!([1, 2]),
+        json!({"a": 5}),
+        json!({"a": {"dtype": "U8", "shape": [-1], "data_offsets": [0, 0]}}),
+        json!({"a": {"dtype": "U8", "shape": [1], "data_offsets": [0]}}),
+        json!({"a": {"shape": [1], "data_offsets": [0, 1]}}),
+        json!({"__metadata__": {"k": 1}}),
+    ] {
+        let err = parse(&raw_safetensors(&header, &[0])).unwrap_err();
+        assert!(
+            matches!(err, CheckpointError::InvalidHeaderJson { .. }),
+            "{header}: {err}"
+        );
+    }
+}
+
+#[test]
+fn unknown_dtype() {
+    let header = json!({"w": {"dtype": "F7", "shape": [1], "data_offsets": [0, 1]}});
+    let err = parse(&raw_safetensors(&header, &[0])).unwrap_err();
+    match err {
+        CheckpointError::UnknownDtype { tensor, dtype, .. } => {
+            assert_eq!((tensor.as_str(), dtype.as_str()), ("w", "F7"))
+        }
+        other => panic!("{other}"),
+    }
+}
+
+#[test]
+fn offsets_out_of_range() {
+    let err = parse(&raw_safetensors(&json!({"a": u8_entry(0, 8, 8)}), &[0; 6])).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::OffsetsOutOfRange { ref tensor, end: 8, data_len: 6, .. } if tensor == "a"),
+        "{err}"
+    );
+    // Reversed offsets.
+    let err = parse(&raw_safetensors(&json!({"a": u8_entry(4, 2, 2)}), &[0; 6])).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::OffsetsOutOfRange { .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn overlapping_tensors() {
+    let header = json!({"a": u8_entry(0, 4, 4), "b": u8_entry(2, 6, 4)});
+    let err = parse(&raw_safetensors(&header, &[0; 6])).unwrap_err();
+    match err {
+        CheckpointError::OverlappingTensors { first, second, .. } => {
+            assert_eq!((first.as_str(), second.as_str()), ("a", "b"))
+        }
+        other => panic!("{other}"),
+    }
+    // A gap between tensors is accepted, as mx.load accepts it.
+    let header = json!({"a": u8_entry(0, 2, 2), "b": u8_entry(4, 6, 2)});
+    assert_eq!(
+        parse(&raw_safetensors(&header, &[0; 6]))
+            .unwrap()
+            .tensors
+            .len(),
+        2
+    );
+}
+
+#[test]
+fn size_mismatch() {
+    let header = json!({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 20]}});
+    let err = parse(&raw_safetensors(&header, &[0; 20])).unwrap_err();
+    match err {
+        CheckpointError::SizeMismatch {
+            tensor,
+            expected_bytes,
+            actual_bytes,
+            ..
+        } => {
+            assert_eq!(
+                (tensor.as_str(), expected_bytes, actual_bytes),
+                ("w", Some(24), 20)
+            )
+        }
+        other => panic!("{other}"),
+    }
+    // A shape whose byte count overflows.
+    let header =
+        json!({"w": {"dtype": "F32", "shape": [u64::MAX, u64::MAX], "data_offsets": [0, 4]}});
+    let err = parse(&raw_safetensors(&header, &[0; 4])).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CheckpointError::SizeMismatch {
+                expected_bytes: None,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn unsupported_array_dtype() {
+    let dir = TempDir::new("f8");
+    let path = dir.join("t.safetensors");
+    let header = json!({
+        "e5": {"dtype": "F8_E5M2", "shape": [2], "data_offsets": [0, 2]},
+        "e4": {"dtype": "F8_E4M3", "shape": [2], "data_offsets": [2, 4]},
+    });
+    std::fs::write(&path, raw_safetensors(&header, &[1, 2, 3, 200])).unwrap();
+    let file = SafetensorsFile::open(&path).unwrap();
+    let err = file.array("e5").unwrap_err();
+    assert!(
+        matches!(
+            err,
+            CheckpointError::UnsupportedArrayDtype {
+                dtype: TensorDtype::F8_E5M2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // F8_E4M3 loads as raw uint8, as mx.load does.
+    let a = file.array("e4").unwrap();
+    assert_eq!(a.dtype(), Dtype::Uint8);
+    assert_eq!(a.as_slice::<u8>(), &[3, 200]);
+    assert_eq!(file.tensor("e5").unwrap().data, &[1, 2]);
+}
+
+#[test]
+fn tensor_not_found() {
+    let dir = model_dir("nf", &json!({}), vec![float_tensor("a", &[2], 0)]);
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let err = ckpt.array("b").unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::TensorNotFound { ref name } if name == "b"),
+        "{err}"
+    );
+}
+
+#[test]
+fn config_missing() {
+    let dir = TempDir::new("nocfg");
+    write_arrays(dir.join("model.safetensors"), &[("a", &normal(&[2], 0))]).unwrap();
+    let err = Checkpoint::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::ConfigMissing { .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn config_malformed() {
+    let dir = TempDir::new("badcfg");
+    write_arrays(dir.join("model.safetensors"), &[("a", &normal(&[2], 0))]).unwrap();
+    for text in ["{\"a\": ", "[1, 2]", "\u{0}"] {
+        std::fs::write(dir.join("config.json"), text).unwrap();
+        let err = Checkpoint::open(dir.path()).unwrap_err();
+        assert!(
+            matches!(err, CheckpointError::ConfigMalformed { .. }),
+            "{text:?}: {err}"
+        );
+    }
+}
+
+#[test]
+fn no_weight_files() {
+    let dir = TempDir::new("noweights");
+    std::fs::write(dir.join("config.json"), "{}").unwrap();
+    // Only files matching model*.safetensors count, as in mlx_lm's glob.
+    write_arrays(dir.join("adapters.safetensors"), &[("a", &normal(&[2], 0))]).unwrap();
+    let err = Checkpoint::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::NoWeightFiles { .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn sharded_checkpoint_with_index() {
+    let dir = TempDir::new("sharded");
+    let shards = vec![
+        vec![float_tensor("a", &[2, 3], 1)],
+        vec![float_tensor("b", &[4], 2), float_tensor("c", &[1], 3)],
+    ];
+    write_model_dir(dir.path(), &json!({"model_type": "x"}), &shards).unwrap();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    assert_eq!(ckpt.tensor_names().collect::<Vec<_>>(), ["a", "b", "c"]);
+    assert_eq!(ckpt.files().len(), 2);
+    let b = ckpt.array("b").unwrap();
+    assert_eq!((b.shape(), b.dtype()), (&[4][..], Dtype::Bfloat16));
+    assert_eq!(ckpt.tensor("b").unwrap().data, shards[1][0].data.as_slice());
+}
+
+#[test]
+fn index_malformed() {
+    let dir = model_dir("badindex", &json!({}), vec![float_tensor("a", &[2], 0)]);
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        "{\"weight_map\": 3}",
+    )
+    .unwrap();
+    let err = Checkpoint::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::IndexMalformed { .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn index_mismatch() {
+    let dir = model_dir("mismatch", &json!({}), vec![float_tensor("a", &[2], 0)]);
+    let index = dir.join("model.safetensors.index.json");
+    std::fs::write(
+        &index,
+        json!({"weight_map": {"a": "model-2.safetensors"}}).to_string(),
+    )
+    .unwrap();
+    let err = Checkpoint::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::IndexMismatch { .. }),
+        "{err}"
+    );
+    std::fs::write(
+        &index,
+        json!({"weight_map": {"zz": "model.safetensors"}}).to_string(),
+    )
+    .unwrap();
+    let err = Checkpoint::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::IndexMismatch { ref tensor, .. } if tensor == "zz"),
+        "{err}"
+    );
+}
+
+#[test]
+fn duplicate_tensor_across_shards() {
+    let dir = TempDir::new("dup");
+    let shards = vec![
+        vec![float_tensor("a", &[2], 1)],
+        vec![float_tensor("a", &[2], 2)],
+    ];
+    write_model_dir(dir.path(), &json!({}), &shards).unwrap();
+    std::fs::remove_file(dir.join("model.safetensors.index.json")).unwrap();
+    let err = Checkpoint::open(dir.path()).unwrap_err();
+    assert!(
+        matches!(err, CheckpointError::DuplicateTensor { ref tensor, .. } if tensor == "a"),
+        "{err}"
+    );
+}
+
+#[test]
+fn io_error_names_the_file() {
+    let err = SafetensorsFile::open("/nonexistent/x.safetensors").unwrap_err();
+    assert!(
+        err.to_string().contains("/nonexistent/x.safetensors"),
+        "{err}"
+    );
+}
+
+#[test]
+fn every_dtype_round_trips_bit_exactly() {
+    let dir = TempDir::new("dtypes");
+    let base = normal(&[3, 5], 9);
+    let arrays: Vec<(String, Array)> = [
+        Dtype::Bool,
+        Dtype::Uint8,
+        Dtype::Uint16,
+        Dtype::Uint32,
+        Dtype::Uint64,
+        Dtype::Int8,
+        Dtype::Int16,
+        Dtype::Int32,
+        Dtype::Int64,
+        Dtype::Float16,
+        Dtype::Bfloat16,
+        Dtype::Float32,
+        Dtype::Float64,
+    ]
+    .into_iter()
+    .map(|d| {
+        (
+            format!("{d:?}"),
+            mlx_rs::ops::multiply(&base, Array::from_f32(50.0))
+                .unwrap()
+                .as_dtype(d)
+                .unwrap(),
+        )
+    })
+    .collect();
+    let refs: Vec<(&str, &Array)> = arrays.iter().map(|(n, a)| (n.as_str(), a)).collect();
+    let path = dir.join("model.safetensors");
+    write_arrays(&path, &refs).unwrap();
+    let file = SafetensorsFile::open(&path).unwrap();
+    for (name, a) in &arrays {
+        let loaded = file.array(name).unwrap();
+        assert!(same_bits(a, &loaded), "{name}");
+    }
+    // Bytes written by the safetensors crate directly load too.
+    let raw = RawTensor {
+        name: "r".into(),
+        dtype: TensorDtype::I16,
+        shape: vec![2],
+        data: vec![1, 0, 255, 255],
+    };
+    layers::checkpoint::write_safetensors(dir.join("r.safetensors"), &[raw], None).unwrap();
+    let r = SafetensorsFile::open(dir.join("r.safetensors"))
+        .unwrap()
+        .array("r")
+        .unwrap();
+    assert_eq!(r.as_slice::<i16>(), &[1, -1]);
+}

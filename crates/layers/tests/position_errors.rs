@@ -1,0 +1,614 @@
+//! Every typed error of `layers::position`, each from the smallest input
+//! that produces it.
+
+use layers::position::{
+    apply_multidimensional_rope, apply_rope2d, compute_inv_freq, interleaved_position_selector,
+    metal_is_available, mrope_kernel_launch, rope2d_tables, rope_index, Backend, GridThw, Mrope,
+    MropeConfig, MropePath, PositionError, PositionLayout, RegimeTable, RopeIndex, RopeIndexInput,
+    VisionKind, VisionTokens,
+};
+use mlx_rs::{Array, Dtype};
+
+const TOKENS: VisionTokens = VisionTokens {
+    image_token_id: 9,
+    video_token_id: 8,
+    vision_start_token_id: 7,
+    spatial_merge_size: 2,
+};
+
+fn config(rotary_dim: usize, mrope_section: &[usize]) -> MropeConfig {
+    MropeConfig {
+        rotary_dim,
+        rope_theta: 100_000.0,
+        mrope_section: mrope_section.to_vec(),
+        attention_scaling: 1.0,
+    }
+}
+
+fn qwen() -> Mrope {
+    Mrope::new(config(64, &[11, 11, 10])).unwrap()
+}
+
+fn zeros(shape: &[i32]) -> Array {
+    mlx_rs::ops::zeros_dtype(shape, Dtype::Bfloat16).unwrap()
+}
+
+fn positions(shape: &[i32]) -> Array {
+    mlx_rs::ops::zeros_dtype(shape, Dtype::Int32).unwrap()
+}
+
+fn images(input_ids: &[i32], grids: &[GridThw]) -> Result<RopeIndex, PositionError> {
+    rope_index(
+        &RopeIndexInput {
+            input_ids,
+            image_grid_thw: Some(grids),
+            ..Default::default()
+        },
+        &TOKENS,
+    )
+}
+
+// --- mRoPE configuration -------------------------------------------------
+
+#[test]
+fn odd_rotary_dim() {
+    let err = Mrope::new(config(63, &[11, 11, 10])).unwrap_err();
+    assert!(
+        matches!(err, PositionError::OddRotaryDim { rotary_dim: 63 }),
+        "{err}"
+    );
+}
+
+#[test]
+fn mrope_section_too_short() {
+    let err = interleaved_position_selector(&[11, 11], 32).unwrap_err();
+    assert!(
+        matches!(err, PositionError::MropeSectionTooShort { .. }),
+        "{err}"
+    );
+    let err = Mrope::new(config(64, &[11, 11])).unwrap_err();
+    assert!(
+        matches!(err, PositionError::MropeSectionTooShort { .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn mrope_section_exceeds_frequencies() {
+    // Qwen3-VL's section against Qwen3.5's rotary_dim 64 (32 frequencies).
+    let err = Mrope::new(config(64, &[24, 20, 20])).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PositionError::MropeSectionExceedsFrequencies {
+                sum: 64,
+                freq_count: 32,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // The reference's own class default sums below the count: accepted.
+    Mrope::new(config(64, &[11, 11, 0])).unwrap();
+}
+
+#[test]
+fn rotary_dim_exceeds_head_dim() {
+    let err = qwen()
+        .apply_with_path(
+            MropePath::PureMlx,
+            &zeros(&[1, 2, 3, 32]),
+            &zeros(&[1, 1, 3, 32]),
+            &positions(&[3, 1, 3]),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PositionError::RotaryDimExceedsHeadDim {
+                rotary_dim: 64,
+                head_dim: 32
+            }
+        ),
+        "{err}"
+    );
+}
+
+// --- mRoPE apply -------------------------------------------------------------
+
+#[test]
+fn q_or_k_not_rank_four() {
+    let err = qwen()
+        .apply_with_path(
+            MropePath::PureMlx,
+            &zeros(&[2, 3, 64]),
+            &zeros(&[1, 1, 3, 64]),
+            &positions(&[3, 1, 3]),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, PositionError::Rank { tensor: "q", .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn position_ids_of_wrong_rank() {
+    let rope = qwen();
+    let err = rope.frequencies(&positions(&[3])).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PositionError::Rank {
+                tensor: "position_ids",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = rope
+        .apply_with_path(
+            MropePath::PureMlx,
+            &zeros(&[1, 2, 3, 64]),
+            &zeros(&[1, 1, 3, 64]),
+            &positions(&[3]),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, PositionError::PositionIdsShape { .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn mismatched_q_and_k() {
+    let err = qwen()
+        .apply_with_path(
+            MropePath::PureMlx,
+            &zeros(&[1, 2, 3, 64]),
+            &zeros(&[1, 1, 4, 64]),
+            &positions(&[3, 1, 3]),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, PositionError::QkShapeMismatch { .. }),
+        "{err}"
+    );
+    let err = qwen()
+        .apply_with_path(
+            MropePath::PureMlx,
+            &zeros(&[1, 2, 3, 64]),
+            &zeros(&[1, 2, 3, 128]),
+            &positions(&[3, 1, 3]),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, PositionError::QkShapeMismatch { .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn position_ids_not_fitting_q() {
+    let rope = qwen();
+    let (q, k) = (zeros(&[2, 2, 3, 64]), zeros(&[2, 1, 3, 64]));
+    for bad in [&[3, 2, 4][..], &[2, 2, 3], &[3, 3, 3], &[2, 4]] {
+        let err = rope
+            .apply_with_path(MropePath::PureMlx, &q, &k, &positions(bad))
+            .unwrap_err();
+        assert!(
+            matches!(err, PositionError::PositionIdsShape { .. }),
+            "{bad:?}: {err}"
+        );
+    }
+    // A batch of 1 broadcasts on the pure-MLX path only.
+    rope.apply_with_path(MropePath::PureMlx, &q, &k, &positions(&[3, 1, 3]))
+        .unwrap();
+    let err = rope
+        .apply_with_path(MropePath::MetalKernel, &q, &k, &positions(&[3, 1, 3]))
+        .unwrap_err();
+    assert!(
+        matches!(err, PositionError::PositionIdsShape { .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn metal_path_without_metal() {
+    let (q, k) = (zeros(&[1, 2, 3, 64]), zeros(&[1, 1, 3, 64]));
+    let result = qwen().apply_with_path(MropePath::MetalKernel, &q, &k, &positions(&[3, 1, 3]));
+    if metal_is_available().unwrap() {
+        // Capability present (Apple CI): the kernel must run.
+        let (q_out, k_out) = result.unwrap();
+        mlx_rs::transforms::eval([&q_out, &k_out]).unwrap();
+    } else {
+        let err = result.unwrap_err();
+        assert!(matches!(err, PositionError::MetalUnavailable), "{err}");
+    }
+}
+
+#[test]
+fn kernel_grid_overflow() {
+    let err = mrope_kernel_launch(&[65_536, 65_536, 1, 64], Dtype::Float32, 32).unwrap_err();
+    assert!(matches!(err, PositionError::GridOverflow { .. }), "{err}");
+}
+
+#[test]
+fn inv_freq_dim_beyond_int32() {
+    let err = compute_inv_freq(1 << 40, 10_000.0).unwrap_err();
+    assert!(matches!(err, PositionError::Mlx(_)), "{err}");
+}
+
+// --- Gemma 2-D RoPE ------------------------------------------------------
+
+#[test]
+fn one_dimensional_form_needs_an_even_head_dim() {
+    let err = apply_multidimensional_rope(&zeros(&[1, 3, 2, 15]), &positions(&[1, 3]), 100.0)
+        .unwrap_err();
+    assert!(
+        matches!(err, PositionError::OddHeadDim { head_dim: 15 }),
+        "{err}"
+    );
+}
+
+#[test]
+fn head_dim_too_small_for_the_axes() {
+    let err = apply_multidimensional_rope(&zeros(&[1, 3, 2, 3]), &positions(&[1, 3, 2]), 100.0)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PositionError::HeadDimTooSmall {
+                head_dim: 3,
+                axes: 2
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn positions_without_axes() {
+    let err = apply_multidimensional_rope(&zeros(&[1, 3, 2, 64]), &positions(&[1, 3, 0]), 100.0)
+        .unwrap_err();
+    assert!(matches!(err, PositionError::NoPositionAxes), "{err}");
+}
+
+#[test]
+fn rope2d_shapes() {
+    let err = apply_multidimensional_rope(&zeros(&[3, 2, 64]), &positions(&[1, 3, 2]), 100.0)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PositionError::Rank {
+                tensor: "inputs",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = apply_multidimensional_rope(&zeros(&[1, 3, 2, 64]), &positions(&[1, 4, 2]), 100.0)
+        .unwrap_err();
+    assert!(
+        matches!(err, PositionError::PositionIdsShape { .. }),
+        "{err}"
+    );
+    let err = rope2d_tables(&positions(&[3]), 64, 100.0, Dtype::Float32).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PositionError::Rank {
+                tensor: "positions",
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn tables_for_another_head_dim() {
+    let tables = rope2d_tables(&positions(&[1, 3, 2]), 64, 100.0, Dtype::Bfloat16).unwrap();
+    let err = apply_rope2d(&zeros(&[1, 3, 2, 32]), &tables).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PositionError::TablesHeadDim {
+                tables: 64,
+                inputs: 32
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn mlx_rejection_surfaces_as_mlx_error() {
+    // Tables for batch 2 against inputs of batch 3 cannot broadcast.
+    let tables = rope2d_tables(&positions(&[2, 3, 2]), 64, 100.0, Dtype::Bfloat16).unwrap();
+    let err = apply_rope2d(&zeros(&[3, 3, 2, 64]), &tables).unwrap_err();
+    assert!(matches!(err, PositionError::Mlx(_)), "{err}");
+}
+
+// --- rope index ----------------------------------------------------------
+
+#[test]
+fn zero_merge_size() {
+    let tokens = VisionTokens {
+        spatial_merge_size: 0,
+        ..TOKENS
+    };
+    let input = [7, 9, 9, 9, 9];
+    let err = rope_index(
+        &RopeIndexInput {
+            input_ids: &input,
+            image_grid_thw: Some(&[GridThw::new(1, 4, 4)]),
+            ..Default::default()
+        },
+        &tokens,
+    )
+    .unwrap_err();
+    assert!(matches!(err, PositionError::ZeroMergeSize), "{err}");
+}
+
+#[test]
+fn non_integral_merge() {
+    // The reference floors 5 // 2 = 2 and carries on.
+    let err = images(&[7, 9, 9, 9, 9, 1], &[GridThw::new(1, 5, 4)]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PositionError::NonIntegralMerge {
+                kind: VisionKind::Image,
+                grid_index: 0,
+                merge: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn empty_grid() {
+    let err = images(&[7, 9, 1], &[GridThw::new(1, 0, 4)]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PositionError::EmptyGrid {
+                kind: VisionKind::Image,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn more_spans_than_grids() {
+    let input = [7, 9, 9, 9, 9, 7, 9, 9, 9, 9];
+    let err = images(&input, &[GridThw::new(1, 4, 4)]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PositionError::MissingGrid {
+                kind: VisionKind::Image,
+                span_index: 1,
+                grids: 1
+            }
+        ),
+        "{err}"
+    );
+    // A video span with no video grid at all.
+    let err = images(&[7, 8, 8, 8, 8], &[]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PositionError::MissingGrid {
+                kind: VisionKind::Video,
+                grids: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn fewer_spans_than_grids() {
+    // The reference ignores the second grid.
+    let err = images(&[1, 7, 9, 9, 9, 9], &[GridThw::new(1, 4, 4); 2]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PositionError::UnusedGrids {
+                kind: VisionKind::Image,
+                used: 1,
+                provided: 2
+            }
+        ),
+        "{err}"
+    );
+    // Video frames count after the (t, h, w) -> t x (1, h, w) expansion.
+    let err = rope_index(
+        &RopeIndexInput {
+            input_ids: &[7, 8, 8, 8, 8],
+            video_grid_thw: Some(&[GridThw::new(2, 4, 4)]),
+            ..Default::default()
+        },
+        &TOKENS,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PositionError::UnusedGrids {
+                kind: VisionKind::Video,
+                used: 1,
+                provided: 2
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn grid_not_covering_its_span() {
+    // The grid claims 6 tokens; the span has 4 (the reference would swallow
+    // the two text tokens after it).
+    let err = images(&[7, 9, 9, 9, 9, 1, 2], &[GridThw::new(1, 4, 6)]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PositionError::GridSpanMismatch {
+                kind: VisionKind::Image,
+                grid_index: 0,
+                start: 1,
+                expected: 6,
+                found: 4
+            }
+        ),
+        "{err}"
+    );
+    // And too many vision tokens for the grid.
+    let err = images(&[7, 9, 9, 9, 9, 9], &[GridThw::new(1, 4, 4)]).unwrap_err();
+    assert!(
+        matches!(err, PositionError::GridSpanMismatch { found: 5, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn vision_token_outside_every_span() {
+    // The reference gives the lone trailing image token a text position.
+    let err = images(&[7, 9, 9, 9, 9, 1, 9], &[GridThw::new(1, 4, 4)]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PositionError::UncoveredVisionToken {
+                kind: VisionKind::Image,
+                index: 6
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn vision_token_not_found() {
+    // With image and video sharing one token id, each span is counted
+    // twice; the second search finds nothing (the reference's `list.index`
+    // raises ValueError).
+    let tokens = VisionTokens {
+        video_token_id: 9,
+        ..TOKENS
+    };
+    let err = rope_index(
+        &RopeIndexInput {
+            input_ids: &[7, 9],
+            image_grid_thw: Some(&[GridThw::new(1, 2, 2)]),
+            video_grid_thw: Some(&[GridThw::new(1, 2, 2)]),
+            ..Default::default()
+        },
+        &tokens,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PositionError::VisionTokenNotFound {
+                kind: VisionKind::Image,
+                from: 2
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn mask_of_another_length() {
+    let err = rope_index(
+        &RopeIndexInput {
+            input_ids: &[1, 2, 3],
+            attention_mask: Some(&[true, true]),
+            ..Default::default()
+        },
+        &TOKENS,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PositionError::MaskLength {
+                mask: 2,
+                input_ids: 3
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn streams_of_different_lengths() {
+    let err = RopeIndex::from_parts(
+        [vec![0, 1], vec![0, 1], vec![0]],
+        0,
+        PositionLayout::Multimodal,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, PositionError::StreamLengths { lengths: [2, 2, 1] }),
+        "{err}"
+    );
+}
+
+#[test]
+fn overflowing_positions() {
+    let state = RopeIndex::from_parts(
+        [vec![0], vec![0], vec![0]],
+        i32::MAX,
+        PositionLayout::Multimodal,
+    )
+    .unwrap();
+    let err = state.window(0, 3).unwrap_err();
+    assert!(
+        matches!(err, PositionError::PositionOverflow { index: 1 }),
+        "{err}"
+    );
+    let err = state.window(usize::MAX, 1).unwrap_err();
+    assert!(
+        matches!(err, PositionError::PositionOverflow { .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn negative_positions() {
+    let state =
+        RopeIndex::from_parts([vec![0], vec![0], vec![0]], -5, PositionLayout::Multimodal).unwrap();
+    let err = state.window(1, 1).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PositionError::NegativePosition {
+                index: 1,
+                value: -4
+            }
+        ),
+        "{err}"
+    );
+}
+
+// --- append chunk sizing -------------------------------------------------
+
+#[test]
+fn regime_boundaries_not_increasing() {
+    for bad in [vec![8, 8], vec![16, 4], vec![0, 4]] {
+        let err = RegimeTable::from_measured(Backend::Cpu, bad.clone()).unwrap_err();
+        assert!(
+            matches!(err, PositionError::RegimeBoundaries { .. }),
+            "{bad:?}: {err}"
+        );
+    }
+}
