@@ -154,6 +154,10 @@ fn main() -> ExitCode {
         indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} {elapsed} {msg}").expect("template"),
     );
     let human = matches!(cli.format, Format::Human);
+    // A panic inside a case becomes that case's harness error (with its
+    // message) in the report; the default hook's backtrace would only be noise.
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
     let results = runner::run(&selected, &oracle, &options, &|r| {
         if terminal {
             bar.set_message(r.name.clone());
@@ -163,6 +167,7 @@ fn main() -> ExitCode {
         }
     });
     bar.finish_and_clear();
+    std::panic::set_hook(default_hook);
 
     if mode == Mode::Accept {
         if let Some(bad) = results.iter().find(|r| r.verdict == runner::Verdict::Fail) {
