@@ -7,10 +7,32 @@ use std::path::{Path, PathBuf};
 
 /// mlx-c's own source list (its CMakeLists.txt; object.cpp is disabled there).
 const MLX_C_SOURCES: &[&str] = &[
-    "array", "closure", "compile", "cuda", "device", "distributed",
-    "distributed_group", "error", "export", "fast", "fft", "graph_utils",
-    "io", "io_types", "linalg", "map", "memory", "metal", "ops", "random",
-    "stream", "string", "transforms", "transforms_impl", "vector", "version",
+    "array",
+    "closure",
+    "compile",
+    "cuda",
+    "device",
+    "distributed",
+    "distributed_group",
+    "error",
+    "export",
+    "fast",
+    "fft",
+    "graph_utils",
+    "io",
+    "io_types",
+    "linalg",
+    "map",
+    "memory",
+    "metal",
+    "ops",
+    "random",
+    "stream",
+    "string",
+    "transforms",
+    "transforms_impl",
+    "vector",
+    "version",
 ];
 
 struct Reference {
@@ -60,7 +82,10 @@ fn main() {
     let mlx_c = &reference.mlx_c_dir;
     for dir in [&include, &libdir, mlx_c] {
         if !dir.is_dir() {
-            fail(&format!("{} does not exist (environment half-built or deleted)", dir.display()));
+            fail(&format!(
+                "{} does not exist (environment half-built or deleted)",
+                dir.display()
+            ));
         }
     }
     let native = manifest.join("native");
@@ -73,7 +98,10 @@ fn main() {
         .include(mlx_c)
         .include(&include)
         .flag_if_supported("-w")
-        .flag(format!("-include{}", native.join("format_compat.h").display()));
+        .flag(format!(
+            "-include{}",
+            native.join("format_compat.h").display()
+        ));
     for name in MLX_C_SOURCES {
         build.file(mlx_c.join(format!("mlx/c/{name}.cpp")));
     }
@@ -82,13 +110,26 @@ fn main() {
 
     println!("cargo:rustc-link-search=native={}", libdir.display());
     println!("cargo:rustc-link-lib=dylib=mlx");
-    let libmlx = if cfg!(target_os = "macos") { "libmlx.dylib" } else { "libmlx.so" };
+    let libmlx = if cfg!(target_os = "macos") {
+        "libmlx.dylib"
+    } else {
+        "libmlx.so"
+    };
     let runtime_dirs = env::join_paths([&libdir, &reference.python_libdir]).unwrap();
     // Dependents read these as DEP_MLX_* to set their binaries' rpath.
     println!("cargo:runtime_dirs={}", runtime_dirs.to_string_lossy());
-    println!("cargo:rustc-env=MLX_SYS_RUNTIME_DIRS={}", runtime_dirs.to_string_lossy());
-    println!("cargo:rustc-env=MLX_SYS_LINKED_LIBMLX={}", libdir.join(libmlx).display());
-    println!("cargo:rustc-env=MLX_SYS_MLX_VERSION={}", reference.mlx_version);
+    println!(
+        "cargo:rustc-env=MLX_SYS_RUNTIME_DIRS={}",
+        runtime_dirs.to_string_lossy()
+    );
+    println!(
+        "cargo:rustc-env=MLX_SYS_LINKED_LIBMLX={}",
+        libdir.join(libmlx).display()
+    );
+    println!(
+        "cargo:rustc-env=MLX_SYS_MLX_VERSION={}",
+        reference.mlx_version
+    );
 
     let mut headers: Vec<PathBuf> = std::fs::read_dir(mlx_c.join("mlx/c"))
         .unwrap()

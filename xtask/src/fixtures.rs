@@ -36,13 +36,24 @@ pub fn run(root: &Path, action: &Action) -> Result<i32> {
     if mode == "accept" && std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
         bail!("snapshots are never written under CI=true; run `cargo xtask fixtures accept` locally and commit");
     }
-    if args.iter().any(|a| a.to_string_lossy().starts_with("--filter")) {
+    if args
+        .iter()
+        .any(|a| a.to_string_lossy().starts_with("--filter"))
+    {
         bail!("fixtures {mode} runs the whole registry (orphans are judged on complete runs); drop --filter");
     }
     util::status(
         util::cargo()
             .current_dir(root)
-            .args(["run", "--quiet", "-p", "conformance", "--", "--fixtures", mode])
+            .args([
+                "run",
+                "--quiet",
+                "-p",
+                "conformance",
+                "--",
+                "--fixtures",
+                mode,
+            ])
             .args(args),
         "the conformance runner",
     )

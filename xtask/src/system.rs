@@ -11,7 +11,14 @@ use crate::util;
 
 /// Debian package and a file whose presence shows it is installed.
 const PACKAGES: &[(&str, &[&str])] = &[
-    ("libclang-dev", &["/usr/lib/llvm-14/lib/libclang.so", "/usr/lib/x86_64-linux-gnu/libclang.so", "/usr/lib/aarch64-linux-gnu/libclang.so"]),
+    (
+        "libclang-dev",
+        &[
+            "/usr/lib/llvm-14/lib/libclang.so",
+            "/usr/lib/x86_64-linux-gnu/libclang.so",
+            "/usr/lib/aarch64-linux-gnu/libclang.so",
+        ],
+    ),
     ("libfmt-dev", &["/usr/include/fmt/format.h"]),
 ];
 
@@ -21,7 +28,9 @@ pub fn ensure() -> Result<()> {
     }
     let missing: Vec<&str> = PACKAGES
         .iter()
-        .filter(|(name, files)| !files.iter().any(|f| Path::new(f).exists()) && !dpkg_installed(name))
+        .filter(|(name, files)| {
+            !files.iter().any(|f| Path::new(f).exists()) && !dpkg_installed(name)
+        })
         .map(|(name, _)| *name)
         .collect();
     if missing.is_empty() {
@@ -31,16 +40,28 @@ pub fn ensure() -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc_geteuid() } == 0;
     if !root || Command::new("apt-get").arg("--version").output().is_err() {
-        bail!("missing system packages: {}. Fix: `sudo apt-get update && sudo {line}`", missing.join(", "));
+        bail!(
+            "missing system packages: {}. Fix: `sudo apt-get update && sudo {line}`",
+            missing.join(", ")
+        );
     }
     println!("setup: installing system packages: {}", missing.join(" "));
-    let update = util::status(Command::new("apt-get").args(["update", "-qq"]), "apt-get update")?;
+    let update = util::status(
+        Command::new("apt-get").args(["update", "-qq"]),
+        "apt-get update",
+    )?;
     let install = util::status(
-        Command::new("apt-get").env("DEBIAN_FRONTEND", "noninteractive").args(["install", "-y", "-qq"]).args(&missing),
+        Command::new("apt-get")
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .args(["install", "-y", "-qq"])
+            .args(&missing),
         "apt-get install",
     )?;
     if update != 0 || install != 0 {
-        bail!("installing {} failed (apt-get exit {update}/{install}); run `{line}` and retry", missing.join(", "));
+        bail!(
+            "installing {} failed (apt-get exit {update}/{install}); run `{line}` and retry",
+            missing.join(", ")
+        );
     }
     Ok(())
 }

@@ -20,8 +20,20 @@ fn main() {
     let cases = families::all();
     let selected = runner::select(&cases, None).expect("all");
     for jobs in [1, 2] {
+        // Cold per pass: the attention family memoises its M=1 runs.
+        conformance::families::attention::reset_memo();
         let t = Instant::now();
-        let results = runner::run(&selected, &oracle, &RunOptions { device: Device::Cpu, seed: 0, jobs, perturb: false }, &|_| {});
+        let results = runner::run(
+            &selected,
+            &oracle,
+            &RunOptions {
+                device: Device::Cpu,
+                seed: 0,
+                jobs,
+                perturb: false,
+            },
+            &|_| {},
+        );
         let wall = t.elapsed();
         let mut families: BTreeMap<&str, (usize, f64)> = BTreeMap::new();
         for r in &results {
@@ -29,7 +41,12 @@ fn main() {
             f.0 += 1;
             f.1 += r.time_ms;
         }
-        println!("suite (jobs={jobs}): {} cases in {:.2} s (interpreter start {:.2} s)", results.len(), wall.as_secs_f64(), startup.as_secs_f64());
+        println!(
+            "suite (jobs={jobs}): {} cases in {:.2} s (interpreter start {:.2} s)",
+            results.len(),
+            wall.as_secs_f64(),
+            startup.as_secs_f64()
+        );
         for (family, (n, ms)) in families {
             println!("  {family:<28} {n:>4} cases {:>10.1} ms", ms);
         }

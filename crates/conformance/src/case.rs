@@ -64,7 +64,10 @@ impl Ctx<'_> {
     ) -> Result<oracle::Value, CaseError> {
         if self.perturb {
             let mut args = args.to_vec();
-            if let Some(oracle::Arg::Tensor(t)) = args.iter_mut().find(|a| matches!(a, oracle::Arg::Tensor(t) if !t.is_empty())) {
+            if let Some(oracle::Arg::Tensor(t)) = args
+                .iter_mut()
+                .find(|a| matches!(a, oracle::Arg::Tensor(t) if !t.is_empty()))
+            {
                 *t = crate::inputs::flip_lowest_bit(t, 0);
             }
             return Ok(self.oracle.call(self.case, function, &args, kwargs)?);
@@ -132,13 +135,19 @@ pub struct CaseOutput {
 
 impl CaseOutput {
     pub fn new(path: impl Into<String>) -> Self {
-        Self { path: path.into(), ..Self::default() }
+        Self {
+            path: path.into(),
+            ..Self::default()
+        }
     }
     /// Compares one port output with the reference's and folds its bits into
     /// the digest.
     pub fn compare(&mut self, name: &str, port: &HostTensor, reference: &HostTensor) {
         self.digest_tensor(port);
-        self.outputs.push(Output { name: name.into(), comparison: compare(port, reference) });
+        self.outputs.push(Output {
+            name: name.into(),
+            comparison: compare(port, reference),
+        });
     }
     /// Folds a tensor into the output digest without comparing it.
     pub fn digest_tensor(&mut self, t: &HostTensor) {
@@ -190,7 +199,15 @@ impl Case {
     ) -> Self {
         let name = name.into();
         let seed = seed_of(&name);
-        Self { name, family, reference, expect: Expect::MustEqual, applies: Applies::Everywhere, seed, run: Arc::new(run) }
+        Self {
+            name,
+            family,
+            reference,
+            expect: Expect::MustEqual,
+            applies: Applies::Everywhere,
+            seed,
+            run: Arc::new(run),
+        }
     }
     /// A finding case.
     pub fn finding(
@@ -199,7 +216,10 @@ impl Case {
         reference: &'static str,
         run: impl Fn(&Ctx) -> Result<CaseOutput, CaseError> + Send + Sync + 'static,
     ) -> Self {
-        Self { expect: Expect::Finding, ..Self::must_equal(name, family, reference, run) }
+        Self {
+            expect: Expect::Finding,
+            ..Self::must_equal(name, family, reference, run)
+        }
     }
     /// Restricts the case to one device.
     pub fn only_on(mut self, device: Device, reason: &'static str) -> Self {
@@ -211,5 +231,7 @@ impl Case {
 /// A stable per-case seed offset derived from the name (FNV-1a), so adding
 /// a case never changes another case's inputs.
 pub fn seed_of(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    })
 }

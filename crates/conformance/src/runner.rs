@@ -56,13 +56,17 @@ pub struct CaseResult {
 /// Selects cases whose name contains `filter` (all when `None`). An unknown
 /// filter is an error listing the closest case names.
 pub fn select<'a>(cases: &'a [Case], filter: Option<&str>) -> Result<Vec<&'a Case>, String> {
-    let Some(filter) = filter else { return Ok(cases.iter().collect()) };
+    let Some(filter) = filter else {
+        return Ok(cases.iter().collect());
+    };
     let chosen: Vec<&Case> = cases.iter().filter(|c| c.name.contains(filter)).collect();
     if !chosen.is_empty() {
         return Ok(chosen);
     }
-    let mut scored: Vec<(f64, &str)> =
-        cases.iter().map(|c| (strsim::jaro_winkler(filter, &c.name), c.name.as_str())).collect();
+    let mut scored: Vec<(f64, &str)> = cases
+        .iter()
+        .map(|c| (strsim::jaro_winkler(filter, &c.name), c.name.as_str()))
+        .collect();
     scored.sort_by(|a, b| b.0.total_cmp(&a.0));
     let closest: Vec<&str> = scored.iter().take(5).map(|s| s.1).collect();
     Err(format!(
@@ -85,7 +89,9 @@ pub fn run(
         let Some(case) = cases.get(i) else { break };
         let result = run_one(case, oracle, options);
         progress(&result);
-        results.lock().expect("no worker panics while holding the lock")[i] = Some(result);
+        results
+            .lock()
+            .expect("no worker panics while holding the lock")[i] = Some(result);
     };
     let jobs = options.jobs.clamp(1, cases.len().max(1));
     if jobs == 1 {
@@ -100,7 +106,12 @@ pub fn run(
             }
         });
     }
-    results.into_inner().expect("workers done").into_iter().map(|r| r.expect("every case ran")).collect()
+    results
+        .into_inner()
+        .expect("workers done")
+        .into_iter()
+        .map(|r| r.expect("every case ran"))
+        .collect()
 }
 
 /// Routes MLX (Rust side) to `device` on this thread.

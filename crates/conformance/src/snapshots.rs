@@ -39,7 +39,10 @@ pub enum SnapshotError {
     #[error("snapshot {file} was edited by hand (its seal does not match its content). Snapshots are written only by `cargo xtask fixtures accept`")]
     HandEdited { file: PathBuf },
     #[error("cannot read snapshot {file}: {source}")]
-    Io { file: PathBuf, source: std::io::Error },
+    Io {
+        file: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// Gate status of one case.
@@ -50,10 +53,15 @@ pub enum Status {
     /// No snapshot recorded for this case.
     Missing,
     /// The recorded snapshot differs: `recorded` and `now` are the bodies.
-    Drift { recorded: Option<Value>, now: Value },
+    Drift {
+        recorded: Option<Value>,
+        now: Value,
+    },
     /// Written by `fixtures accept`.
     Written,
-    Invalid { error: String },
+    Invalid {
+        error: String,
+    },
     /// Skipped, errored or failed cases are not gated.
     NotChecked,
 }
@@ -70,7 +78,9 @@ pub struct Provenance {
 
 /// The snapshot set directory for this backend, device family and MLX version.
 pub fn set_dir(fixtures: &Path, backend: &str, device_family: &str, mlx_version: &str) -> PathBuf {
-    fixtures.join("snapshots").join(format!("{backend}-{device_family}-mlx{mlx_version}"))
+    fixtures
+        .join("snapshots")
+        .join(format!("{backend}-{device_family}-mlx{mlx_version}"))
 }
 
 /// The file name of a case's snapshot.
@@ -82,8 +92,11 @@ pub fn file_name(case: &str) -> String {
 /// verdicts, and the finding.
 pub fn body(result: &CaseResult) -> Option<Value> {
     let out = result.output.as_ref()?;
-    let outputs: serde_json::Map<String, Value> =
-        out.outputs.iter().map(|o| (o.name.clone(), json!(o.comparison.summary()))).collect();
+    let outputs: serde_json::Map<String, Value> = out
+        .outputs
+        .iter()
+        .map(|o| (o.name.clone(), json!(o.comparison.summary())))
+        .collect();
     let mut body = json!({
         "case": result.name,
         "expect": result.expect,
@@ -102,7 +115,10 @@ fn seal_of(body: &Value) -> String {
     if let Some(map) = b.as_object_mut() {
         map.remove("seal");
     }
-    format!("{:x}", Sha256::digest(serde_json::to_vec(&b).expect("json")))
+    format!(
+        "{:x}",
+        Sha256::digest(serde_json::to_vec(&b).expect("json"))
+    )
 }
 
 /// Reads a recorded snapshot body, verifying its seal.
@@ -110,14 +126,29 @@ pub fn read(file: &Path) -> Result<Option<Value>, SnapshotError> {
     let text = match std::fs::read_to_string(file) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => return Err(SnapshotError::Io { file: file.into(), source }),
+        Err(source) => {
+            return Err(SnapshotError::Io {
+                file: file.into(),
+                source,
+            })
+        }
     };
-    let corrupt = |reason: &str| SnapshotError::Corrupt { file: file.into(), reason: reason.into() };
-    let rest = text.strip_prefix("---\n").ok_or_else(|| corrupt("no `---` header"))?;
-    let end = rest.find("\n---\n").ok_or_else(|| corrupt("header is not closed by `---`"))?;
+    let corrupt = |reason: &str| SnapshotError::Corrupt {
+        file: file.into(),
+        reason: reason.into(),
+    };
+    let rest = text
+        .strip_prefix("---\n")
+        .ok_or_else(|| corrupt("no `---` header"))?;
+    let end = rest
+        .find("\n---\n")
+        .ok_or_else(|| corrupt("header is not closed by `---`"))?;
     let body: Value = serde_json::from_str(&rest[end + 5..])
         .map_err(|e| corrupt(&format!("body is not JSON ({e})")))?;
-    let seal = body.get("seal").and_then(Value::as_str).ok_or_else(|| corrupt("no seal"))?;
+    let seal = body
+        .get("seal")
+        .and_then(Value::as_str)
+        .ok_or_else(|| corrupt("no seal"))?;
     if seal != seal_of(&body) {
         return Err(SnapshotError::HandEdited { file: file.into() });
     }
@@ -135,7 +166,10 @@ pub fn gate(
     provenance: &Provenance,
     complete: bool,
 ) -> (Vec<Status>, Vec<PathBuf>) {
-    let statuses = results.iter().map(|r| gate_one(dir, r, mode, provenance)).collect();
+    let statuses = results
+        .iter()
+        .map(|r| gate_one(dir, r, mode, provenance))
+        .collect();
     let mut orphans = Vec::new();
     if complete {
         let expected: BTreeSet<String> = results
@@ -163,14 +197,23 @@ pub fn gate(
 
 fn gate_one(dir: &Path, result: &CaseResult, mode: Mode, provenance: &Provenance) -> Status {
     // A failed must-equal or an errored case has no trustworthy bits to pin.
-    if matches!(result.verdict, Verdict::Fail | Verdict::Error | Verdict::Skip) {
+    if matches!(
+        result.verdict,
+        Verdict::Fail | Verdict::Error | Verdict::Skip
+    ) {
         return Status::NotChecked;
     }
-    let Some(now) = body(result) else { return Status::NotChecked };
+    let Some(now) = body(result) else {
+        return Status::NotChecked;
+    };
     let file = dir.join(file_name(&result.name));
     let recorded = match read(&file) {
         Ok(r) => r,
-        Err(e) if mode != Mode::Accept => return Status::Invalid { error: e.to_string() },
+        Err(e) if mode != Mode::Accept => {
+            return Status::Invalid {
+                error: e.to_string(),
+            }
+        }
         Err(_) => None,
     };
     if recorded.as_ref() == Some(&now) {
@@ -184,11 +227,16 @@ fn gate_one(dir: &Path, result: &CaseResult, mode: Mode, provenance: &Provenance
         Mode::Check | Mode::Review => {
             if mode == Mode::Review {
                 // insta renders the diff; nothing is written (INSTA_UPDATE=no).
-                let _ = catch_unwind(AssertUnwindSafe(|| assert_with_insta(dir, &result.name, &now, provenance)));
+                let _ = catch_unwind(AssertUnwindSafe(|| {
+                    assert_with_insta(dir, &result.name, &now, provenance)
+                }));
             }
             match recorded {
                 None => Status::Missing,
-                Some(recorded) => Status::Drift { recorded: Some(recorded), now },
+                Some(recorded) => Status::Drift {
+                    recorded: Some(recorded),
+                    now,
+                },
             }
         }
     }
@@ -206,7 +254,13 @@ fn assert_with_insta(dir: &Path, case: &str, body: &Value, provenance: &Provenan
     settings.bind(|| insta::assert_snapshot!(name, text));
 }
 
-fn write(dir: &Path, case: &str, expect: Expect, body: &Value, provenance: &Provenance) -> Result<(), String> {
+fn write(
+    dir: &Path,
+    case: &str,
+    expect: Expect,
+    body: &Value,
+    provenance: &Provenance,
+) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
     // INSTA_UPDATE=always (set by the accept command) makes insta write the file.
     assert_with_insta(dir, case, body, provenance);
@@ -235,7 +289,13 @@ mod tests {
     }
 
     fn provenance() -> Provenance {
-        Provenance { mlx_version: "0".into(), backend: "cpu".into(), device: "d".into(), lock_sha256: "l".into(), date: "today".into() }
+        Provenance {
+            mlx_version: "0".into(),
+            backend: "cpu".into(),
+            device: "d".into(),
+            lock_sha256: "l".into(),
+            date: "today".into(),
+        }
     }
 
     fn temp_dir(tag: &str) -> PathBuf {
@@ -257,7 +317,13 @@ mod tests {
         let dir = temp_dir("drift");
         let r = result("a/b");
         record(&dir, &r);
-        let (s, orphans) = gate(&dir, std::slice::from_ref(&r), Mode::Check, &provenance(), true);
+        let (s, orphans) = gate(
+            &dir,
+            std::slice::from_ref(&r),
+            Mode::Check,
+            &provenance(),
+            true,
+        );
         assert_eq!(s, vec![Status::Match]);
         assert!(orphans.is_empty());
         let mut moved = r.clone();
@@ -284,13 +350,18 @@ mod tests {
         let dir = temp_dir("edit");
         let r = result("a/b");
         let file = record(&dir, &r);
-        let text = std::fs::read_to_string(&file).unwrap().replace("\"abc\"", "\"abd\"");
+        let text = std::fs::read_to_string(&file)
+            .unwrap()
+            .replace("\"abc\"", "\"abd\"");
         std::fs::write(&file, text).unwrap();
         let err = read(&file).unwrap_err();
         assert!(matches!(err, SnapshotError::HandEdited { .. }));
         assert!(err.to_string().contains(&file.display().to_string()));
         std::fs::write(&file, "not a snapshot").unwrap();
-        assert!(matches!(read(&file).unwrap_err(), SnapshotError::Corrupt { .. }));
+        assert!(matches!(
+            read(&file).unwrap_err(),
+            SnapshotError::Corrupt { .. }
+        ));
         let (s, _) = gate(&dir, &[r], Mode::Check, &provenance(), true);
         assert!(matches!(&s[0], Status::Invalid { error } if error.contains("a__b.snap")));
     }
@@ -301,7 +372,13 @@ mod tests {
         let r = result("a/b");
         record(&dir, &r);
         record(&dir, &result("gone/case"));
-        let (_, orphans) = gate(&dir, std::slice::from_ref(&r), Mode::Check, &provenance(), true);
+        let (_, orphans) = gate(
+            &dir,
+            std::slice::from_ref(&r),
+            Mode::Check,
+            &provenance(),
+            true,
+        );
         assert_eq!(orphans.len(), 1);
         assert!(orphans[0].ends_with("gone__case.snap"));
         let (_, orphans) = gate(&dir, &[r], Mode::Check, &provenance(), false);

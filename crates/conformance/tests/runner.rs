@@ -10,9 +10,15 @@ use oracle::Oracle;
 fn cases() -> Vec<Case> {
     vec![
         Case::must_equal("t/panics", "t", "none", |_| panic!("boom inside the case")),
-        Case::must_equal("t/errors", "t", "none", |_| Err(CaseError::Port("bad shape".into()))),
+        Case::must_equal("t/errors", "t", "none", |_| {
+            Err(CaseError::Port("bad shape".into()))
+        }),
         Case::must_equal("t/python-raises", "t", "none", |ctx| {
-            ctx.reference("raise_value_error", &[oracle::Arg::from("from python")], &[])?;
+            ctx.reference(
+                "raise_value_error",
+                &[oracle::Arg::from("from python")],
+                &[],
+            )?;
             Ok(CaseOutput::new("-"))
         }),
         Case::must_equal("t/metal-only", "t", "none", |_| Ok(CaseOutput::new("-")))
@@ -26,15 +32,39 @@ fn a_crash_is_that_cases_error_and_the_run_continues() {
     let oracle = Oracle::start().unwrap();
     let cases = cases();
     let selected = runner::select(&cases, None).unwrap();
-    let options = RunOptions { device: Device::Cpu, seed: 0, jobs: 1, perturb: false };
+    let options = RunOptions {
+        device: Device::Cpu,
+        seed: 0,
+        jobs: 1,
+        perturb: false,
+    };
     let results = runner::run(&selected, &oracle, &options, &|_| {});
     let verdicts: Vec<&Verdict> = results.iter().map(|r| &r.verdict).collect();
-    assert_eq!(verdicts, [&Verdict::Error, &Verdict::Error, &Verdict::Error, &Verdict::Skip, &Verdict::Pass]);
-    assert!(results[0].message.as_deref().unwrap().contains("boom inside the case"));
+    assert_eq!(
+        verdicts,
+        [
+            &Verdict::Error,
+            &Verdict::Error,
+            &Verdict::Error,
+            &Verdict::Skip,
+            &Verdict::Pass
+        ]
+    );
+    assert!(results[0]
+        .message
+        .as_deref()
+        .unwrap()
+        .contains("boom inside the case"));
     assert!(results[1].message.as_deref().unwrap().contains("bad shape"));
     let python = results[2].message.as_deref().unwrap();
-    assert!(python.contains("t/python-raises") && python.contains("Traceback"), "{python}");
-    assert_eq!(results[3].message.as_deref(), Some("needs the Metal kernel"));
+    assert!(
+        python.contains("t/python-raises") && python.contains("Traceback"),
+        "{python}"
+    );
+    assert_eq!(
+        results[3].message.as_deref(),
+        Some("needs the Metal kernel")
+    );
 }
 
 #[test]

@@ -13,7 +13,12 @@ fn run(perturb: bool) -> Vec<runner::CaseResult> {
     oracle.set_device(false).unwrap();
     let cases = families::all();
     let selected = runner::select(&cases, None).unwrap();
-    let options = RunOptions { device: Device::Cpu, seed: 0, jobs: 1, perturb };
+    let options = RunOptions {
+        device: Device::Cpu,
+        seed: 0,
+        jobs: 1,
+        perturb,
+    };
     runner::run(&selected, &oracle, &options, &|_| {})
 }
 
@@ -37,5 +42,8 @@ fn every_must_equal_case_fails_on_a_flipped_input_bit() {
         .filter(|r| r.verdict != Verdict::Fail)
         .map(|r| r.name.as_str())
         .collect();
-    assert!(undetected.is_empty(), "perturbation not detected by: {undetected:#?}");
+    assert!(
+        undetected.is_empty(),
+        "perturbation not detected by: {undetected:#?}"
+    );
 }

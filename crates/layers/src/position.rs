@@ -17,8 +17,12 @@
 //!
 //! Every device computation issues the reference's own op sequence, in the
 //! reference's order and dtypes, on the same libmlx, so outputs can be
-//! compared bit for bit. Integer bookkeeping (selector, rope index, chunk
-//! sizes) is plain host Rust.
+//! compared bit for bit. One refinement: the rotation `x·cos +
+//! rotate_half(x)·sin` (pure-MLX mRoPE and 2-D RoPE) is issued as its two
+//! halves, a bit-identical form with fewer memory passes (see
+//! [`apply_rope2d`] and [`Mrope::apply_with_path`]).
+//! Integer bookkeeping (selector, rope index, chunk sizes) is plain host
+//! Rust.
 //!
 //! # Findings (seed TypeScript vs pinned reference)
 //!

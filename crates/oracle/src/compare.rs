@@ -42,8 +42,14 @@ pub struct Difference {
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Comparison {
     Equal,
-    DtypeMismatch { actual: DType, expected: DType },
-    ShapeMismatch { actual: Vec<usize>, expected: Vec<usize> },
+    DtypeMismatch {
+        actual: DType,
+        expected: DType,
+    },
+    ShapeMismatch {
+        actual: Vec<usize>,
+        expected: Vec<usize>,
+    },
     Differs(Difference),
 }
 
@@ -79,7 +85,10 @@ impl Comparison {
 /// Compares `actual` (the port) with `expected` (the reference) bit for bit.
 pub fn compare(actual: &HostTensor, expected: &HostTensor) -> Comparison {
     if actual.dtype != expected.dtype {
-        return Comparison::DtypeMismatch { actual: actual.dtype, expected: expected.dtype };
+        return Comparison::DtypeMismatch {
+            actual: actual.dtype,
+            expected: expected.dtype,
+        };
     }
     if actual.shape != expected.shape {
         return Comparison::ShapeMismatch {
@@ -178,7 +187,9 @@ mod tests {
         let a = bf16(&[1.0, -2.5, 0.0, 3.0], &[2, 2]);
         let mut b = a.clone();
         b.bytes[6] ^= 1; // lowest mantissa bit of element [1, 1]
-        let Comparison::Differs(d) = compare(&a, &b) else { panic!("must differ") };
+        let Comparison::Differs(d) = compare(&a, &b) else {
+            panic!("must differ")
+        };
         assert_eq!(d.count, 1);
         assert_eq!(d.first_index, vec![1, 1]);
         assert_eq!(d.max_ulp, 1);
@@ -190,7 +201,9 @@ mod tests {
     fn signed_zeros_differ_by_one_ulp() {
         let a = bf16(&[0.0], &[1]);
         let b = bf16(&[-0.0], &[1]);
-        let Comparison::Differs(d) = compare(&a, &b) else { panic!("must differ") };
+        let Comparison::Differs(d) = compare(&a, &b) else {
+            panic!("must differ")
+        };
         assert_eq!(d.max_ulp, 1);
     }
 

@@ -44,7 +44,10 @@ pub fn check_versions(python: &str) -> Result<(), GuardError> {
     if python == linked {
         Ok(())
     } else {
-        Err(GuardError::VersionMismatch { python: python.into(), linked: linked.into() })
+        Err(GuardError::VersionMismatch {
+            python: python.into(),
+            linked: linked.into(),
+        })
     }
 }
 
@@ -81,5 +84,7 @@ fn mapped_images() -> Result<Vec<String>, GuardError> {
 
 #[cfg(not(any(target_os = "linux", target_vendor = "apple")))]
 fn mapped_images() -> Result<Vec<String>, GuardError> {
-    Err(GuardError::Unreadable("no image list on this platform".into()))
+    Err(GuardError::Unreadable(
+        "no image list on this platform".into(),
+    ))
 }

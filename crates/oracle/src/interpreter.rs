@@ -23,13 +23,23 @@ const GLUE_SOURCE: &str = include_str!("../python/reference_glue.py");
 pub enum OracleError {
     /// The reference raised. `traceback` is Python's own formatted traceback.
     #[error("case `{case}`: the reference raised in `{function}`:\n{traceback}")]
-    Python { case: String, function: String, traceback: String },
+    Python {
+        case: String,
+        function: String,
+        traceback: String,
+    },
     #[error("the embedded Python could not start: {0}. Fix: `cargo xtask setup`, then rebuild")]
     Startup(String),
     #[error(transparent)]
     Guard(#[from] GuardError),
-    #[error("case `{case}`: reference `{function}` returned {what}, which the oracle does not transfer")]
-    Unsupported { case: String, function: String, what: String },
+    #[error(
+        "case `{case}`: reference `{function}` returned {what}, which the oracle does not transfer"
+    )]
+    Unsupported {
+        case: String,
+        function: String,
+        what: String,
+    },
     #[error("case `{case}`: {source}")]
     Tensor { case: String, source: TensorError },
 }
@@ -159,8 +169,13 @@ impl Oracle {
 
     /// Routes the reference's default device (`mx.set_default_device`).
     pub fn set_device(&self, gpu: bool) -> Result<(), OracleError> {
-        self.call("<setup>", "set_device", &[Arg::from(if gpu { "gpu" } else { "cpu" })], &[])
-            .map(|_| ())
+        self.call(
+            "<setup>",
+            "set_device",
+            &[Arg::from(if gpu { "gpu" } else { "cpu" })],
+            &[],
+        )
+        .map(|_| ())
     }
 
     /// Calls glue function `function` with positional `args` and keyword
@@ -179,24 +194,32 @@ impl Oracle {
                 function: function.to_owned(),
                 traceback: format_exception(py, &e),
             };
-            let py_args: Vec<Bound<PyAny>> =
-                args.iter().map(|a| to_python(py, glue, a)).collect::<PyResult<_>>().map_err(raised)?;
+            let py_args: Vec<Bound<PyAny>> = args
+                .iter()
+                .map(|a| to_python(py, glue, a))
+                .collect::<PyResult<_>>()
+                .map_err(raised)?;
             let py_kwargs = PyDict::new(py);
             for (k, v) in kwargs {
-                py_kwargs.set_item(k, to_python(py, glue, v).map_err(raised)?).map_err(raised)?;
+                py_kwargs
+                    .set_item(k, to_python(py, glue, v).map_err(raised)?)
+                    .map_err(raised)?;
             }
             let result = glue
                 .getattr(function)
                 .and_then(|f| f.call(PyTuple::new(py, py_args)?, Some(&py_kwargs)))
                 .map_err(raised)?;
-            from_python(py, glue, &result).map_err(|e| match e {
+            from_python(glue, &result).map_err(|e| match e {
                 Convert::Py(e) => raised(e),
                 Convert::Unsupported(what) => OracleError::Unsupported {
                     case: case.to_owned(),
                     function: function.to_owned(),
                     what,
                 },
-                Convert::Tensor(source) => OracleError::Tensor { case: case.to_owned(), source },
+                Convert::Tensor(source) => OracleError::Tensor {
+                    case: case.to_owned(),
+                    source,
+                },
             })
         })
     }
@@ -210,7 +233,9 @@ fn start_state() -> Result<State, OracleError> {
         .ancestors()
         .nth(3)
         .map(PathBuf::from)
-        .ok_or_else(|| OracleError::Startup(format!("unexpected libmlx path {}", libmlx.display())))?;
+        .ok_or_else(|| {
+            OracleError::Startup(format!("unexpected libmlx path {}", libmlx.display()))
+        })?;
     if !site_packages.join("mlx").is_dir() {
         return Err(OracleError::Startup(format!(
             "reference site-packages {} is missing (environment deleted?)",
@@ -238,12 +263,19 @@ fn start_state() -> Result<State, OracleError> {
     })
     .map_err(startup)?;
     // Rust's MLX must be initialised too before the maps are read.
-    mlx_rs::Array::from_int(0).eval().map_err(|e| OracleError::Startup(e.to_string()))?;
+    mlx_rs::Array::from_int(0)
+        .eval()
+        .map_err(|e| OracleError::Startup(e.to_string()))?;
     guards::check_versions(&mlx_version)?;
     let libmlx = guards::check_single_libmlx()?;
     Ok(State {
         glue,
-        info: ReferenceInfo { mlx_version, metal_available, libmlx, site_packages },
+        info: ReferenceInfo {
+            mlx_version,
+            metal_available,
+            libmlx,
+            site_packages,
+        },
     })
 }
 
@@ -259,7 +291,11 @@ fn format_exception(py: Python<'_>, e: &PyErr) -> String {
     }
 }
 
-fn to_python<'py>(py: Python<'py>, glue: &Bound<'py, PyModule>, arg: &Arg) -> PyResult<Bound<'py, PyAny>> {
+fn to_python<'py>(
+    py: Python<'py>,
+    glue: &Bound<'py, PyModule>,
+    arg: &Arg,
+) -> PyResult<Bound<'py, PyAny>> {
     Ok(match arg {
         Arg::Tensor(t) => glue.getattr("to_mx")?.call1((
             t.dtype.name(),
@@ -272,7 +308,10 @@ fn to_python<'py>(py: Python<'py>, glue: &Bound<'py, PyModule>, arg: &Arg) -> Py
         Arg::Str(v) => PyString::new(py, v).into_any(),
         Arg::None => py.None().into_bound(py),
         Arg::List(items) => {
-            let items = items.iter().map(|a| to_python(py, glue, a)).collect::<PyResult<Vec<_>>>()?;
+            let items = items
+                .iter()
+                .map(|a| to_python(py, glue, a))
+                .collect::<PyResult<Vec<_>>>()?;
             PyList::new(py, items)?.into_any()
         }
     })
@@ -290,7 +329,7 @@ impl From<PyErr> for Convert {
     }
 }
 
-fn from_python(py: Python<'_>, glue: &Bound<'_, PyModule>, obj: &Bound<'_, PyAny>) -> Result<Value, Convert> {
+fn from_python(glue: &Bound<'_, PyModule>, obj: &Bound<'_, PyAny>) -> Result<Value, Convert> {
     if obj.is_none() {
         return Ok(Value::None);
     }
@@ -298,7 +337,9 @@ fn from_python(py: Python<'_>, glue: &Bound<'_, PyModule>, obj: &Bound<'_, PyAny
         let (name, shape, data): (String, Vec<usize>, Vec<u8>) =
             glue.getattr("from_mx")?.call1((obj,))?.extract()?;
         let dtype = DType::from_name(&name).map_err(Convert::Tensor)?;
-        return HostTensor::new(dtype, shape, data).map(Value::Tensor).map_err(Convert::Tensor);
+        return HostTensor::new(dtype, shape, data)
+            .map(Value::Tensor)
+            .map_err(Convert::Tensor);
     }
     if obj.is_instance_of::<PyBool>() {
         return Ok(Value::Bool(obj.extract()?));
@@ -315,14 +356,14 @@ fn from_python(py: Python<'_>, glue: &Bound<'_, PyModule>, obj: &Bound<'_, PyAny
     if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
         let mut items = Vec::new();
         for item in obj.try_iter()? {
-            items.push(from_python(py, glue, &item?)?);
+            items.push(from_python(glue, &item?)?);
         }
         return Ok(Value::List(items));
     }
     if let Ok(dict) = obj.cast::<PyDict>() {
         let mut map = BTreeMap::new();
         for (k, v) in dict.iter() {
-            map.insert(k.str()?.to_string(), from_python(py, glue, &v)?);
+            map.insert(k.str()?.to_string(), from_python(glue, &v)?);
         }
         return Ok(Value::Dict(map));
     }

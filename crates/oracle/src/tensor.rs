@@ -99,7 +99,12 @@ pub enum TensorError {
     #[error("dtype {0} is not transferred by the oracle (supported: bool, uint8, uint16, uint32, int32, int64, float16, bfloat16, float32)")]
     UnsupportedDtype(String),
     #[error("{len} bytes do not hold shape {shape:?} of {dtype} ({expected} bytes expected)")]
-    SizeMismatch { len: usize, shape: Vec<usize>, dtype: &'static str, expected: usize },
+    SizeMismatch {
+        len: usize,
+        shape: Vec<usize>,
+        dtype: &'static str,
+        expected: usize,
+    },
     #[error("MLX failed while materialising the array: {0}")]
     Mlx(String),
 }
@@ -124,7 +129,11 @@ impl HostTensor {
                 expected,
             });
         }
-        Ok(Self { dtype, shape, bytes })
+        Ok(Self {
+            dtype,
+            shape,
+            bytes,
+        })
     }
 
     /// Number of elements.
@@ -148,7 +157,9 @@ impl HostTensor {
     pub fn from_array(array: &Array) -> Result<Self, TensorError> {
         let dtype = DType::from_mlx(array.dtype())?;
         // A contiguous copy makes broadcast or transposed views row-major.
-        let dense = array.contiguous().map_err(|e| TensorError::Mlx(e.to_string()))?;
+        let dense = array
+            .contiguous()
+            .map_err(|e| TensorError::Mlx(e.to_string()))?;
         dense.eval().map_err(|e| TensorError::Mlx(e.to_string()))?;
         let shape: Vec<usize> = dense.shape().iter().map(|&d| d as usize).collect();
         let n = shape.iter().product::<usize>() * dtype.size();
@@ -167,9 +178,7 @@ impl HostTensor {
         let shape: Vec<i32> = self.shape.iter().map(|&d| d as i32).collect();
         // SAFETY: `bytes` holds shape × dtype.size() bytes (checked in `new`);
         // MLX copies them.
-        unsafe {
-            Array::from_raw_data(self.bytes.as_ptr().cast(), &shape, self.dtype.to_mlx())
-        }
+        unsafe { Array::from_raw_data(self.bytes.as_ptr().cast(), &shape, self.dtype.to_mlx()) }
     }
 
     /// Elements as f64 (for reporting; floats decoded from their bits).
@@ -186,13 +195,22 @@ impl HostTensor {
     }
 }
 
-fn raw<T: mlx_rs::ArrayElement>(a: &Array, view: Dtype, nbytes: usize) -> Result<Vec<u8>, TensorError> {
-    let v = a.view_dtype(view).map_err(|e| TensorError::Mlx(e.to_string()))?;
+fn raw<T: mlx_rs::ArrayElement>(
+    a: &Array,
+    view: Dtype,
+    nbytes: usize,
+) -> Result<Vec<u8>, TensorError> {
+    let v = a
+        .view_dtype(view)
+        .map_err(|e| TensorError::Mlx(e.to_string()))?;
     v.eval().map_err(|e| TensorError::Mlx(e.to_string()))?;
-    let s = v.try_as_slice::<T>().map_err(|e| TensorError::Mlx(e.to_string()))?;
+    let s = v
+        .try_as_slice::<T>()
+        .map_err(|e| TensorError::Mlx(e.to_string()))?;
     // SAFETY: `s` is a live slice of plain integers; reading its storage as
     // bytes is valid. MLX and both supported targets are little-endian.
-    let bytes = unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) };
+    let bytes =
+        unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) };
     debug_assert_eq!(bytes.len(), nbytes);
     Ok(bytes.to_vec())
 }

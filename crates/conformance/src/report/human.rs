@@ -36,7 +36,10 @@ pub fn summary(report: &Report) -> String {
         s.wall_ms / 1e3
     );
     for (family, f) in &report.families {
-        out.push_str(&format!("  {family:<28} {:>4} cases {:>9.1} ms\n", f.cases, f.wall_ms));
+        out.push_str(&format!(
+            "  {family:<28} {:>4} cases {:>9.1} ms\n",
+            f.cases, f.wall_ms
+        ));
     }
     for o in &s.orphaned_snapshots {
         out.push_str(&format!("orphaned snapshot (no case records it): {o}\n"));
@@ -44,12 +47,18 @@ pub fn summary(report: &Report) -> String {
     // The plain closing line CI reads: passed = verdicts that hold, failed =
     // everything that makes the exit code non-zero.
     let bad = s.failed + s.errors + s.drifted + s.orphaned_snapshots.len();
-    out.push_str(&format!("snapshot set {} · MLX {} · {} ({})\n",
+    out.push_str(&format!(
+        "snapshot set {} · MLX {} · {} ({})\n",
         report.environment.snapshot_set,
         report.environment.mlx_version,
         report.environment.backend,
         report.environment.device
     ));
-    out.push_str(&format!("conformance: {} passed, {} failed, {} skipped\n", s.passed + s.findings, bad, s.skipped));
+    out.push_str(&format!(
+        "conformance: {} passed, {} failed, {} skipped\n",
+        s.passed + s.findings,
+        bad,
+        s.skipped
+    ));
     out
 }

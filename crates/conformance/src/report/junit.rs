@@ -36,8 +36,13 @@ pub fn render(report: &Report) -> String {
         };
         let mut case = TestCase::new(r.name.clone(), status);
         case.set_time(std::time::Duration::from_secs_f64(r.time_ms / 1e3));
-        suites.entry(r.family.clone()).or_insert_with(|| TestSuite::new(r.family.clone())).add_test_case(case);
+        suites
+            .entry(r.family.clone())
+            .or_insert_with(|| TestSuite::new(r.family.clone()))
+            .add_test_case(case);
     }
     junit.add_test_suites(suites.into_values());
-    junit.to_string().unwrap_or_else(|e| format!("<!-- junit rendering failed: {e} -->"))
+    junit
+        .to_string()
+        .unwrap_or_else(|e| format!("<!-- junit rendering failed: {e} -->"))
 }

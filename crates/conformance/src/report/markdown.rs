@@ -15,7 +15,12 @@ pub fn render(report: &Report) -> String {
     let _ = writeln!(
         md,
         "MLX {} · backend {} · device {} · snapshot set `{}` · lock `{}` · seed {}\n",
-        e.mlx_version, e.backend, e.device, e.snapshot_set, &e.lock_sha256[..e.lock_sha256.len().min(12)], e.seed
+        e.mlx_version,
+        e.backend,
+        e.device,
+        e.snapshot_set,
+        &e.lock_sha256[..e.lock_sha256.len().min(12)],
+        e.seed
     );
     let _ = writeln!(
         md,
@@ -27,11 +32,21 @@ pub fn render(report: &Report) -> String {
     for (f, fs) in &report.families {
         let _ = writeln!(md, "| {f} | {} | {:.1} |", fs.cases, fs.wall_ms);
     }
-    let failures: Vec<_> = report.cases.iter().filter(|r| matches!(r.result.verdict, Verdict::Fail | Verdict::Error)).collect();
+    let failures: Vec<_> = report
+        .cases
+        .iter()
+        .filter(|r| matches!(r.result.verdict, Verdict::Fail | Verdict::Error))
+        .collect();
     let _ = writeln!(md, "\n## Failures ({})\n", failures.len());
     for row in failures {
         let r = &row.result;
-        let _ = writeln!(md, "### `{}` — {}\n\nreference: {}\n", r.name, verdict_word(row), r.reference);
+        let _ = writeln!(
+            md,
+            "### `{}` — {}\n\nreference: {}\n",
+            r.name,
+            verdict_word(row),
+            r.reference
+        );
         if let Some(out) = &r.output {
             for o in &out.outputs {
                 let _ = writeln!(md, "- `{}`: {}", o.name, o.comparison.summary());
@@ -45,7 +60,12 @@ pub fn render(report: &Report) -> String {
     let drifts: Vec<_> = report
         .cases
         .iter()
-        .filter(|r| matches!(r.snapshot, Status::Drift { .. } | Status::Missing | Status::Invalid { .. }))
+        .filter(|r| {
+            matches!(
+                r.snapshot,
+                Status::Drift { .. } | Status::Missing | Status::Invalid { .. }
+            )
+        })
         .collect();
     let _ = writeln!(md, "\n## Snapshot and finding drift ({})\n", drifts.len());
     for row in drifts {
@@ -53,7 +73,9 @@ pub fn render(report: &Report) -> String {
         match &row.snapshot {
             Status::Drift { recorded, now } => {
                 let field = |v: &Option<serde_json::Value>, k: &str| {
-                    v.as_ref().and_then(|v| v.get(k)).map_or("(none)".into(), |x| x.to_string())
+                    v.as_ref()
+                        .and_then(|v| v.get(k))
+                        .map_or("(none)".into(), |x| x.to_string())
                 };
                 let now = Some(now.clone());
                 for k in ["finding", "digest", "path", "outputs"] {
@@ -64,7 +86,10 @@ pub fn render(report: &Report) -> String {
                 }
             }
             Status::Missing => {
-                let _ = writeln!(md, "- no snapshot recorded (new case?) — `cargo xtask fixtures accept`");
+                let _ = writeln!(
+                    md,
+                    "- no snapshot recorded (new case?) — `cargo xtask fixtures accept`"
+                );
             }
             Status::Invalid { error } => {
                 let _ = writeln!(md, "- {error}");
@@ -79,17 +104,35 @@ pub fn render(report: &Report) -> String {
             let _ = writeln!(md, "- `{o}`");
         }
     }
-    let findings: Vec<_> = report.cases.iter().filter(|r| r.result.verdict == Verdict::Measured).collect();
+    let findings: Vec<_> = report
+        .cases
+        .iter()
+        .filter(|r| r.result.verdict == Verdict::Measured)
+        .collect();
     let _ = writeln!(md, "\n## Findings ({})\n", findings.len());
     for row in findings {
         let f = row.result.output.as_ref().and_then(|o| o.finding.as_ref());
-        let _ = writeln!(md, "- `{}`: {}", row.result.name, f.map_or("-".into(), |f| f.to_string()));
+        let _ = writeln!(
+            md,
+            "- `{}`: {}",
+            row.result.name,
+            f.map_or("-".into(), |f| f.to_string())
+        );
     }
     let _ = writeln!(md, "\n## All cases\n\n| case | verdict | path | first diff | max ulp | ms |\n|---|---|---|---|---:|---:|");
     for row in &report.cases {
         let (d, u) = first_diff(&row.result);
         let path = row.result.output.as_ref().map_or("-", |o| o.path.as_str());
-        let _ = writeln!(md, "| `{}` | {} | {} | {} | {} | {:.1} |", row.result.name, verdict_word(row), path, d, u, row.result.time_ms);
+        let _ = writeln!(
+            md,
+            "| `{}` | {} | {} | {} | {} | {:.1} |",
+            row.result.name,
+            verdict_word(row),
+            path,
+            d,
+            u,
+            row.result.time_ms
+        );
     }
     md
 }

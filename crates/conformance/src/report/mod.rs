@@ -83,8 +83,17 @@ pub mod exit {
 }
 
 impl Report {
-    pub fn new(environment: Environment, rows: Vec<Row>, orphans: &[PathBuf], wall_ms: f64) -> Self {
-        let mut s = Summary { total: rows.len(), wall_ms, ..Summary::default() };
+    pub fn new(
+        environment: Environment,
+        rows: Vec<Row>,
+        orphans: &[PathBuf],
+        wall_ms: f64,
+    ) -> Self {
+        let mut s = Summary {
+            total: rows.len(),
+            wall_ms,
+            ..Summary::default()
+        };
         let mut families: BTreeMap<String, FamilySummary> = BTreeMap::new();
         for row in &rows {
             let f = families.entry(row.result.family.clone()).or_default();
@@ -97,7 +106,10 @@ impl Report {
                 Verdict::Skip => s.skipped += 1,
                 Verdict::Error => s.errors += 1,
             }
-            if matches!(row.snapshot, Status::Drift { .. } | Status::Missing | Status::Invalid { .. }) {
+            if matches!(
+                row.snapshot,
+                Status::Drift { .. } | Status::Missing | Status::Invalid { .. }
+            ) {
                 s.drifted += 1;
             }
         }
@@ -113,7 +125,14 @@ impl Report {
         } else {
             exit::PASS
         };
-        Self { schema_version: SCHEMA_VERSION, complete: true, environment, summary: s, families, cases: rows }
+        Self {
+            schema_version: SCHEMA_VERSION,
+            complete: true,
+            environment,
+            summary: s,
+            families,
+            cases: rows,
+        }
     }
 }
 
@@ -128,7 +147,10 @@ pub fn clear(dir: &Path) {
 pub fn write_all(dir: &Path, report: &Report) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let files = [
-        ("report.json", serde_json::to_string_pretty(report).expect("report serialises")),
+        (
+            "report.json",
+            serde_json::to_string_pretty(report).expect("report serialises"),
+        ),
         ("junit.xml", junit::render(report)),
         ("report.md", markdown::render(report)),
     ];
@@ -143,27 +165,41 @@ pub fn write_all(dir: &Path, report: &Report) -> std::io::Result<()> {
 
 /// The first difference of a row, for tables.
 pub fn first_diff(row: &CaseResult) -> (String, String) {
-    let Some(out) = &row.output else { return ("-".into(), "-".into()) };
+    let Some(out) = &row.output else {
+        return ("-".into(), "-".into());
+    };
     for o in &out.outputs {
         match &o.comparison {
             oracle::Comparison::Equal => continue,
             oracle::Comparison::Differs(d) => {
                 return (
-                    format!("{}{:?}: {} vs ref {}", o.name, d.first_index, d.actual.bits, d.expected.bits),
+                    format!(
+                        "{}{:?}: {} vs ref {}",
+                        o.name, d.first_index, d.actual.bits, d.expected.bits
+                    ),
                     d.max_ulp.to_string(),
                 )
             }
             other => return (format!("{}: {}", o.name, other.summary()), "-".into()),
         }
     }
-    ("-".into(), if out.outputs.is_empty() { "-".into() } else { "0".into() })
+    (
+        "-".into(),
+        if out.outputs.is_empty() {
+            "-".into()
+        } else {
+            "0".into()
+        },
+    )
 }
 
 /// A short verdict word for tables.
 pub fn verdict_word(row: &Row) -> &'static str {
     match (&row.result.verdict, &row.snapshot) {
         (Verdict::Pass, Status::Drift { .. } | Status::Missing | Status::Invalid { .. }) => "DRIFT",
-        (Verdict::Measured, Status::Drift { .. } | Status::Missing | Status::Invalid { .. }) => "DRIFT",
+        (Verdict::Measured, Status::Drift { .. } | Status::Missing | Status::Invalid { .. }) => {
+            "DRIFT"
+        }
         (Verdict::Pass, _) => "pass",
         (Verdict::Fail, _) => "FAIL",
         (Verdict::Measured, _) => "finding",

@@ -48,10 +48,26 @@ impl RegimeTable {
         }
     }
 
-    /// The CPU table: **empty for now**. It is filled by the boundary finder
-    /// (measurement of where the CPU SDPA's arithmetic changes with KV
-    /// length), through [`RegimeTable::from_measured`]. An empty table is
-    /// one unbounded regime, so every chunk is [`MAX_APPEND_CHUNK`].
+    /// The CPU table: **empty, by measurement**. On MLX 0.32.2's CPU
+    /// backend (SDPA there is the unfused fallback: no fused CPU kernel),
+    /// appending a chunk of up to [`MAX_APPEND_CHUNK`] tokens reproduced
+    /// token-by-token (M = 1) decoding bit for bit at every KV length
+    /// probed, so there is no regime boundary to respect. An empty table is
+    /// one unbounded regime: every chunk is [`MAX_APPEND_CHUNK`].
+    ///
+    /// Measured 2026-11-29 on x86-64 Linux (the `mlx-cpu` 0.32.2 wheel) by
+    /// the conformance boundary finder (`conformance` crate,
+    /// `families::attention::finder`; case
+    /// `attention/boundary-finder/qwen35-gqa6-d256-h512/affine-4b-gs64/bf16/chunk4`)
+    /// on a Qwen3.5-like decode step: 6 query heads / 1 KV head (GQA 6),
+    /// head_dim 256, partial RoPE 64 of 256 (base 1e7), bf16, hidden 512,
+    /// rows-independent affine 4-bit group-64 q/k/v/o projections. Chunks of
+    /// 4 straddling every power of two 4 ..= 65536 and every Metal boundary
+    /// (KV lengths `b-1 ..= b+2`), and whole windows of cache lengths
+    /// 1019–1029, 8186–8198, 32762–32770 and 65530–65540 appended in chunks
+    /// of 4, all matched M = 1 in every output (attention, `o_proj`, keys,
+    /// values). Another shape, MLX version or CPU needs its own measurement;
+    /// the finder's snapshot flags a change.
     pub fn cpu() -> Self {
         RegimeTable {
             backend: Backend::Cpu,

@@ -416,7 +416,8 @@ impl Mrope {
     /// the promoted dtype, cast to x's dtype, concatenated with the pass-
     /// through channels. The reference wraps that function in `mx.compile`;
     /// its fused CPU kernel keeps each intermediate in its dtype, so the
-    /// eager sequence issues the same arithmetic.
+    /// eager sequence issues the same arithmetic (here split into the two
+    /// halves of the rotation, bit-identically, to save memory passes).
     ///
     /// [`MropePath::MetalKernel`] mirrors `_compiled_mrope_apply(rotary_dim,
     /// position_ids.ndim, "half_split")`: the kernel of
@@ -547,16 +548,20 @@ fn check_position_ids(
     })
 }
 
-/// `rope_utils.rotate_half` (mlx-vlm 0.7.6): `concatenate([-x2, x1], -1)`
-/// of the two halves of the last axis.
-pub(super) fn rotate_half(x: &Array) -> Result<Array, PositionError> {
-    let n = x.shape()[x.ndim() - 1];
-    let x1 = x.try_index((Ellipsis, ..n / 2))?;
-    let x2 = x.try_index((Ellipsis, n / 2..))?;
-    Ok(concatenate(&[&x2.negative()?, &x1], -1)?)
-}
-
-/// `rope_utils._apply_interleaved_rotary_pos_emb_axis1` (mlx-vlm 0.7.6).
+/// `rope_utils._apply_interleaved_rotary_pos_emb_axis1` (mlx-vlm 0.7.6):
+/// `embed = (x_rot * cos + rotate_half(x_rot) * sin).astype(x.dtype)`,
+/// then `concatenate([embed, x_pass], -1)`, for q and for k.
+///
+/// The rotation is issued as its two halves, `x1·c − x2·s` and `x2·c +
+/// x1·s` (`x1`, `x2` the halves of `x_rot`; `c`, `s` the first halves of
+/// cos and sin), concatenated with the pass-through channels in one op.
+/// Bit-identical to the reference's expression with fewer passes over
+/// memory (no materialised `rotate_half`, one concatenate): cos and sin are
+/// `cos(concatenate([freqs, freqs]))`, so both halves hold the same bits;
+/// each element still sees one rounded product per term and one rounded
+/// sum in the promoted dtype, then the cast; and `(−x2)·s = −(x2·s)`,
+/// `a + (−b) = a − b` hold exactly in IEEE arithmetic (signed zeros
+/// included).
 fn apply_interleaved_axis1(
     q: &Array,
     k: &Array,
@@ -566,14 +571,22 @@ fn apply_interleaved_axis1(
     let cos = expand_dims(cos, 1)?;
     let sin = expand_dims(sin, 1)?;
     let rotary_dim = cos.shape()[cos.ndim() - 1];
+    let half = rotary_dim / 2;
+    let c = cos.try_index((Ellipsis, ..half))?;
+    let s = sin.try_index((Ellipsis, ..half))?;
     let one = |x: &Array| -> Result<Array, PositionError> {
-        let x_rot = x.try_index((Ellipsis, ..rotary_dim))?;
+        let x1 = x.try_index((Ellipsis, ..half))?;
+        let x2 = x.try_index((Ellipsis, half..rotary_dim))?;
         let x_pass = x.try_index((Ellipsis, rotary_dim..))?;
-        let embed = x_rot
-            .multiply(&cos)?
-            .add(rotate_half(&x_rot)?.multiply(&sin)?)?
+        let first = x1
+            .multiply(&c)?
+            .subtract(x2.multiply(&s)?)?
             .as_dtype(x.dtype())?;
-        Ok(concatenate(&[&embed, &x_pass], -1)?)
+        let second = x2
+            .multiply(&c)?
+            .add(x1.multiply(&s)?)?
+            .as_dtype(x.dtype())?;
+        Ok(concatenate(&[&first, &second, &x_pass], -1)?)
     };
     Ok((one(q)?, one(k)?))
 }

@@ -1,0 +1,206 @@
+//! Quantized layers from Rust versus the reference from Python, on the same
+//! libmlx, the same shapes and the same packed weights:
+//!
+//! * `QuantizedLinear` 4096 -> 4096, affine 4-bit group 64, bf16, M = 1 and
+//!   M = 8, without and with one LoRA adapter (r = 16, f32, scale 20):
+//!   `mlx.nn.QuantizedLinear.__call__` / `mlx_lm.tuner.lora.LoRALinear.__call__`;
+//! * `QuantizedSwitchLinear` 8 experts, top-2, 2048 -> 1408, affine 4-bit
+//!   group 64, bf16, 1 and 8 tokens, driven as `SwitchGLU` drives it
+//!   (unsorted): `mlx_lm.models.switch_layers.QuantizedSwitchLinear.__call__`
+//!   under the glue's `global_scale` shim.
+//!
+//! Each side times N iterations of forward + eval after a warm-up (Python
+//! inside Python with `time.perf_counter`, glue `quantized_bench`), two
+//! rounds interleaved, best round kept. Prints `rust/python` (target <=
+//! 0.8). Not a timed test: it prints numbers.
+//!
+//! `cargo bench -p conformance --bench quantized`
+
+use std::time::Instant;
+
+use conformance::case::Device;
+use conformance::runner;
+use layers::quantized::{
+    LoraAdapter, QuantSpec, QuantizedLinear, QuantizedPayload, QuantizedSwitchLinear,
+};
+use mlx_rs::{Array, Dtype};
+use oracle::{Arg, HostTensor, Oracle, Value};
+
+const WARMUP: usize = 1;
+const ROUNDS: usize = 2;
+/// Wall time aimed at per measurement; the iteration count follows from
+/// one timed call (MLX's CPU quantized kernels take ~0.2 s for one
+/// 4096 x 4096 bf16 matrix-vector product on this machine).
+const TARGET_SECONDS: f64 = 1.5;
+
+fn host(a: &Array) -> HostTensor {
+    HostTensor::from_array(a).unwrap()
+}
+
+/// Seeded uniform floats in `[-scale, scale)` of `dtype`, made by MLX.
+fn uniform(shape: &[i32], scale: f32, dtype: Dtype, key: u64) -> Array {
+    let key = mlx_rs::random::key(key).unwrap();
+    let a = mlx_rs::random::uniform::<_, f32>(-scale, scale, shape, &key).unwrap();
+    let a = a.as_dtype(dtype).unwrap();
+    a.eval().unwrap();
+    a
+}
+
+/// Iterations for `TARGET_SECONDS`, from one warm-up-and-timed call of `f`
+/// (between 3 and 200).
+fn iterations_for(f: impl Fn() -> Array) -> usize {
+    f().eval().unwrap();
+    let start = Instant::now();
+    f().eval().unwrap();
+    let one = start.elapsed().as_secs_f64();
+    ((TARGET_SECONDS / one) as usize).clamp(3, 200)
+}
+
+/// Seconds per call of `f` over `iterations`, after a warm-up.
+fn time_rust(iterations: usize, f: impl Fn() -> Array) -> f64 {
+    for _ in 0..WARMUP {
+        f().eval().unwrap();
+    }
+    let start = Instant::now();
+    for _ in 0..iterations {
+        f().eval().unwrap();
+    }
+    start.elapsed().as_secs_f64() / iterations as f64
+}
+
+fn time_python(oracle: &Oracle, args: &[Arg], kwargs: &[(&str, Arg)]) -> f64 {
+    match oracle
+        .call("bench/quantized", "quantized_bench", args, kwargs)
+        .unwrap()
+    {
+        Value::Float(seconds) => seconds,
+        other => panic!("`quantized_bench` returned {other:?}"),
+    }
+}
+
+fn payload_args(p: &QuantizedPayload) -> Vec<Arg> {
+    let spec = p.spec();
+    vec![
+        Arg::from(host(p.weight())),
+        Arg::from(host(p.scales())),
+        p.biases().map_or(Arg::None, |b| Arg::from(host(b))),
+        Arg::from(spec.mode.as_str()),
+        Arg::from(spec.bits),
+        Arg::from(spec.group_size),
+    ]
+}
+
+fn report(label: &str, rust: f64, python: f64) {
+    println!(
+        "{label:<52} rust {:>8.3} ms   python {:>8.3} ms   rust/python {:.2}",
+        rust * 1e3,
+        python * 1e3,
+        rust / python
+    );
+}
+
+/// Best of `ROUNDS` interleaved rounds for each side.
+fn measure(rust: &mut dyn FnMut() -> f64, python: &mut dyn FnMut() -> f64) -> (f64, f64) {
+    let (mut r, mut p) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..ROUNDS {
+        r = r.min(rust());
+        p = p.min(python());
+    }
+    (r, p)
+}
+
+fn main() {
+    let oracle = Oracle::start().expect("oracle starts (run `cargo xtask setup`)");
+    runner::set_device(Device::Cpu);
+    oracle.set_device(false).unwrap();
+    println!(
+        "device cpu, forward + eval per iteration, {WARMUP} warm-up, best of {ROUNDS} interleaved rounds"
+    );
+
+    let spec = QuantSpec::new(layers::quantized::Mode::Affine, 4, 64).unwrap();
+    let (k, n) = (4096, 4096);
+    let w = uniform(&[n, k], 1.0 / (k as f32).sqrt(), Dtype::Bfloat16, 1);
+    let payload = QuantizedPayload::quantize(&w, spec).unwrap();
+    let lora_a = uniform(&[k, 16], 1.0 / (k as f32).sqrt(), Dtype::Float32, 2);
+    let lora_b = uniform(&[16, n], 0.01, Dtype::Float32, 3);
+    let plain = QuantizedLinear::new(payload.clone(), None).unwrap();
+    let mut with_lora = QuantizedLinear::new(payload.clone(), None).unwrap();
+    with_lora
+        .attach_adapter(
+            "a",
+            LoraAdapter::new(lora_a.clone(), lora_b.clone(), 20.0).unwrap(),
+        )
+        .unwrap();
+    let base_args = payload_args(&payload);
+
+    for m in [1, 8] {
+        let x = uniform(&[m, k], 1.0, Dtype::Bfloat16, 10 + m as u64);
+        let iterations = iterations_for(|| plain.forward(&x).unwrap());
+        for (layer, adapter) in [(&plain, false), (&with_lora, true)] {
+            let mut args = vec![Arg::from("linear"), Arg::from(host(&x))];
+            args.extend(base_args.iter().cloned());
+            args.push(Arg::from(iterations));
+            let kwargs: Vec<(&str, Arg)> = if adapter {
+                vec![
+                    ("lora_a", Arg::List(vec![Arg::from(host(&lora_a))])),
+                    ("lora_b", Arg::List(vec![Arg::from(host(&lora_b))])),
+                    ("lora_scales", Arg::List(vec![Arg::from(20.0)])),
+                ]
+            } else {
+                Vec::new()
+            };
+            let (rust, python) = measure(
+                &mut || time_rust(iterations, || layer.forward(&x).unwrap()),
+                &mut || time_python(&oracle, &args, &kwargs),
+            );
+            let label = format!(
+                "QuantizedLinear 4096x4096 affine-4b-gs64 bf16 M={m}{}",
+                if adapter { " +LoRA r16" } else { "" }
+            );
+            let label = format!("{label} ({iterations} it)");
+            report(&label, rust, python);
+        }
+    }
+
+    let (experts, top, d, out) = (8, 2, 2048, 1408);
+    let w = uniform(
+        &[experts, out, d],
+        1.0 / (d as f32).sqrt(),
+        Dtype::Bfloat16,
+        4,
+    );
+    let payload = QuantizedPayload::quantize(&w, spec).unwrap();
+    let switch = QuantizedSwitchLinear::new(payload.clone(), None).unwrap();
+    let switch_args = payload_args(&payload);
+    for tokens in [1, 8] {
+        let x = uniform(&[1, tokens, d], 1.0, Dtype::Bfloat16, 20 + tokens as u64);
+        // Expert t*3 % 8 and (t*3+5) % 8 for token t: distinct, spread.
+        let ids: Vec<i32> = (0..tokens)
+            .flat_map(|t| [(t * 3) % experts, (t * 3 + 5) % experts])
+            .collect();
+        let indices = Array::from_slice(&ids, &[1, tokens, top]);
+        let xe = x.expand_dims_axes(&[-2, -3]).unwrap();
+        let call = || {
+            switch
+                .forward(&xe, &indices, false)
+                .unwrap()
+                .squeeze_axes(&[-2])
+                .unwrap()
+        };
+        let iterations = iterations_for(call);
+        let mut args = vec![Arg::from("switch"), Arg::from(host(&x))];
+        args.extend(switch_args.iter().cloned());
+        args.push(Arg::from(iterations));
+        let kwargs = [("indices", Arg::from(host(&indices)))];
+        let (rust, python) = measure(&mut || time_rust(iterations, call), &mut || {
+            time_python(&oracle, &args, &kwargs)
+        });
+        report(
+            &format!(
+                "QuantizedSwitchLinear E8 top-2 2048->1408 bf16 tokens={tokens} ({iterations} it)"
+            ),
+            rust,
+            python,
+        );
+    }
+}

@@ -1,0 +1,317 @@
+//! Case family `attention`: check (a), M = 1 versus chunked append.
+//!
+//! One attention decode step built from the ported layers ([`step`]:
+//! rows-independent 4-bit projections, partial RoPE with the cache offset,
+//! KV-cache append, `fast::scaled_dot_product_attention`) on a
+//! Qwen3.5-like graph ([`step::QWEN35_LIKE`]: GQA 6, head_dim 256, bf16).
+//! For each window of cache lengths straddling a Metal regime boundary
+//! ([`WINDOWS`]) the cache is prefilled in one shot with seeded K/V up to
+//! the window's start, then the window's tokens are decoded:
+//!
+//! * `attention/decode/…/M1/cache<a>-<b>` (must-equal): the port decoding
+//!   one token at a time versus the reference doing the same in Python
+//!   (mlx-lm attention: `nn.QuantizedLinear`, `nn.RoPE`,
+//!   `mlx_lm.models.cache.KVCache`, `mlx_lm.models.base`'s SDPA call and
+//!   attention mask).
+//! * `attention/append/…/policy-<table>/cache<a>-<b>` (finding): the port
+//!   appending in the chunks [`RegimeTable::append_chunk_size`] chooses
+//!   versus the port at M = 1. The CPU table (from the boundary finder) on
+//!   CPU, the seed's Metal table on Metal.
+//! * `attention/append/…/crossing/cache<a>-<b>` (finding, negative
+//!   control): one chunk of 4 straddling each Metal boundary in the window,
+//!   appended to the M = 1 cache, versus M = 1, on whatever backend runs.
+//! * `attention/boundary-finder/…/chunk4` (finding): [`finder`] run on
+//!   this backend, with the table the layers crate ships for it.
+
+pub mod finder;
+pub mod scenario;
+pub mod step;
+
+use std::sync::Arc;
+
+use layers::position::{RegimeTable, MAX_APPEND_CHUNK};
+use oracle::{Arg, DType, HostTensor};
+use serde_json::json;
+
+use crate::case::{seed_of, Case, CaseError, CaseOutput, Ctx, Device};
+use finder::{default_candidates, find_boundaries, AppendProbe};
+use scenario::{reset_memo as reset_scenarios, scenario, Scenario, OUTPUTS};
+use step::{AttentionShape, QWEN35_LIKE};
+
+/// Cache-length windows `(start, end)`: the cache is prefilled to `start`
+/// and decoded to `end`, so SDPA sees KV lengths `start+1 ..= end`. Each
+/// straddles Metal boundaries (1023 and 1024; 8192; 32768; 65536).
+pub const WINDOWS: [(usize, usize); 4] =
+    [(1019, 1029), (8186, 8198), (32762, 32770), (65530, 65540)];
+
+const SHAPE: AttentionShape = QWEN35_LIKE;
+const GRAPH: &str = "qwen35-gqa6-d256-h512/affine-4b-gs64/bf16";
+
+const REFERENCE_M1: &str = "mlx-lm attention decode: mlx.nn.QuantizedLinear, mlx.nn.RoPE, \
+     mlx.core.fast.scaled_dot_product_attention (mlx 0.32.2); mlx_lm.models.cache.KVCache, \
+     mlx_lm.models.base.{create_attention_mask,scaled_dot_product_attention} (mlx-lm 0.32.2)";
+const REFERENCE_APPEND: &str =
+    "port chunked append vs port M=1 (mlx.core.fast.scaled_dot_product_attention, mlx 0.32.2)";
+const REFERENCE_FINDER: &str =
+    "port chunked append vs port M=1, boundary search (mlx.core.fast.scaled_dot_product_attention, mlx 0.32.2)";
+
+pub fn cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (start, end) in WINDOWS {
+        let window = format!("cache{start}-{end}");
+        cases.push(Case::must_equal(
+            format!("attention/decode/{GRAPH}/M1/{window}"),
+            "attention/decode",
+            REFERENCE_M1,
+            move |ctx| run_m1(ctx, start, end),
+        ));
+        cases.push(
+            Case::finding(
+                format!("attention/append/{GRAPH}/policy-cpu/{window}"),
+                "attention/append",
+                REFERENCE_APPEND,
+                move |ctx| run_policy(ctx, start, end, RegimeTable::cpu()),
+            )
+            .only_on(
+                Device::Cpu,
+                "the measured CPU regime table applies to the CPU backend only",
+            ),
+        );
+        cases.push(
+            Case::finding(
+                format!("attention/append/{GRAPH}/policy-metal/{window}"),
+                "attention/append",
+                REFERENCE_APPEND,
+                move |ctx| run_policy(ctx, start, end, RegimeTable::metal()),
+            )
+            .only_on(
+                Device::Gpu,
+                "the seed's Metal regime table applies to the Metal backend only",
+            ),
+        );
+        cases.push(Case::finding(
+            format!("attention/append/{GRAPH}/crossing/{window}"),
+            "attention/append",
+            REFERENCE_APPEND,
+            move |ctx| run_crossing(ctx, start, end),
+        ));
+    }
+    cases.push(Case::finding(
+        format!("attention/boundary-finder/{GRAPH}/chunk{MAX_APPEND_CHUNK}"),
+        "attention/boundary-finder",
+        REFERENCE_FINDER,
+        run_finder,
+    ));
+    cases
+}
+
+/// Drops the memoised scenarios (the port's M = 1 trajectories), so the
+/// next run computes them again (benches measure cold runs).
+pub fn reset_memo() {
+    reset_scenarios();
+}
+
+/// The run's base seed (every case adds its own offset to it; scenarios
+/// shared between cases must not depend on the case).
+fn run_seed(ctx: &Ctx) -> u64 {
+    ctx.seed.wrapping_sub(seed_of(ctx.case))
+}
+
+fn window_scenario(ctx: &Ctx, start: usize, end: usize) -> Result<Arc<Scenario>, CaseError> {
+    scenario(SHAPE, run_seed(ctx), ctx.device, start, end)
+}
+
+/// The reference path that ran, per backend.
+fn path(device: Device) -> &'static str {
+    match device {
+        Device::Cpu => "mlx.core (cpu: sdpa unfused fallback)",
+        Device::Gpu => "mlx.core (metal: fused sdpa)",
+    }
+}
+
+fn run_m1(ctx: &Ctx, start: usize, end: usize) -> Result<CaseOutput, CaseError> {
+    let sc = window_scenario(ctx, start, end)?;
+    let w = &sc.weights;
+    let mut args = vec![Arg::from(sc.x.clone())];
+    for p in [&w.q, &w.k, &w.v, &w.o] {
+        args.extend([p.weight.clone(), p.scales.clone(), p.biases.clone()].map(Arg::from));
+    }
+    args.extend([Arg::from(sc.k0.clone()), Arg::from(sc.v0.clone())]);
+    args.extend(
+        [
+            SHAPE.n_heads,
+            SHAPE.n_kv_heads,
+            SHAPE.head_dim,
+            SHAPE.rotary_dims,
+        ]
+        .map(Arg::from),
+    );
+    args.push(Arg::from(f64::from(SHAPE.rope_base)));
+    args.extend([SHAPE.spec.group_size, SHAPE.spec.bits].map(Arg::from));
+    let reference = ctx
+        .reference("attention_decode_m1", &args, &[])?
+        .into_list()
+        .ok_or_else(|| CaseError::Harness("attention_decode_m1 did not return a tuple".into()))?
+        .into_iter()
+        .map(|v| {
+            v.tensor().ok_or_else(|| {
+                CaseError::Harness("attention_decode_m1 returned a non-array".into())
+            })
+        })
+        .collect::<Result<Vec<HostTensor>, _>>()?;
+    if reference.len() != OUTPUTS.len() {
+        return Err(CaseError::Harness(format!(
+            "attention_decode_m1 returned {} arrays",
+            reference.len()
+        )));
+    }
+    let mut out = CaseOutput::new(path(ctx.device));
+    for ((name, port), reference) in OUTPUTS.iter().zip(sc.m1.outputs()).zip(&reference) {
+        out.compare(name, port, reference);
+    }
+    Ok(out)
+}
+
+/// Chunk sizes `table` chooses from cache length `start` to `end`.
+pub fn policy_partition(table: &RegimeTable, start: usize, end: usize) -> Vec<usize> {
+    let mut partition = Vec::new();
+    let mut at = start;
+    while at < end {
+        let chunk = table.append_chunk_size(at).min(end - at);
+        partition.push(chunk);
+        at += chunk;
+    }
+    partition
+}
+
+fn backend_name(table: &RegimeTable) -> String {
+    format!("{:?}", table.backend()).to_lowercase()
+}
+
+fn run_policy(
+    ctx: &Ctx,
+    start: usize,
+    end: usize,
+    table: RegimeTable,
+) -> Result<CaseOutput, CaseError> {
+    let sc = window_scenario(ctx, start, end)?;
+    let partition = policy_partition(&table, start, end);
+    let chunked = sc.run_partition(&partition)?;
+    let diff = chunked.diff(&sc.m1);
+    let mut out = CaseOutput::new(path(ctx.device));
+    for t in chunked.outputs() {
+        out.digest_tensor(t);
+    }
+    Ok(out.with_finding(json!({
+        "table": backend_name(&table),
+        "table_boundaries": table.boundaries(),
+        "cache": [start, end],
+        "partition": partition,
+        "equal": diff.equal(),
+        "differing_elements": diff.counts_json(),
+        "first_differing_token": diff.first_token.map(|t| json!({"index": t, "kv_len": start + t + 1})),
+    })))
+}
+
+/// Metal boundaries `b` whose straddling chunk of 4 (KV lengths `b-1 ..=
+/// b+2`) lies inside the window.
+fn crossing_chunks(start: usize, end: usize) -> Vec<(usize, usize)> {
+    let half = MAX_APPEND_CHUNK / 2;
+    RegimeTable::metal()
+        .boundaries()
+        .iter()
+        .filter(|&&b| b >= start + half && b - half + MAX_APPEND_CHUNK <= end)
+        .map(|&b| (b, b - half))
+        .collect()
+}
+
+fn run_crossing(ctx: &Ctx, start: usize, end: usize) -> Result<CaseOutput, CaseError> {
+    let sc = window_scenario(ctx, start, end)?;
+    let mut out = CaseOutput::new(path(ctx.device));
+    let mut chunks = Vec::new();
+    let mut all_equal = true;
+    for (boundary, cache_len) in crossing_chunks(start, end) {
+        let probe = sc.probe(cache_len, MAX_APPEND_CHUNK)?;
+        for t in probe.outputs.outputs() {
+            out.digest_tensor(t);
+        }
+        all_equal &= probe.diff.equal();
+        chunks.push(json!({
+            "metal_boundary": boundary,
+            "kv": [cache_len + 1, cache_len + MAX_APPEND_CHUNK],
+            "equal": probe.diff.equal(),
+            "differing_elements": probe.diff.counts_json(),
+            "first_differing_token": probe.diff.first_token.map(|t| json!({"index": t, "kv_len": cache_len + t + 1})),
+        }));
+    }
+    if chunks.is_empty() {
+        return Err(CaseError::Harness(format!(
+            "window {start}..{end} straddles no Metal boundary"
+        )));
+    }
+    Ok(out.with_finding(json!({ "cache": [start, end], "equal": all_equal, "chunks": chunks })))
+}
+
+/// Probes on the memoised scenarios: inside a [`WINDOWS`] window when the
+/// chunk fits one, else a scenario of exactly the chunk's tokens.
+pub struct ScenarioProbe {
+    pub run_seed: u64,
+    pub device: Device,
+}
+
+impl AppendProbe for ScenarioProbe {
+    type Error = CaseError;
+    fn matches(&mut self, cache_len: usize, chunk: usize) -> Result<bool, CaseError> {
+        let (start, end) = WINDOWS
+            .iter()
+            .copied()
+            .find(|&(a, b)| a <= cache_len && cache_len + chunk <= b)
+            .unwrap_or((cache_len, cache_len + chunk));
+        let sc = scenario(SHAPE, self.run_seed, self.device, start, end)?;
+        Ok(sc.probe(cache_len, chunk)?.diff.equal())
+    }
+}
+
+/// The boundary finder on this backend (see [`finder`]), for chunks of
+/// [`MAX_APPEND_CHUNK`] around the default candidates.
+pub fn find_on(run_seed: u64, device: Device) -> Result<finder::BoundarySearch, CaseError> {
+    let mut probe = ScenarioProbe { run_seed, device };
+    let candidates = default_candidates(RegimeTable::metal().boundaries());
+    find_boundaries(&mut probe, &candidates, MAX_APPEND_CHUNK)
+}
+
+fn run_finder(ctx: &Ctx) -> Result<CaseOutput, CaseError> {
+    let search = find_on(run_seed(ctx), ctx.device)?;
+    let table = match ctx.device {
+        Device::Cpu => RegimeTable::cpu(),
+        Device::Gpu => RegimeTable::metal(),
+    };
+    let mut out = CaseOutput::new("port only");
+    let bits: Vec<u8> = search
+        .boundaries
+        .iter()
+        .flat_map(|&b| (b as i32).to_le_bytes())
+        .collect();
+    out.digest_tensor(&HostTensor::new(
+        DType::Int32,
+        vec![search.boundaries.len()],
+        bits,
+    )?);
+    let probes: Vec<_> = search
+        .probes
+        .iter()
+        .map(|p| json!([p.cache_len, p.chunk, p.matched]))
+        .collect();
+    Ok(out.with_finding(json!({
+        "backend": ctx.device.name(),
+        "chunk": search.chunk,
+        "candidates": default_candidates(RegimeTable::metal().boundaries()),
+        "probes": probes,
+        "failing_runs": search.failing_runs,
+        "boundaries": search.boundaries,
+        "unresolved": search.unresolved,
+        "never_matches": search.never_matches,
+        "shipped_table": table.boundaries(),
+        "shipped_table_agrees": search.boundaries == table.boundaries(),
+    })))
+}

@@ -1,0 +1,150 @@
+//! `position/inv-freq`: check (c), "powf inverse-frequency rounding".
+//!
+//! Must-equal: the port's device `inv_freq` (`compute_inv_freq`) against
+//! the reference's `compute_inv_freq` over every even rotary dim 2..=512,
+//! one case per theta. Finding: the host emulations (`inv_freq_host_f32`,
+//! `inv_freq_host_f64`) against the reference: where a host `powf` rounds
+//! otherwise than MLX's `power`.
+
+use layers::position::{compute_inv_freq, inv_freq_host_f32, inv_freq_host_f64};
+use mlx_rs::ops::concatenate;
+use oracle::{Arg, DType, HostTensor};
+use serde_json::json;
+
+use super::{host, int32_tensor, port};
+use crate::case::{Case, CaseError, CaseOutput, Ctx};
+
+const FAMILY: &str = "position/inv-freq";
+const REFERENCE: &str = "mlx_vlm.models.rope_utils.compute_inv_freq (mlx-vlm 0.7.6)";
+
+/// `(tag, theta)`: Gemma vision, Llama, Qwen3-VL-like, Qwen3.5, and a theta
+/// that is not an integer.
+const THETAS: [(&str, f64); 5] = [
+    ("100", 100.0),
+    ("1e4", 1e4),
+    ("1e6", 1e6),
+    ("1e7", 1e7),
+    ("5e5+0.5", 500_000.5),
+];
+
+/// Every even rotary dim from 2 to 512.
+fn dims() -> Vec<usize> {
+    (2..=512).step_by(2).collect()
+}
+
+pub fn cases() -> Vec<Case> {
+    let mut cases: Vec<Case> = THETAS
+        .into_iter()
+        .map(|(tag, theta)| {
+            let name = format!("{FAMILY}/device/theta-{tag}/dims-2-to-512-even");
+            Case::must_equal(name, FAMILY, REFERENCE, move |ctx| run_device(ctx, theta))
+        })
+        .collect();
+    cases.push(Case::finding(
+        format!("{FAMILY}/host-emulation/dims-2-to-512-even"),
+        FAMILY,
+        REFERENCE,
+        run_host,
+    ));
+    cases
+}
+
+/// The port's device `inv_freq` for each dim, concatenated.
+pub(crate) fn port_inv_freq(dims: &[usize], theta: f64) -> Result<HostTensor, CaseError> {
+    let parts = dims
+        .iter()
+        .map(|&d| compute_inv_freq(d, theta).map_err(port))
+        .collect::<Result<Vec<_>, _>>()?;
+    host(&concatenate(&parts, 0)?)
+}
+
+/// The reference's `compute_inv_freq` for each dim, concatenated.
+pub(crate) fn reference_inv_freq(
+    ctx: &Ctx,
+    dims: &[usize],
+    theta: f64,
+) -> Result<HostTensor, CaseError> {
+    // Element 0 is the first dim: one flipped bit changes the length.
+    let dims: Vec<i32> = dims.iter().map(|&d| d as i32).collect();
+    ctx.reference_tensor(
+        "position_inv_freq",
+        &[
+            Arg::from(int32_tensor(&dims, &[dims.len()])),
+            Arg::from(theta),
+        ],
+        &[],
+    )
+}
+
+fn run_device(ctx: &Ctx, theta: f64) -> Result<CaseOutput, CaseError> {
+    let dims = dims();
+    let port_values = port_inv_freq(&dims, theta)?;
+    let reference = reference_inv_freq(ctx, &dims, theta)?;
+    let mut out = CaseOutput::new("pure-mlx");
+    out.compare("inv_freq", &port_values, &reference);
+    Ok(out)
+}
+
+fn f32_tensor(values: &[f32]) -> HostTensor {
+    let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    HostTensor::new(DType::Float32, vec![values.len()], bytes).expect("one f32 each")
+}
+
+/// Where `host` differs from `reference` (both the concatenation over
+/// `dims`): count, the first few `(dim, index)` pairs, max ulp.
+fn divergence(dims: &[usize], host: &HostTensor, reference: &HostTensor) -> serde_json::Value {
+    let mut first = Vec::new();
+    let mut count = 0usize;
+    let mut max_ulp = 0u64;
+    let mut at = 0usize;
+    for &dim in dims {
+        for index in 0..dim / 2 {
+            let (a, b) = (host.bits(at), reference.bits(at));
+            if a != b {
+                count += 1;
+                max_ulp = max_ulp.max(oracle::compare::ulp_distance(DType::Float32, a, b));
+                if first.len() < 6 {
+                    first.push(json!([dim, index]));
+                }
+            }
+            at += 1;
+        }
+    }
+    json!({ "differing": count, "total": at, "first_dim_index": first, "max_ulp": max_ulp })
+}
+
+fn run_host(ctx: &Ctx) -> Result<CaseOutput, CaseError> {
+    let dims = dims();
+    let mut out = CaseOutput::new("pure-mlx");
+    let mut f32_rows = serde_json::Map::new();
+    let mut f64_rows = serde_json::Map::new();
+    for (tag, theta) in THETAS {
+        let reference = reference_inv_freq(ctx, &dims, theta)?;
+        let host_f32: Vec<f32> = dims
+            .iter()
+            .flat_map(|&d| inv_freq_host_f32(d, theta as f32))
+            .collect();
+        let host_f64: Vec<f32> = dims
+            .iter()
+            .flat_map(|&d| inv_freq_host_f64(d, theta))
+            .collect();
+        let (host_f32, host_f64) = (f32_tensor(&host_f32), f32_tensor(&host_f64));
+        if host_f32.len() != reference.len() || host_f64.len() != reference.len() {
+            return Err(CaseError::Harness(format!(
+                "lengths: host {} / {}, reference {}",
+                host_f32.len(),
+                host_f64.len(),
+                reference.len()
+            )));
+        }
+        f32_rows.insert(tag.to_owned(), divergence(&dims, &host_f32, &reference));
+        f64_rows.insert(tag.to_owned(), divergence(&dims, &host_f64, &reference));
+        out.digest_tensor(&host_f32);
+        out.digest_tensor(&host_f64);
+    }
+    Ok(out.with_finding(json!({
+        "relation": "host emulation of inv_freq vs reference compute_inv_freq, every even dim 2..=512",
+        "host_f32": f32_rows,
+        "host_f64": f64_rows,
+    })))
+}

@@ -1,0 +1,228 @@
+//! Case family `position`: Qwen3.5 mRoPE (apply, `inv_freq`, selector, the
+//! Metal kernel's text and launch), the Qwen3.5 rope index and decode
+//! delta, Gemma vision 2-D RoPE, and two measured relations (mRoPE versus
+//! plain RoPE for text; host emulations of `inv_freq`).
+//!
+//! Every row names the reference path that ran: `pure-mlx` (MLX ops; the
+//! reference's choice without Metal) or `metal-kernel` (the fused kernel of
+//! `mlx_vlm.models.rope_utils`, or its source text and launch).
+//!
+//! The glue functions live in the `# --- position families` section of
+//! `crates/oracle/python/reference_glue.py`.
+
+use std::collections::BTreeMap;
+
+use layers::position::{GridThw, MropePath, PositionError, VisionTokens};
+use mlx_rs::Array;
+use oracle::{Arg, DType, HostTensor, Value};
+
+use crate::case::{Case, CaseError, Ctx, Device};
+use crate::inputs::Inputs;
+
+mod inv_freq;
+mod mrope;
+mod rope2d;
+mod rope_index;
+mod vs_rope;
+
+pub fn cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    cases.extend(mrope::cases());
+    cases.extend(vs_rope::cases());
+    cases.extend(inv_freq::cases());
+    cases.extend(rope_index::cases());
+    cases.extend(rope2d::cases());
+    cases
+}
+
+/// `vision_end_token_id` of Qwen3.5 (`qwen3_5/config.py` `ModelConfig`,
+/// mlx-vlm 0.7.6). The rope index does not read it; prompts carry it as
+/// the processor emits it.
+const VISION_END: i32 = 248_046;
+
+/// The float dtypes activations are tested in.
+const FLOAT_DTYPES: [DType; 3] = [DType::Bfloat16, DType::Float16, DType::Float32];
+
+/// Short dtype name for case names.
+fn dtype_tag(dtype: DType) -> &'static str {
+    match dtype {
+        DType::Bfloat16 => "bf16",
+        DType::Float16 => "f16",
+        DType::Float32 => "f32",
+        other => other.name(),
+    }
+}
+
+/// The mlx-rs dtype of an activation dtype.
+fn mlx_dtype(dtype: DType) -> Result<mlx_rs::Dtype, CaseError> {
+    match dtype {
+        DType::Bfloat16 => Ok(mlx_rs::Dtype::Bfloat16),
+        DType::Float16 => Ok(mlx_rs::Dtype::Float16),
+        DType::Float32 => Ok(mlx_rs::Dtype::Float32),
+        other => Err(CaseError::Harness(format!(
+            "not an activation dtype: {}",
+            other.name()
+        ))),
+    }
+}
+
+/// A port error as a case error.
+fn port(e: PositionError) -> CaseError {
+    CaseError::Port(e.to_string())
+}
+
+/// Copies an mlx-rs array to the host.
+fn host(a: &Array) -> Result<HostTensor, CaseError> {
+    Ok(HostTensor::from_array(a)?)
+}
+
+fn int32_tensor(values: &[i32], shape: &[usize]) -> HostTensor {
+    let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    HostTensor::new(DType::Int32, shape.to_vec(), bytes).expect("sized by the caller")
+}
+
+/// UTF-8 bytes of `text` as a uint8 tensor, so a string comparison reports
+/// the first differing byte and feeds the digest.
+fn bytes_tensor(text: &str) -> HostTensor {
+    HostTensor::new(DType::Uint8, vec![text.len()], text.as_bytes().to_vec())
+        .expect("one byte each")
+}
+
+/// An int32 or int64 tensor widened to int64 (positions: the reference
+/// returns int64 for a masked text prompt, int32 otherwise; the port's are
+/// int32 values).
+fn widen_i64(t: &HostTensor) -> Result<HostTensor, CaseError> {
+    let values: Vec<i64> = match t.dtype {
+        DType::Int32 => (0..t.len())
+            .map(|i| t.bits(i) as u32 as i32 as i64)
+            .collect(),
+        DType::Int64 => return Ok(t.clone()),
+        other => {
+            return Err(CaseError::Harness(format!(
+                "expected an int tensor, got {}",
+                other.name()
+            )))
+        }
+    };
+    let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    Ok(HostTensor::new(DType::Int64, t.shape.clone(), bytes)?)
+}
+
+/// Integers in `[low, high)` from the case's generator.
+fn ints(inputs: &mut Inputs, n: usize, low: i64, high: i64) -> Vec<i32> {
+    let t = inputs.integers(DType::Int32, &[n], low, high);
+    (0..n).map(|i| t.bits(i) as u32 as i32).collect()
+}
+
+/// The dict a glue function returned.
+fn dict(value: Value, function: &str) -> Result<BTreeMap<String, Value>, CaseError> {
+    match value {
+        Value::Dict(map) => Ok(map),
+        other => Err(CaseError::Harness(format!(
+            "`{function}` returned {other:?}, not a dict"
+        ))),
+    }
+}
+
+fn take_tensor(map: &mut BTreeMap<String, Value>, key: &str) -> Result<HostTensor, CaseError> {
+    match map.remove(key) {
+        Some(Value::Tensor(t)) => Ok(t),
+        other => Err(CaseError::Harness(format!(
+            "reference result `{key}` is {other:?}, not an array"
+        ))),
+    }
+}
+
+fn take_str(map: &mut BTreeMap<String, Value>, key: &str) -> Result<String, CaseError> {
+    match map.remove(key) {
+        Some(Value::Str(s)) => Ok(s),
+        other => Err(CaseError::Harness(format!(
+            "reference result `{key}` is {other:?}, not a string"
+        ))),
+    }
+}
+
+/// The mRoPE path the port takes for this run, mirroring the reference:
+/// on a GPU run, `_HAS_METAL` decides ([`MropePath::current`]); on a CPU
+/// run the pure-MLX path (the reference's choice on a build without Metal;
+/// on a Metal build the glue turns `fused_apply` off to match, since the
+/// kernel cannot launch on a CPU stream).
+fn mrope_path(ctx: &Ctx) -> Result<MropePath, CaseError> {
+    match ctx.device {
+        Device::Gpu => MropePath::current().map_err(port),
+        Device::Cpu => Ok(MropePath::PureMlx),
+    }
+}
+
+/// One piece of a Qwen3.5 prompt.
+#[derive(Debug, Clone, Copy)]
+enum Piece {
+    /// Ordinary text tokens (random ids well below the special tokens).
+    Text(usize),
+    /// `<vision_start>`, `t·(h/2)·(w/2)` image tokens, `<vision_end>`.
+    Image(GridThw),
+    /// A video grid `(t, h, w)`: per frame, two text tokens (the
+    /// processor's timestamp), `<vision_start>`, `(h/2)·(w/2)` video
+    /// tokens, `<vision_end>`.
+    Video(GridThw),
+}
+
+/// A prompt row: token ids and the grids of its spans, in order.
+#[derive(Debug, Clone, Default)]
+struct Prompt {
+    ids: Vec<i32>,
+    images: Vec<GridThw>,
+    videos: Vec<GridThw>,
+}
+
+fn build_prompt(pieces: &[Piece], inputs: &mut Inputs) -> Prompt {
+    let tokens = VisionTokens::QWEN3_5;
+    let merge = tokens.spatial_merge_size;
+    let mut prompt = Prompt::default();
+    for piece in pieces {
+        match *piece {
+            Piece::Text(n) => prompt.ids.extend(ints(inputs, n, 1_000, 200_000)),
+            Piece::Image(g) => {
+                prompt.ids.push(tokens.vision_start_token_id);
+                let n = g.t * (g.h / merge) * (g.w / merge);
+                prompt
+                    .ids
+                    .extend(std::iter::repeat_n(tokens.image_token_id, n));
+                prompt.ids.push(VISION_END);
+                prompt.images.push(g);
+            }
+            Piece::Video(g) => {
+                for _ in 0..g.t {
+                    prompt.ids.extend(ints(inputs, 2, 1_000, 200_000));
+                    prompt.ids.push(tokens.vision_start_token_id);
+                    let n = (g.h / merge) * (g.w / merge);
+                    prompt
+                        .ids
+                        .extend(std::iter::repeat_n(tokens.video_token_id, n));
+                    prompt.ids.push(VISION_END);
+                }
+                prompt.videos.push(g);
+            }
+        }
+    }
+    prompt
+}
+
+/// Grids as the glue takes them: a list of `[t, h, w]`, or `None` (not
+/// passed) when `present` is false.
+fn grids_arg(grids: &[GridThw], present: bool) -> Arg {
+    if !present {
+        return Arg::None;
+    }
+    Arg::List(
+        grids
+            .iter()
+            .map(|g| Arg::List(vec![Arg::from(g.t), Arg::from(g.h), Arg::from(g.w)]))
+            .collect(),
+    )
+}
+
+/// `mrope_section` as a Python list.
+fn list_arg(values: &[usize]) -> Arg {
+    Arg::List(values.iter().map(|&v| Arg::from(v)).collect())
+}

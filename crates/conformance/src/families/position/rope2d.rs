@@ -1,0 +1,129 @@
+//! `position/rope2d`: Gemma vision multidimensional RoPE against
+//! `optiq.vlm.gemma4.vision.apply_multidimensional_rope`, for patch
+//! positions `[B, L, 2]` (x = column, y = row, padding patches at -1) and
+//! the 1-D form `[B, L]`; head dims 64 and 72, and 70 (not a multiple of
+//! 4: the reference drops the trailing channels, the port mirrors it).
+
+use layers::position::apply_multidimensional_rope;
+use oracle::{Arg, DType};
+
+use super::{dtype_tag, host, int32_tensor, port};
+use crate::case::{Case, CaseError, CaseOutput, Ctx};
+
+const FAMILY: &str = "position/rope2d";
+const REFERENCE: &str = "optiq.vlm.gemma4.vision.apply_multidimensional_rope (mlx-optiq 0.7.7)";
+
+/// Gemma vision `rope_theta` (the vision config's default).
+const BASE_FREQUENCY: f64 = 100.0;
+
+/// A batch of patch sequences: `grid` (rows, columns) patches then
+/// `padding` padding patches per row; odd rows use the transposed grid.
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    tag: &'static str,
+    batch: usize,
+    grid: (usize, usize),
+    padding: usize,
+    heads: usize,
+}
+
+impl Shape {
+    fn len(&self) -> usize {
+        self.grid.0 * self.grid.1 + self.padding
+    }
+}
+
+const SHAPES: [Shape; 2] = [
+    Shape {
+        tag: "B1-L256-N4",
+        batch: 1,
+        grid: (16, 16),
+        padding: 0,
+        heads: 4,
+    },
+    Shape {
+        tag: "B2-L100-N3",
+        batch: 2,
+        grid: (9, 10),
+        padding: 10,
+        heads: 3,
+    },
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Form {
+    /// positions `[B, L, 2]`.
+    TwoAxes,
+    /// positions `[B, L]` (the reference's 1-D fallback).
+    OneAxis,
+}
+
+pub fn cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (form, form_tag) in [(Form::TwoAxes, "2d"), (Form::OneAxis, "1d")] {
+        for head_dim in [64, 72, 70] {
+            for dtype in [DType::Bfloat16, DType::Float32] {
+                for shape in SHAPES {
+                    let name = format!(
+                        "{FAMILY}/{form_tag}/hd{head_dim}/{}/{}",
+                        dtype_tag(dtype),
+                        shape.tag
+                    );
+                    cases.push(Case::must_equal(name, FAMILY, REFERENCE, move |ctx| {
+                        run(ctx, form, head_dim, dtype, shape)
+                    }));
+                }
+            }
+        }
+    }
+    cases
+}
+
+fn run(
+    ctx: &Ctx,
+    form: Form,
+    head_dim: usize,
+    dtype: DType,
+    shape: Shape,
+) -> Result<CaseOutput, CaseError> {
+    let mut inputs = ctx.inputs();
+    let len = shape.len();
+    let x = inputs.uniform(dtype, &[shape.batch, len, shape.heads, head_dim], 2.0);
+    let mut positions = Vec::new();
+    for b in 0..shape.batch {
+        let (rows, cols) = if b % 2 == 0 {
+            shape.grid
+        } else {
+            (shape.grid.1, shape.grid.0)
+        };
+        for p in 0..len {
+            let (col, row) = if p < rows * cols {
+                ((p % cols) as i32, (p / cols) as i32)
+            } else {
+                (-1, -1)
+            };
+            match form {
+                Form::TwoAxes => positions.extend([col, row]),
+                Form::OneAxis => positions.push(if p < rows * cols { p as i32 } else { -1 }),
+            }
+        }
+    }
+    let positions = match form {
+        Form::TwoAxes => int32_tensor(&positions, &[shape.batch, len, 2]),
+        Form::OneAxis => int32_tensor(&positions, &[shape.batch, len]),
+    };
+    let y = apply_multidimensional_rope(&x.to_array(), &positions.to_array(), BASE_FREQUENCY)
+        .map_err(port)?;
+    let reference = ctx.reference_tensor(
+        "position_rope2d",
+        &[
+            Arg::from(x),
+            Arg::from(positions),
+            Arg::from(BASE_FREQUENCY),
+        ],
+        &[],
+    )?;
+    let mut out = CaseOutput::new("pure-mlx");
+    out.compare("y", &host(&y)?, &reference);
+    Ok(out)
+}

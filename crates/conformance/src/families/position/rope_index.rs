@@ -1,0 +1,265 @@
+//! `position/rope-index`: the port's rope index against
+//! `LanguageModel.get_rope_index` (Qwen3.5 token ids, spatial merge 2):
+//! position ids and `rope_deltas` for text, images, multi-frame videos,
+//! text between and after spans, left padding, batches; and the decode
+//! positions that continue a prompt (`LanguageModel.__call__`'s delta
+//! rule).
+//!
+//! The first tensor sent to the reference is the attention mask (all ones
+//! stands for "not passed"), so the proof mode's flipped bit masks or
+//! unmasks token 0 and the positions must change.
+
+use layers::position::{
+    rope_index, GridThw, PositionLayout, RopeIndex, RopeIndexInput, VisionTokens,
+};
+use oracle::Arg;
+
+use super::{
+    build_prompt, dict, grids_arg, int32_tensor, port, take_tensor, widen_i64, Piece, Prompt,
+};
+use crate::case::{Case, CaseError, CaseOutput, Ctx};
+
+const FAMILY: &str = "position/rope-index";
+const REFERENCE: &str =
+    "mlx_vlm.models.qwen3_5.language.LanguageModel.get_rope_index (mlx-vlm 0.7.6)";
+const DECODE_REFERENCE: &str =
+    "mlx_vlm.models.qwen3_5.language.LanguageModel.get_rope_index, then \
+     LanguageModel.__call__'s rope_deltas continuation (mlx-vlm 0.7.6)";
+
+/// Token id of left padding (masked out).
+const PAD: i32 = 0;
+
+type Rows = &'static [&'static [Piece]];
+
+const TEXT: Rows = &[&[Piece::Text(12)]];
+const TEXT_LEFT_PADDED_B2: Rows = &[&[Piece::Text(10)], &[Piece::Text(6)]];
+const ONE_IMAGE: Rows = &[&[
+    Piece::Text(4),
+    Piece::Image(GridThw::new(1, 8, 12)),
+    Piece::Text(6),
+]];
+const IMAGE_FIRST: Rows = &[&[Piece::Image(GridThw::new(1, 4, 4)), Piece::Text(5)]];
+const IMAGE_LAST: Rows = &[&[Piece::Text(3), Piece::Image(GridThw::new(1, 6, 8))]];
+const SEVERAL_IMAGES: Rows = &[&[
+    Piece::Text(3),
+    Piece::Image(GridThw::new(1, 4, 16)),
+    Piece::Text(2),
+    Piece::Image(GridThw::new(1, 12, 4)),
+    Piece::Image(GridThw::new(1, 2, 2)),
+    Piece::Text(5),
+]];
+const IMAGE_VIDEO: Rows = &[&[
+    Piece::Text(3),
+    Piece::Image(GridThw::new(1, 4, 6)),
+    Piece::Text(4),
+    Piece::Video(GridThw::new(4, 6, 4)),
+    Piece::Text(5),
+]];
+const VIDEO_IMAGE: Rows = &[&[
+    Piece::Text(2),
+    Piece::Video(GridThw::new(2, 4, 8)),
+    Piece::Text(3),
+    Piece::Image(GridThw::new(1, 8, 8)),
+    Piece::Text(3),
+]];
+const TWO_VIDEOS: Rows = &[&[
+    Piece::Text(2),
+    Piece::Video(GridThw::new(3, 4, 4)),
+    Piece::Text(1),
+    Piece::Video(GridThw::new(2, 2, 6)),
+    Piece::Text(2),
+]];
+const MIXED_LEFT_PADDED_B2: Rows = &[
+    &[
+        Piece::Text(3),
+        Piece::Image(GridThw::new(1, 4, 4)),
+        Piece::Text(3),
+    ],
+    &[
+        Piece::Text(2),
+        Piece::Image(GridThw::new(1, 8, 4)),
+        Piece::Text(1),
+        Piece::Video(GridThw::new(2, 4, 4)),
+        Piece::Text(2),
+    ],
+];
+
+/// `(extra, len)`: `len` decode tokens at cache offset `prompt_len + extra`.
+type Decode = Option<(usize, usize)>;
+
+/// `(name, rows, decode)`.
+const SCENARIOS: [(&str, Rows, Decode); 16] = [
+    ("text", TEXT, None),
+    ("text-left-padded-B2", TEXT_LEFT_PADDED_B2, None),
+    ("one-image", ONE_IMAGE, None),
+    ("image-first", IMAGE_FIRST, None),
+    ("image-last", IMAGE_LAST, None),
+    ("several-images", SEVERAL_IMAGES, None),
+    ("image-then-video-4-frames", IMAGE_VIDEO, None),
+    ("video-2-frames-then-image", VIDEO_IMAGE, None),
+    ("two-videos", TWO_VIDEOS, None),
+    ("image-video-left-padded-B2", MIXED_LEFT_PADDED_B2, None),
+    ("decode/text", TEXT, Some((0, 3))),
+    (
+        "decode/text-left-padded-B2",
+        TEXT_LEFT_PADDED_B2,
+        Some((0, 2)),
+    ),
+    ("decode/one-image", ONE_IMAGE, Some((0, 1))),
+    ("decode/one-image", ONE_IMAGE, Some((500, 4))),
+    (
+        "decode/image-then-video-4-frames",
+        IMAGE_VIDEO,
+        Some((7, 2)),
+    ),
+    (
+        "decode/image-video-left-padded-B2",
+        MIXED_LEFT_PADDED_B2,
+        Some((0, 3)),
+    ),
+];
+
+/// Tokens of a prompt row (as `build_prompt` lays it out).
+fn row_len(pieces: &[Piece]) -> usize {
+    let merge = VisionTokens::QWEN3_5.spatial_merge_size;
+    pieces
+        .iter()
+        .map(|p| match *p {
+            Piece::Text(n) => n,
+            Piece::Image(g) => 2 + g.t * (g.h / merge) * (g.w / merge),
+            Piece::Video(g) => g.t * (4 + (g.h / merge) * (g.w / merge)),
+        })
+        .sum()
+}
+
+pub fn cases() -> Vec<Case> {
+    SCENARIOS
+        .into_iter()
+        .map(|(tag, rows, decode)| {
+            let len = rows.iter().map(|r| row_len(r)).max().unwrap_or(0);
+            let name = match decode {
+                Some((extra, n)) => format!("{FAMILY}/{tag}/offset{}-L{n}", len + extra),
+                None => format!("{FAMILY}/{tag}/L{len}"),
+            };
+            let reference = if decode.is_some() {
+                DECODE_REFERENCE
+            } else {
+                REFERENCE
+            };
+            Case::must_equal(name, FAMILY, reference, move |ctx| run(ctx, rows, decode))
+        })
+        .collect()
+}
+
+/// Left-pads every row to the longest; returns ids, mask and row lengths.
+fn pad_rows(prompts: &[Prompt]) -> (Vec<i32>, Vec<bool>, usize) {
+    let len = prompts.iter().map(|p| p.ids.len()).max().unwrap_or(0);
+    let mut ids = Vec::new();
+    let mut mask = Vec::new();
+    for p in prompts {
+        let pad = len - p.ids.len();
+        ids.extend(std::iter::repeat_n(PAD, pad));
+        ids.extend(&p.ids);
+        mask.extend(std::iter::repeat_n(false, pad));
+        mask.extend(std::iter::repeat_n(true, p.ids.len()));
+    }
+    (ids, mask, len)
+}
+
+fn run(ctx: &Ctx, rows: Rows, decode: Decode) -> Result<CaseOutput, CaseError> {
+    let mut inputs = ctx.inputs();
+    let prompts: Vec<Prompt> = rows.iter().map(|r| build_prompt(r, &mut inputs)).collect();
+    let (ids, mask, len) = pad_rows(&prompts);
+    if rows.iter().map(|r| row_len(r)).max() != Some(len) {
+        return Err(CaseError::Harness(format!(
+            "row_len disagrees with the prompt length {len}"
+        )));
+    }
+    let batch = prompts.len();
+    let masked = mask.iter().any(|&m| !m);
+    let has_images = prompts.iter().any(|p| !p.images.is_empty());
+    let has_videos = prompts.iter().any(|p| !p.videos.is_empty());
+
+    // Port, row by row (grids split by row; the reference consumes one
+    // global list in row order).
+    let indices: Vec<RopeIndex> = prompts
+        .iter()
+        .enumerate()
+        .map(|(row, p)| {
+            let input = RopeIndexInput {
+                input_ids: &ids[row * len..(row + 1) * len],
+                image_grid_thw: has_images.then_some(p.images.as_slice()),
+                video_grid_thw: has_videos.then_some(p.videos.as_slice()),
+                attention_mask: masked.then_some(&mask[row * len..(row + 1) * len]),
+            };
+            rope_index(&input, &VisionTokens::QWEN3_5).map_err(port)
+        })
+        .collect::<Result<_, _>>()?;
+    let text = indices.iter().all(|i| i.layout() == PositionLayout::Text);
+    let stack = |streams: &[[Vec<i32>; 3]], width: usize| {
+        if text {
+            let values: Vec<i32> = streams.iter().flat_map(|s| s[0].iter().copied()).collect();
+            int32_tensor(&values, &[batch, width])
+        } else {
+            let values: Vec<i32> = (0..3)
+                .flat_map(|axis| streams.iter().flat_map(move |s| s[axis].iter().copied()))
+                .collect();
+            int32_tensor(&values, &[3, batch, width])
+        }
+    };
+    let prompt_streams: Vec<[Vec<i32>; 3]> =
+        indices.iter().map(|i| i.position_ids().clone()).collect();
+    let positions = stack(&prompt_streams, len);
+    let deltas: Vec<i32> = indices.iter().map(|i| i.rope_delta()).collect();
+    let deltas = int32_tensor(&deltas, &[batch, 1]);
+
+    // Reference.
+    let mask_values: Vec<i32> = mask.iter().map(|&m| i32::from(m)).collect();
+    let images: Vec<GridThw> = prompts
+        .iter()
+        .flat_map(|p| p.images.iter().copied())
+        .collect();
+    let videos: Vec<GridThw> = prompts
+        .iter()
+        .flat_map(|p| p.videos.iter().copied())
+        .collect();
+    let mut args = vec![
+        Arg::from(int32_tensor(&mask_values, &[batch, len])),
+        Arg::from(int32_tensor(&ids, &[batch, len])),
+        grids_arg(&images, has_images),
+        grids_arg(&videos, has_videos),
+    ];
+    let function = match decode {
+        Some((extra, n)) => {
+            args.push(Arg::from(len + extra));
+            args.push(Arg::from(n));
+            "position_rope_decode"
+        }
+        None => "position_rope_index",
+    };
+    let mut reference = dict(ctx.reference(function, &args, &[])?, function)?;
+
+    let mut out = CaseOutput::new("pure-mlx");
+    out.compare(
+        "position_ids",
+        &widen_i64(&positions)?,
+        &widen_i64(&take_tensor(&mut reference, "position_ids")?)?,
+    );
+    out.compare(
+        "rope_deltas",
+        &widen_i64(&deltas)?,
+        &widen_i64(&take_tensor(&mut reference, "rope_deltas")?)?,
+    );
+    if let Some((extra, n)) = decode {
+        let streams: Vec<[Vec<i32>; 3]> = indices
+            .iter()
+            .map(|i| i.window(len + extra, n).map_err(port))
+            .collect::<Result<_, _>>()?;
+        out.compare(
+            "decode_position_ids",
+            &widen_i64(&stack(&streams, n))?,
+            &widen_i64(&take_tensor(&mut reference, "decode_position_ids")?)?,
+        );
+    }
+    Ok(out)
+}

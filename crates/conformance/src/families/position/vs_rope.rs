@@ -1,0 +1,181 @@
+//! Check (b), "mRoPE vs plain RoPE for text-only input": with the three
+//! position streams equal (text), mRoPE rotates every frequency by the same
+//! position, exactly what `mx.fast.rope(traditional=False, dims =
+//! rotary_dim, base = rope_theta, scale = 1.0)` computes in exact
+//! arithmetic. The case measures where the two round differently on this
+//! backend over positions 0..70000 (the reference's mRoPE path against
+//! `mx.fast.rope`, and the port's mRoPE against `fast::rope` through
+//! mlx-rs), and whether the port's mRoPE equals the reference's.
+//!
+//! Qwen3.5's rotary (rotary_dim 64 of head_dim 256, theta 1e7, section
+//! [11, 11, 10]) on a head of its 64 rotated channels only: the other 192
+//! channels are copies on every path (`q_pass` concatenated back;
+//! `fast.rope` with `dims < D` leaves them untouched), and dropping them
+//! keeps 70000 positions inside the family's time budget.
+
+use layers::position::Mrope;
+use mlx_rs::ops::{abs, select};
+use mlx_rs::{Array, Dtype};
+use oracle::{Arg, DType, HostTensor};
+use serde_json::json;
+
+use super::mrope::Model;
+use super::mrope::QWEN3_5;
+use super::{
+    dict, dtype_tag, host, int32_tensor, mlx_dtype, mrope_path, port, take_str, take_tensor,
+};
+use crate::case::{Case, CaseError, CaseOutput, Ctx};
+
+const FAMILY: &str = "position/mrope";
+const REFERENCE: &str =
+    "mlx_vlm.models.rope_utils.MRoPERotaryEmbedding.apply_rotary (mlx-vlm 0.7.6) vs \
+     mlx.core.fast.rope (mlx 0.32.2)";
+
+/// Positions 0..POSITIONS in one call.
+const POSITIONS: usize = 70_000;
+
+/// Qwen3.5's rotary on its rotated channels: head_dim 64, factor 1.0.
+const QWEN3_5_ROTATED: Model = Model {
+    head_dim: 64,
+    partial_rotary_factor: 1.0,
+    ..QWEN3_5
+};
+
+pub fn cases() -> Vec<Case> {
+    [DType::Bfloat16, DType::Float32]
+        .into_iter()
+        .map(|dtype| {
+            let name = format!(
+                "{FAMILY}/vs-plain-rope/{}/{}/positions-0-to-{POSITIONS}",
+                QWEN3_5.name,
+                dtype_tag(dtype)
+            );
+            Case::finding(name, FAMILY, REFERENCE, move |ctx| run(ctx, dtype))
+        })
+        .collect()
+}
+
+/// Where `a` and `b` differ, measured on the device: element count,
+/// position count (axis 2), the first 8 positions, max ulp; and the
+/// per-position mask as a uint8 tensor for the digest.
+fn divergence(a: &Array, b: &Array) -> Result<(serde_json::Value, HostTensor), CaseError> {
+    let differs = a.ne(b)?;
+    let elements = differs
+        .as_dtype(Dtype::Int32)?
+        .sum(None)?
+        .try_item_exact::<i32>()
+        .map_err(harness)?;
+    let per_position = differs.any_axes(&[0, 1, 3], None)?.as_dtype(Dtype::Uint8)?;
+    let mask = host(&per_position)?;
+    let positions: Vec<usize> = (0..mask.len()).filter(|&i| mask.bytes[i] != 0).collect();
+    let max_ulp = abs(ordered(a)?.subtract(ordered(b)?)?)?
+        .max(None)?
+        .try_item_exact::<i64>()
+        .map_err(harness)?;
+    let wide = |x: &Array| x.as_dtype(Dtype::Float32);
+    let max_abs_diff = abs(wide(a)?.subtract(wide(b)?)?)?
+        .max(None)?
+        .try_item_exact::<f32>()
+        .map_err(harness)?;
+    let finding = json!({
+        "differing_elements": elements,
+        "differing_positions": positions.len(),
+        "first_positions": positions.iter().take(8).collect::<Vec<_>>(),
+        "max_ulp": max_ulp,
+        "max_abs_diff": max_abs_diff,
+    });
+    Ok((finding, mask))
+}
+
+fn harness(e: impl std::fmt::Display) -> CaseError {
+    CaseError::Harness(e.to_string())
+}
+
+/// Float bits mapped to a monotonic int64 line (as `oracle::compare`
+/// does): adjacent floats are one apart, -0 and +0 too.
+fn ordered(x: &Array) -> Result<Array, CaseError> {
+    let (view, sign_offset) = match x.dtype() {
+        Dtype::Bfloat16 | Dtype::Float16 => (Dtype::Int16, 1i64 << 15),
+        Dtype::Float32 => (Dtype::Int32, 1i64 << 31),
+        other => return Err(CaseError::Harness(format!("no ulp line for {other:?}"))),
+    };
+    let bits = x.view_dtype(view)?.as_dtype(Dtype::Int64)?;
+    // Negative bit patterns b (sign set): magnitude b + offset, placed at
+    // -magnitude - 1.
+    let negative = bits
+        .negative()?
+        .subtract(Array::from_slice(&[sign_offset + 1], &[]))?;
+    Ok(select(
+        &bits.lt(Array::from_slice(&[0i64], &[]))?,
+        &negative,
+        &bits,
+    )?)
+}
+
+fn run(ctx: &Ctx, dtype: DType) -> Result<CaseOutput, CaseError> {
+    let path = mrope_path(ctx)?;
+    let model = QWEN3_5_ROTATED;
+    let config = model.config();
+    let rotary_dim = config.rotary_dim;
+    // 4.5M values: drawn on the device (MLX's threefry, seeded by the case).
+    let key = mlx_rs::random::key(ctx.seed)?;
+    let shape = [1, 1, POSITIONS as i32, model.head_dim as i32];
+    let q = host(
+        &mlx_rs::random::uniform::<f32, f32>(-2.0, 2.0, &shape[..], &key)?
+            .as_dtype(mlx_dtype(dtype)?)?,
+    )?;
+    let stream: Vec<i32> = (0..POSITIONS as i32).collect();
+    let positions = int32_tensor(
+        &[stream.as_slice(), &stream, &stream].concat(),
+        &[3, 1, POSITIONS],
+    );
+
+    let q_array = q.to_array();
+    let mrope = Mrope::new(config).map_err(port)?;
+    let (port_mrope, _) = mrope
+        .apply_with_path(path, &q_array, &q_array, &positions.to_array())
+        .map_err(port)?;
+    let port_rope = mlx_rs::fast::rope(
+        &q_array,
+        rotary_dim as i32,
+        false,
+        Some(model.rope_theta as f32),
+        1.0,
+        0,
+        None,
+    )?;
+
+    let function = "position_mrope_vs_rope";
+    let mut args = vec![Arg::from(q.clone()), Arg::from(positions)];
+    args.extend([
+        Arg::from(model.head_dim),
+        Arg::from(model.partial_rotary_factor),
+        Arg::from(model.rope_theta),
+        super::list_arg(&model.mrope_section),
+        Arg::from(path.as_str()),
+    ]);
+    let mut reference = dict(ctx.reference(function, &args, &[])?, function)?;
+    let reference_path = take_str(&mut reference, "path")?;
+    let reference_mrope = take_tensor(&mut reference, "mrope")?;
+    let reference_rope = take_tensor(&mut reference, "rope")?;
+
+    let port_mrope_host = host(&port_mrope)?;
+    let port_equals_reference = port_mrope_host == reference_mrope;
+    let (reference_finding, reference_mask) =
+        divergence(&reference_mrope.to_array(), &reference_rope.to_array())?;
+    let (port_finding, port_mask) = divergence(&port_mrope, &port_rope)?;
+
+    let mut out = CaseOutput::new(reference_path);
+    out.digest_tensor(&reference_mask);
+    out.digest_tensor(&port_mask);
+    Ok(out.with_finding(json!({
+        "relation": "mRoPE with three equal position streams vs fast.rope(traditional=False, dims=rotary_dim, base=rope_theta, scale=1.0)",
+        "config": "qwen3.5 rotary: rotary_dim 64 of head_dim 256, theta 1e7, mrope_section [11, 11, 10]; rotated channels only",
+        "shape": [1, 1, POSITIONS, model.head_dim],
+        "rotary_dim": rotary_dim,
+        "rope_theta": model.rope_theta,
+        "reference_mrope_vs_mx_fast_rope": reference_finding,
+        "port_mrope_vs_mlx_rs_fast_rope": port_finding,
+        "port_mrope_equals_reference_mrope": port_equals_reference,
+    })))
+}

@@ -1,0 +1,238 @@
+//! `quantized/checkpoint`: checkpoints written by the reference's own
+//! quantization code (`fixtures/checkpoints/write_fixture.py`:
+//! `mlx_lm.utils.quantize_model` + `save_model` + `save_config`), loaded by
+//! the port (`Checkpoint::open`, `resolve_quant_spec`,
+//! `QuantizedLinear::from_checkpoint`, `QuantizedSwitchLinear::from_checkpoint`)
+//! and by the reference (`mlx_lm.utils.load_model` with a tiny model class
+//! whose modules the config lists under `conformance_layers`).
+//!
+//! One must-equal case per fixture directory compares
+//! * the spec decided per module path, as an int32 table `[bits,
+//!   group_size, mode_id]` (`mode_id`: affine 0, mxfp4 1, mxfp8 2, nvfp4 3;
+//!   `[0, 0, -1]` for a module left in float): the port's
+//!   `resolve_quant_spec` against what `load_model`'s `class_predicate` /
+//!   `infer_quant_config` / `nn.quantize` built;
+//! * every quantized module's output on the same activation `x` (sliced to
+//!   the module's width; switch modules driven as `SwitchGLU` drives them,
+//!   unsorted, with the gather_qmm shim of `quantized/switch`).
+//!
+//! x is the first tensor argument, so the perturbation proof fails the case
+//! through the outputs; the spec table fails it on any wrong decision.
+//! A finding per fixture records where each spec came from on the port side
+//! (per-path entry, `true` entry, inferred, or why not quantized).
+
+use std::collections::BTreeMap;
+
+use layers::checkpoint::{Checkpoint, LayerKind, SpecResolution};
+use layers::quantized::{Mode, QuantizedLinear, QuantizedSwitchLinear};
+use mlx_rs::ops::indexing::IndexOp;
+use oracle::{Arg, DType, HostTensor, Value};
+use serde_json::Value as Json;
+
+use super::switch::{expert_indices, port_apply};
+use super::{activation, dict, fixture_dir, host, port};
+use crate::case::{Case, CaseError, CaseOutput, Ctx};
+
+const FAMILY: &str = "quantized/checkpoint";
+const REFERENCE: &str =
+    "mlx_lm.utils.load_model (mlx-lm 0.32.2: class_predicate, infer_quant_config, nn.quantize, \
+     load_weights), then the loaded modules' __call__";
+const FIXTURES: [&str; 2] = ["tiny-mixed", "tiny-mixed-sharded"];
+/// Tokens of the activation.
+const TOKENS: usize = 5;
+/// Experts per token for switch modules.
+const TOP: usize = 2;
+
+/// A module of the fixture's tiny model (`conformance_layers` in config.json).
+#[derive(Debug, Clone)]
+pub(super) struct LayerInfo {
+    pub(super) kind: LayerKind,
+    pub(super) in_features: usize,
+    pub(super) experts: usize,
+}
+
+/// The tiny model's modules by path, as the reference's model class reads
+/// them from the config.
+pub(super) fn layer_infos(
+    checkpoint: &Checkpoint,
+) -> Result<BTreeMap<String, LayerInfo>, CaseError> {
+    let bad = |what: &str| CaseError::Harness(format!("config.json `conformance_layers`: {what}"));
+    let layers = checkpoint
+        .config()
+        .get("conformance_layers")
+        .and_then(Json::as_object)
+        .ok_or_else(|| bad("missing"))?;
+    let mut infos = BTreeMap::new();
+    for (path, d) in layers {
+        let int = |key: &str| d.get(key).and_then(Json::as_u64).map(|v| v as usize);
+        let kind = match d.get("kind").and_then(Json::as_str) {
+            Some("linear") => LayerKind::Linear,
+            Some("switch") => LayerKind::Switch,
+            other => return Err(bad(&format!("{path}: kind {other:?}"))),
+        };
+        let in_features = int("in").ok_or_else(|| bad(&format!("{path}: no `in`")))?;
+        infos.insert(
+            path.clone(),
+            LayerInfo {
+                kind,
+                in_features,
+                experts: int("experts").unwrap_or(0),
+            },
+        );
+    }
+    Ok(infos)
+}
+
+pub(super) fn cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for fixture in FIXTURES {
+        cases.push(Case::must_equal(
+            format!("{FAMILY}/{fixture}/load"),
+            FAMILY,
+            REFERENCE,
+            move |ctx| load(ctx, fixture),
+        ));
+    }
+    cases.push(Case::finding(
+        format!("{FAMILY}/{}/spec-sources", FIXTURES[0]),
+        FAMILY,
+        "mlx_lm.utils.load_model (mlx-lm 0.32.2) class_predicate: which rule decides each path",
+        |_ctx| spec_sources(FIXTURES[0]),
+    ));
+    cases
+}
+
+fn mode_id(mode: Mode) -> i32 {
+    match mode {
+        Mode::Affine => 0,
+        Mode::Mxfp4 => 1,
+        Mode::Mxfp8 => 2,
+        Mode::Nvfp4 => 3,
+    }
+}
+
+fn load(ctx: &Ctx, fixture: &str) -> Result<CaseOutput, CaseError> {
+    let dir = fixture_dir(fixture);
+    let checkpoint = Checkpoint::open(&dir).map_err(port)?;
+    let infos = layer_infos(&checkpoint)?;
+    let width = infos.values().map(|i| i.in_features).max().unwrap_or(1);
+    // Indices valid for every switch module of the fixture.
+    let experts = infos
+        .values()
+        .filter(|i| i.experts > 0)
+        .map(|i| i.experts)
+        .min()
+        .unwrap_or(TOP);
+    let mut inputs = ctx.inputs();
+    let x = activation(&mut inputs, DType::Bfloat16, &[TOKENS, width]);
+    let indices = expert_indices(&mut inputs, &[TOKENS], TOP.min(experts), experts);
+
+    let paths: Vec<&String> = infos.keys().collect();
+    let mut table = Vec::with_capacity(paths.len() * 3);
+    let mut outputs: Vec<Option<HostTensor>> = Vec::with_capacity(paths.len());
+    let xa = x.to_array();
+    for path in &paths {
+        let info = &infos[path.as_str()];
+        let resolution = checkpoint
+            .resolve_quant_spec(path, info.kind, info.in_features as i32)
+            .map_err(port)?;
+        let SpecResolution::Quantized { spec, .. } = resolution else {
+            table.extend([0, 0, -1]);
+            outputs.push(None);
+            continue;
+        };
+        table.extend([spec.bits, spec.group_size, mode_id(spec.mode)]);
+        let xs = xa.index((.., ..info.in_features as i32));
+        let y = match info.kind {
+            LayerKind::Linear => {
+                let layer =
+                    QuantizedLinear::from_checkpoint(&checkpoint, path, info.in_features as i32)
+                        .map_err(port)?;
+                layer.forward(&xs).map_err(port)?
+            }
+            LayerKind::Switch => {
+                let layer = QuantizedSwitchLinear::from_checkpoint(
+                    &checkpoint,
+                    path,
+                    info.in_features as i32,
+                )
+                .map_err(port)?;
+                port_apply(
+                    &layer,
+                    &xs.expand_dims(0)?,
+                    &indices.to_array().expand_dims(0)?,
+                    false,
+                )?
+            }
+        };
+        outputs.push(Some(host(&y)?));
+    }
+    let table_bytes = table.iter().flat_map(|v: &i32| v.to_le_bytes()).collect();
+    let port_table = HostTensor::new(DType::Int32, vec![paths.len(), 3], table_bytes)?;
+
+    let args = [
+        Arg::from(x.clone()),
+        Arg::from(indices.clone()),
+        Arg::from(dir.display().to_string().as_str()),
+        Arg::List(paths.iter().map(|p| Arg::from(p.as_str())).collect()),
+    ];
+    let mut result = dict(
+        ctx.reference("quantized_checkpoint", &args, &[])?,
+        "quantized_checkpoint",
+    )?;
+    let reference_table = match result.remove("specs") {
+        Some(Value::Tensor(t)) => t,
+        other => {
+            return Err(CaseError::Harness(format!(
+                "reference `specs` is {other:?}"
+            )))
+        }
+    };
+    let reference_outputs = result
+        .remove("outputs")
+        .and_then(Value::into_list)
+        .ok_or_else(|| CaseError::Harness("reference `outputs` is not a list".into()))?;
+    if reference_outputs.len() != paths.len() {
+        return Err(CaseError::Harness(
+            "reference returned another number of outputs".into(),
+        ));
+    }
+
+    let mut out = CaseOutput::new("mlx.core");
+    out.compare(
+        "spec per path [bits, group_size, mode_id]",
+        &port_table,
+        &reference_table,
+    );
+    for ((path, ours), theirs) in paths.iter().zip(&outputs).zip(reference_outputs) {
+        match (ours, theirs) {
+            (Some(ours), Value::Tensor(theirs)) => out.compare(&format!("y {path}"), ours, &theirs),
+            (None, Value::None) => {}
+            // A float module on one side only: the spec table already
+            // differs; nothing more to compare.
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+/// Where the port's spec of each path comes from.
+fn spec_sources(fixture: &str) -> Result<CaseOutput, CaseError> {
+    let checkpoint = Checkpoint::open(fixture_dir(fixture)).map_err(port)?;
+    let mut map = serde_json::Map::new();
+    for (path, info) in layer_infos(&checkpoint)? {
+        let resolution = checkpoint
+            .resolve_quant_spec(&path, info.kind, info.in_features as i32)
+            .map_err(port)?;
+        let text = match resolution {
+            SpecResolution::Quantized { spec, source } => format!("{spec} ({source:?})"),
+            SpecResolution::NotQuantized(reason) => format!("not quantized ({reason:?})"),
+        };
+        map.insert(path, Json::String(text));
+    }
+    let mut out = CaseOutput::new("port");
+    let text = Json::Object(map);
+    let bytes = text.to_string().into_bytes();
+    out.digest_tensor(&HostTensor::new(DType::Uint8, vec![bytes.len()], bytes)?);
+    Ok(out.with_finding(text))
+}

@@ -1,0 +1,268 @@
+//! `quantized/lora`: `QuantizedLinear` with LoRA adapters against
+//! `mlx_lm.tuner.lora.LoRALinear.__call__` (dropout 0, eval mode).
+//!
+//! **Two adapters.** mlx-lm applies one adapter per layer; the only way to
+//! stack two with the reference's own code is to nest `LoRALinear`s, and
+//! that is the order the port documents: attaching `a` then `b` computes
+//! `LoRALinear_b(LoRALinear_a(base))`, i.e. `(base(x) + r_a(x)) + r_b(x)`,
+//! each residual `(scale * ((x @ A) @ B)).astype(x.dtype)` from the same
+//! `x`. The inner `LoRALinear` is built by `LoRALinear.from_base` (as
+//! mlx-lm's `linear_to_lora_layers` does); the outer by its constructor,
+//! because `from_base` reads `linear.weight`, which a `LoRALinear` has not.
+//!
+//! **Payload exchange.** A port layer (bias + adapter) built on payload A,
+//! then `exchange_payload(B)`, must equal the reference layer built from B
+//! (with the same bias and adapter); the payload handed back must be A.
+//!
+//! The scales are sent to Python as Python floats (f64) and to the port as
+//! the nearest f32, as a config's `scale` would reach both.
+
+use layers::quantized::{LoraAdapter, Mode, QuantSpec, QuantizedLinear};
+use oracle::{Arg, DType, HostTensor};
+
+use super::{
+    activation, affine, base_k, dtype_tag, host, mode_default, opt_arg, payload_args, port,
+    quantized_weight, spec_args,
+};
+use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::inputs::Inputs;
+
+const FAMILY: &str = "quantized/lora";
+const REFERENCE: &str =
+    "mlx_lm.tuner.lora.LoRALinear.__call__ (mlx-lm 0.32.2) over mlx.nn.QuantizedLinear.__call__ (mlx 0.32.2)";
+const N: usize = 64;
+
+/// One adapter: rank, scale, parameter dtype.
+#[derive(Debug, Clone, Copy)]
+struct Adapter {
+    r: usize,
+    scale: f64,
+    dtype: DType,
+}
+
+const A8: Adapter = Adapter {
+    r: 8,
+    scale: 20.0,
+    dtype: DType::Float32,
+};
+const A4: Adapter = Adapter {
+    r: 4,
+    scale: 0.5,
+    dtype: DType::Float32,
+};
+const A16_BF16: Adapter = Adapter {
+    r: 16,
+    scale: 0.1,
+    dtype: DType::Bfloat16,
+};
+
+#[derive(Debug, Clone)]
+struct Shape {
+    spec: QuantSpec,
+    dtype: DType,
+    batch: Vec<usize>,
+    m: usize,
+    bias: bool,
+    adapters: Vec<Adapter>,
+    /// Built on this spec first, then exchanged to `spec`.
+    exchanged_from: Option<QuantSpec>,
+    tag: &'static str,
+}
+
+impl Shape {
+    fn new(spec: QuantSpec, adapters: &[Adapter], tag: &'static str) -> Self {
+        Shape {
+            spec,
+            dtype: DType::Bfloat16,
+            batch: Vec::new(),
+            m: 8,
+            bias: false,
+            adapters: adapters.to_vec(),
+            exchanged_from: None,
+            tag,
+        }
+    }
+
+    fn name(&self) -> String {
+        let mut name = match self.exchanged_from {
+            Some(from) => format!(
+                "{FAMILY}/exchange/{from}-to-{}/{}",
+                self.spec,
+                dtype_tag(self.dtype)
+            ),
+            None => format!("{FAMILY}/{}/{}", self.spec, dtype_tag(self.dtype)),
+        };
+        if !self.batch.is_empty() {
+            let b: Vec<String> = self.batch.iter().map(usize::to_string).collect();
+            name += &format!("/B{}", b.join("x"));
+        }
+        name += &format!("/M{}/{}", self.m, self.tag);
+        if self.bias {
+            name += "/bias";
+        }
+        name
+    }
+
+    fn case(self) -> Case {
+        Case::must_equal(self.name(), FAMILY, REFERENCE, move |ctx| run(ctx, &self))
+    }
+}
+
+pub(super) fn cases() -> Vec<Case> {
+    let specs = [
+        affine(4, 64),
+        affine(3, 32),
+        mode_default(Mode::Mxfp4),
+        mode_default(Mode::Nvfp4),
+    ];
+    let mut shapes = Vec::new();
+    for spec in specs {
+        shapes.push(Shape::new(spec, &[A8], "1-adapter"));
+        shapes.push(Shape::new(spec, &[A8, A4], "2-adapters"));
+    }
+    shapes.push(Shape::new(mode_default(Mode::Mxfp8), &[A8], "1-adapter"));
+    for dtype in [DType::Float16, DType::Float32] {
+        shapes.push(Shape {
+            dtype,
+            ..Shape::new(affine(4, 64), &[A8], "1-adapter")
+        });
+        shapes.push(Shape {
+            dtype,
+            ..Shape::new(affine(4, 64), &[A8, A4], "2-adapters")
+        });
+    }
+    shapes.push(Shape {
+        m: 1,
+        ..Shape::new(affine(4, 64), &[A8], "1-adapter")
+    });
+    shapes.push(Shape {
+        m: 33,
+        ..Shape::new(affine(4, 64), &[A8, A4], "2-adapters")
+    });
+    shapes.push(Shape::new(affine(4, 64), &[A16_BF16], "1-adapter-bf16-r16"));
+    shapes.push(Shape::new(
+        mode_default(Mode::Nvfp4),
+        &[A4, A16_BF16],
+        "2-adapters-f32-bf16",
+    ));
+    shapes.push(Shape {
+        bias: true,
+        ..Shape::new(affine(4, 64), &[A8], "1-adapter")
+    });
+    shapes.push(Shape {
+        bias: true,
+        ..Shape::new(mode_default(Mode::Mxfp4), &[A8, A4], "2-adapters")
+    });
+    shapes.push(Shape {
+        batch: vec![2, 3],
+        m: 4,
+        ..Shape::new(affine(4, 64), &[A8, A4], "2-adapters")
+    });
+    // Payload exchange (K = 192 fits every target's group size).
+    for (from, to, adapters, tag) in [
+        (affine(4, 64), affine(8, 64), &[][..], "no-adapter"),
+        (affine(4, 64), affine(8, 64), &[A8][..], "1-adapter"),
+        (
+            affine(4, 64),
+            mode_default(Mode::Mxfp4),
+            &[A8][..],
+            "1-adapter",
+        ),
+        (
+            mode_default(Mode::Mxfp8),
+            mode_default(Mode::Nvfp4),
+            &[A8, A4][..],
+            "2-adapters",
+        ),
+        (affine(2, 64), affine(6, 32), &[A8][..], "1-adapter"),
+    ] {
+        shapes.push(Shape {
+            exchanged_from: Some(from),
+            bias: true,
+            ..Shape::new(to, adapters, tag)
+        });
+    }
+    shapes.into_iter().map(Shape::case).collect()
+}
+
+fn adapter_tensors(
+    inputs: &mut Inputs,
+    a: Adapter,
+    k: usize,
+    n: usize,
+) -> Result<(HostTensor, HostTensor), CaseError> {
+    let lora_a = inputs.uniform(a.dtype, &[k, a.r], 1.0 / (k as f32).sqrt());
+    let lora_b = inputs.uniform(a.dtype, &[a.r, n], 0.05);
+    Ok((lora_a, lora_b))
+}
+
+fn run(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
+    // Exchanges keep in/out features: K = 192 for every exchange.
+    let k = if s.exchanged_from.is_some() {
+        192
+    } else {
+        base_k(s.spec)
+    };
+    let mut inputs = ctx.inputs();
+    let mut x_shape = s.batch.clone();
+    x_shape.extend([s.m, k]);
+    let x = activation(&mut inputs, s.dtype, &x_shape);
+    let first = match s.exchanged_from {
+        Some(from) => Some(quantized_weight(&mut inputs, from, s.dtype, &[N, k])?),
+        None => None,
+    };
+    let payload = quantized_weight(&mut inputs, s.spec, s.dtype, &[N, k])?;
+    let bias = s.bias.then(|| inputs.uniform(s.dtype, &[N], 0.5));
+    let adapters = s
+        .adapters
+        .iter()
+        .map(|&a| adapter_tensors(&mut inputs, a, k, N))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let mut args = vec![Arg::from(x.clone())];
+    args.extend(payload_args(&payload)?);
+    args.push(opt_arg(&bias));
+    args.push(Arg::List(
+        adapters.iter().map(|(a, _)| Arg::from(a.clone())).collect(),
+    ));
+    args.push(Arg::List(
+        adapters.iter().map(|(_, b)| Arg::from(b.clone())).collect(),
+    ));
+    args.push(Arg::List(
+        s.adapters.iter().map(|a| Arg::from(a.scale)).collect(),
+    ));
+    args.extend(spec_args(s.spec));
+    let reference = ctx.reference_tensor("quantized_lora", &args, &[])?;
+
+    let bias = bias.as_ref().map(HostTensor::to_array);
+    let mut layer = match &first {
+        Some(p) => QuantizedLinear::new(p.clone(), bias),
+        None => QuantizedLinear::new(payload.clone(), bias),
+    }
+    .map_err(port)?;
+    for (i, ((lora_a, lora_b), a)) in adapters.iter().zip(&s.adapters).enumerate() {
+        let adapter =
+            LoraAdapter::new(lora_a.to_array(), lora_b.to_array(), a.scale as f32).map_err(port)?;
+        layer
+            .attach_adapter(format!("adapter{i}"), adapter)
+            .map_err(port)?;
+    }
+    if let Some(first) = &first {
+        let previous = layer.exchange_payload(payload).map_err(port)?;
+        if previous.spec() != first.spec() || host(previous.weight())? != host(first.weight())? {
+            return Err(CaseError::Port(
+                "exchange_payload did not hand back the previous payload".into(),
+            ));
+        }
+        if layer.spec() != s.spec {
+            return Err(CaseError::Port(format!(
+                "after the exchange the layer is {}",
+                layer.spec()
+            )));
+        }
+    }
+    let y = layer.forward(&x.to_array()).map_err(port)?;
+    let mut out = CaseOutput::new("mlx.core");
+    out.compare("y", &host(&y)?, &reference);
+    Ok(out)
+}

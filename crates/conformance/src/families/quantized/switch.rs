@@ -1,0 +1,596 @@
+//! `quantized/switch`: `QuantizedSwitchLinear::forward` against
+//! `mlx_lm.models.switch_layers.QuantizedSwitchLinear.__call__`.
+//!
+//! **As pinned, the reference cannot run**: its `__call__` passes
+//! `global_scale=self.global_scale` to `mx.gather_qmm`, which mlx 0.32.2 does
+//! not take. The `as-pinned` finding records what it raises. The must-equal
+//! cases compare the port with the same `__call__` under a glue shim that
+//! drops `global_scale=None` from `mx.gather_qmm` for the duration of that
+//! one glue call (then restores it).
+//!
+//! Each projection is driven as `SwitchGLU.__call__` drives it: x `(B, L,
+//! D)` expanded to `(B, L, 1, 1, D)`, indices `(B, L, K)`; `sorted` cases go
+//! through the reference's `_gather_sort` / `sorted_indices=True` /
+//! `_scatter_unsort` (SwitchGLU sorts when `indices.size >= 64`; the L40
+//! cases are that size), which the port side mirrors op for op; the result
+//! is squeezed to `(B, L, K, out)`.
+//!
+//! Also: stride-0 (broadcast) expert tensors against a contiguous copy,
+//! expert weights served from a page-aligned memory map (`ExpertOffload`)
+//! against resident ones, and two findings: one call versus row chunks, and
+//! sorted versus unsorted.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use layers::checkpoint::{Checkpoint, ExpertOffload};
+use layers::quantized::{Mode, QuantSpec, QuantizedPayload, QuantizedSwitchLinear};
+use mlx_rs::{ops, Array};
+use oracle::{Arg, DType, HostTensor, Value};
+
+use super::checkpoint::{layer_infos, LayerInfo};
+use super::{
+    activation, affine, base_k, dict, dtype_tag, fixture_dir, host, mode_default, opt_arg,
+    payload_args, port, quantized_weight, relation, spec_args,
+};
+use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::inputs::Inputs;
+
+const FAMILY: &str = "quantized/switch";
+const REFERENCE: &str =
+    "mlx_lm.models.switch_layers.QuantizedSwitchLinear.__call__ (mlx-lm 0.32.2; \
+     mx.gather_qmm shim drops global_scale=None), driven as SwitchGLU.__call__";
+const REFERENCE_AS_PINNED: &str =
+    "mlx_lm.models.switch_layers.QuantizedSwitchLinear.__call__ (mlx-lm 0.32.2) as pinned, on mlx 0.32.2";
+const REFERENCE_LOAD: &str =
+    "mlx_lm.utils.load_model (mlx-lm 0.32.2) then QuantizedSwitchLinear.__call__ \
+     (gather_qmm shim), driven as SwitchGLU.__call__";
+const OUT: usize = 64;
+
+#[derive(Debug, Clone)]
+struct Shape {
+    spec: QuantSpec,
+    dtype: DType,
+    experts: usize,
+    top: usize,
+    batch: usize,
+    len: usize,
+    sorted: bool,
+    bias: bool,
+}
+
+impl Shape {
+    fn new(spec: QuantSpec, experts: usize, sorted: bool) -> Self {
+        Shape {
+            spec,
+            dtype: DType::Bfloat16,
+            experts,
+            top: experts.min(2),
+            batch: 2,
+            len: 5,
+            sorted,
+            bias: false,
+        }
+    }
+
+    fn stem(&self) -> String {
+        format!(
+            "{FAMILY}/{}/{}/E{}-top{}/B{}-L{}",
+            self.spec,
+            dtype_tag(self.dtype),
+            self.experts,
+            self.top,
+            self.batch,
+            self.len
+        )
+    }
+
+    fn name(&self) -> String {
+        let mut name = format!(
+            "{}/{}",
+            self.stem(),
+            if self.sorted { "sorted" } else { "unsorted" }
+        );
+        if self.bias {
+            name += "/bias";
+        }
+        name
+    }
+}
+
+pub(super) fn cases() -> Vec<Case> {
+    let a4 = affine(4, 64);
+    let (mxfp4, mxfp8, nvfp4) = (
+        mode_default(Mode::Mxfp4),
+        mode_default(Mode::Mxfp8),
+        mode_default(Mode::Nvfp4),
+    );
+    let mut shapes = Vec::new();
+    for experts in [1, 2, 4, 8] {
+        for sorted in [false, true] {
+            shapes.push(Shape::new(a4, experts, sorted));
+        }
+    }
+    for sorted in [false, true] {
+        shapes.push(Shape::new(mxfp4, 4, sorted));
+        shapes.push(Shape::new(nvfp4, 8, sorted));
+        shapes.push(Shape {
+            bias: true,
+            ..Shape::new(a4, 4, sorted)
+        });
+        shapes.push(Shape {
+            batch: 1,
+            len: 40,
+            ..Shape::new(a4, 8, sorted)
+        });
+    }
+    shapes.push(Shape {
+        top: 1,
+        ..Shape::new(mxfp8, 2, false)
+    });
+    shapes.push(Shape::new(affine(3, 32), 4, true));
+    shapes.push(Shape::new(affine(8, 128), 3, false));
+    shapes.push(Shape {
+        bias: true,
+        ..Shape::new(mxfp4, 8, true)
+    });
+    shapes.push(Shape {
+        bias: true,
+        ..Shape::new(nvfp4, 2, false)
+    });
+    shapes.push(Shape {
+        batch: 1,
+        len: 40,
+        bias: true,
+        ..Shape::new(mxfp8, 6, true)
+    });
+    for dtype in [DType::Float16, DType::Float32] {
+        shapes.push(Shape {
+            dtype,
+            ..Shape::new(a4, 4, false)
+        });
+    }
+    shapes.push(Shape {
+        dtype: DType::Float32,
+        bias: true,
+        ..Shape::new(a4, 5, true)
+    });
+
+    let mut cases: Vec<Case> = shapes
+        .into_iter()
+        .map(|s| {
+            Case::must_equal(s.name(), FAMILY, REFERENCE, move |ctx| {
+                port_vs_reference(ctx, &s)
+            })
+        })
+        .collect();
+
+    let pinned = Shape {
+        bias: true,
+        ..Shape::new(a4, 4, false)
+    };
+    cases.push(Case::finding(
+        format!("{}/as-pinned", pinned.stem()),
+        FAMILY,
+        REFERENCE_AS_PINNED,
+        move |ctx| as_pinned(ctx, &pinned),
+    ));
+
+    for spec in [a4, mxfp4] {
+        let s = Shape {
+            bias: true,
+            ..Shape::new(spec, 4, false)
+        };
+        let name = format!("{}/broadcast-weight", s.stem());
+        let t = s.clone();
+        cases.push(Case::must_equal(name, FAMILY, REFERENCE, move |ctx| {
+            broadcast(ctx, &t, false)
+        }));
+        let name = format!("{}/broadcast-vs-contiguous", s.stem());
+        cases.push(Case::finding(name, FAMILY, REFERENCE, move |ctx| {
+            broadcast(ctx, &s, true)
+        }));
+    }
+
+    for (spec, sorted) in [(a4, false), (a4, true), (mxfp4, false), (nvfp4, false)] {
+        let s = Shape {
+            len: 12,
+            ..Shape::new(spec, 8, sorted)
+        };
+        let name = format!("{}/one-shot-vs-chunks-of-5", s.name());
+        cases.push(Case::finding(name, FAMILY, REFERENCE, move |ctx| {
+            chunks(ctx, &s, 5)
+        }));
+    }
+    for spec in [a4, nvfp4] {
+        let s = Shape {
+            batch: 1,
+            len: 40,
+            ..Shape::new(spec, 8, false)
+        };
+        let name = format!("{}/sorted-vs-unsorted", s.stem());
+        cases.push(Case::finding(name, FAMILY, REFERENCE, move |ctx| {
+            sorted_vs_unsorted(ctx, &s)
+        }));
+    }
+
+    for path in [
+        "model.layers.1.mlp.switch_mlp.up_proj",
+        "model.layers.1.mlp.switch_mlp.down_proj",
+    ] {
+        let name = format!("{FAMILY}/checkpoint/tiny-mixed/{path}/offloaded-vs-resident");
+        cases.push(Case::must_equal(name, FAMILY, REFERENCE_LOAD, move |ctx| {
+            offload(ctx, "tiny-mixed", path)
+        }));
+    }
+    cases
+}
+
+/// Seeded inputs of a switch case.
+struct Setup {
+    x: HostTensor,
+    indices: HostTensor,
+    payload: QuantizedPayload,
+    bias: Option<HostTensor>,
+}
+
+fn setup(ctx: &Ctx, s: &Shape, experts: usize) -> Result<Setup, CaseError> {
+    let k = base_k(s.spec);
+    let mut inputs = ctx.inputs();
+    let x = activation(&mut inputs, s.dtype, &[s.batch, s.len, k]);
+    let indices = expert_indices(&mut inputs, &[s.batch, s.len], s.top, s.experts);
+    let payload = quantized_weight(&mut inputs, s.spec, s.dtype, &[experts, OUT, k])?;
+    let bias = s
+        .bias
+        .then(|| inputs.uniform(s.dtype, &[experts, OUT], 0.5));
+    Ok(Setup {
+        x,
+        indices,
+        payload,
+        bias,
+    })
+}
+
+/// `top` distinct experts per token (as a router's top-k picks them), in
+/// random order: int32 `tokens + [top]`.
+pub(super) fn expert_indices(
+    inputs: &mut Inputs,
+    tokens: &[usize],
+    top: usize,
+    experts: usize,
+) -> HostTensor {
+    let n: usize = tokens.iter().product();
+    let draws = inputs.integers(DType::Int32, &[n * experts], 0, 1 << 30);
+    let mut values = Vec::with_capacity(n * top);
+    for t in 0..n {
+        // A seeded shuffle of 0..experts (Fisher-Yates), first `top` taken.
+        let mut ids: Vec<i32> = (0..experts as i32).collect();
+        for i in (1..experts).rev() {
+            let j = draws.bits(t * experts + i) as usize % (i + 1);
+            ids.swap(i, j);
+        }
+        values.extend_from_slice(&ids[..top]);
+    }
+    let mut shape = tokens.to_vec();
+    shape.push(top);
+    let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    HostTensor::new(DType::Int32, shape, bytes).expect("sized above")
+}
+
+/// `mlx_lm.models.switch_layers._gather_sort`, op for op:
+/// `order = argsort(indices.flatten())`, `inv_order = argsort(order)`,
+/// `x.flatten(0, -3)[order // M]`, `indices[order]`.
+fn gather_sort(x: &Array, indices: &Array) -> Result<(Array, Array, Array), CaseError> {
+    let m = *indices.shape().last().expect("indices have a last axis");
+    let flat = indices.flatten(None, None)?;
+    let order = ops::argsort_axis(&flat, -1)?;
+    let inv_order = ops::argsort_axis(&order, -1)?;
+    let rows = ops::floor_divide(&order, Array::from_int(m).as_dtype(order.dtype())?)?;
+    let xs = x.flatten(0, -3)?.take_axis(&rows, 0)?;
+    let idx = flat.take_axis(&order, 0)?;
+    Ok((xs, idx, inv_order))
+}
+
+/// `mlx_lm.models.switch_layers._scatter_unsort`: `x[inv_order]`, then
+/// axis 0 unflattened to `shape`.
+fn scatter_unsort(x: &Array, inv_order: &Array, shape: &[i32]) -> Result<Array, CaseError> {
+    Ok(ops::unflatten(x.take_axis(inv_order, 0)?, 0, shape)?)
+}
+
+/// The port driven as `SwitchGLU.__call__` drives one projection.
+pub(super) fn port_apply(
+    layer: &QuantizedSwitchLinear,
+    x: &Array,
+    indices: &Array,
+    sorted: bool,
+) -> Result<Array, CaseError> {
+    let x = x.expand_dims_axes(&[-2, -3])?;
+    let y = if sorted {
+        let (xs, idx, inv_order) = gather_sort(&x, indices)?;
+        let y = layer.forward(&xs, &idx, true).map_err(port)?;
+        scatter_unsort(&y, &inv_order, indices.shape())?
+    } else {
+        layer.forward(&x, indices, false).map_err(port)?
+    };
+    Ok(y.squeeze_axes(&[-2])?)
+}
+
+fn port_layer(
+    payload: QuantizedPayload,
+    bias: &Option<HostTensor>,
+) -> Result<QuantizedSwitchLinear, CaseError> {
+    QuantizedSwitchLinear::new(payload, bias.as_ref().map(HostTensor::to_array)).map_err(port)
+}
+
+/// Reference arguments: x, indices, weight, scales, biases, bias, mode, bits, group_size.
+fn reference_args(setup: &Setup, s: &Shape) -> Result<Vec<Arg>, CaseError> {
+    let mut args = vec![Arg::from(setup.x.clone()), Arg::from(setup.indices.clone())];
+    args.extend(payload_args(&setup.payload)?);
+    args.push(opt_arg(&setup.bias));
+    args.extend(spec_args(s.spec));
+    Ok(args)
+}
+
+fn port_vs_reference(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
+    let setup = setup(ctx, s, s.experts)?;
+    let mut args = reference_args(&setup, s)?;
+    args.push(Arg::from(s.sorted));
+    let reference = ctx.reference_tensor("quantized_switch", &args, &[])?;
+    let layer = port_layer(setup.payload.clone(), &setup.bias)?;
+    let y = port_apply(
+        &layer,
+        &setup.x.to_array(),
+        &setup.indices.to_array(),
+        s.sorted,
+    )?;
+    let mut out = CaseOutput::new("mlx.core");
+    out.compare("y", &host(&y)?, &reference);
+    Ok(out)
+}
+
+fn as_pinned(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
+    let setup = setup(ctx, s, s.experts)?;
+    let args = reference_args(&setup, s)?;
+    let mut result = dict(
+        ctx.reference("quantized_switch_as_pinned", &args, &[])?,
+        "quantized_switch_as_pinned",
+    )?;
+    let mut out = CaseOutput::new("mlx.core");
+    let finding = match result.remove("raised") {
+        Some(Value::Bool(true)) => {
+            let text = |v: Option<Value>| match v {
+                Some(Value::Str(s)) => s,
+                other => format!("{other:?}"),
+            };
+            let (kind, message) = (text(result.remove("type")), text(result.remove("message")));
+            out.digest_tensor(&HostTensor::new(
+                DType::Uint8,
+                vec![message.len()],
+                message.as_bytes().to_vec(),
+            )?);
+            serde_json::json!({ "reference_raises": true, "type": kind, "message": message })
+        }
+        Some(Value::Bool(false)) => {
+            // The pinned call ran (a future MLX): record whether it equals the port.
+            let reference = match result.remove("y") {
+                Some(Value::Tensor(t)) => t,
+                other => return Err(CaseError::Harness(format!("`y` is {other:?}"))),
+            };
+            let layer = port_layer(setup.payload.clone(), &setup.bias)?;
+            let y = host(&port_apply(
+                &layer,
+                &setup.x.to_array(),
+                &setup.indices.to_array(),
+                false,
+            )?)?;
+            out.digest_tensor(&y);
+            serde_json::json!({ "reference_raises": false, "port_vs_reference": super::relation(&y, &reference) })
+        }
+        other => return Err(CaseError::Harness(format!("`raised` is {other:?}"))),
+    };
+    Ok(out.with_finding(finding))
+}
+
+/// Expert tensors of one expert broadcast (stride 0) to `experts`, against
+/// their contiguous copy: must-equal with the reference for both
+/// (`finding = false`), or the port's broadcast result against its
+/// contiguous one (`finding = true`).
+fn broadcast(ctx: &Ctx, s: &Shape, finding: bool) -> Result<CaseOutput, CaseError> {
+    let setup = setup(ctx, s, 1)?;
+    let e = s.experts as i32;
+    let widen = |a: &Array| -> Result<Array, CaseError> {
+        let mut shape = a.shape().to_vec();
+        shape[0] = e;
+        Ok(ops::broadcast_to(a, &shape)?)
+    };
+    let p = &setup.payload;
+    let (weight, scales) = (widen(p.weight())?, widen(p.scales())?);
+    let biases = p.biases().map(widen).transpose()?;
+    let bias = setup
+        .bias
+        .as_ref()
+        .map(|b| widen(&b.to_array()))
+        .transpose()?;
+    let view = QuantizedSwitchLinear::from_arrays(
+        weight.clone(),
+        scales.clone(),
+        biases.clone(),
+        p.spec(),
+        bias.clone(),
+    )
+    .map_err(port)?;
+    let copy = |a: &Array| a.contiguous();
+    let copied = QuantizedSwitchLinear::from_arrays(
+        copy(&weight)?,
+        copy(&scales)?,
+        biases.as_ref().map(copy).transpose()?,
+        p.spec(),
+        bias.as_ref().map(copy).transpose()?,
+    )
+    .map_err(port)?;
+    let (x, indices) = (setup.x.to_array(), setup.indices.to_array());
+    let y_view = host(&port_apply(&view, &x, &indices, s.sorted)?)?;
+    let y_copy = host(&port_apply(&copied, &x, &indices, s.sorted)?)?;
+    let mut out = CaseOutput::new("mlx.core");
+    if finding {
+        out.digest_tensor(&y_view);
+        out.digest_tensor(&y_copy);
+        return Ok(out.with_finding(relation(&y_view, &y_copy)));
+    }
+    // The reference: the same one-expert tensors broadcast in the glue...
+    let mut args = reference_args(&setup, s)?;
+    args.push(Arg::from(s.sorted));
+    let reference_view = ctx.reference_tensor(
+        "quantized_switch",
+        &args,
+        &[("broadcast_experts", Arg::from(s.experts))],
+    )?;
+    // ...and the contiguous copy sent as it is.
+    let mut args = vec![Arg::from(setup.x.clone()), Arg::from(setup.indices.clone())];
+    args.extend([
+        Arg::from(host(copied.payload().weight())?),
+        Arg::from(host(copied.payload().scales())?),
+        copied
+            .payload()
+            .biases()
+            .map(host)
+            .transpose()?
+            .map_or(Arg::None, Arg::from),
+        copied
+            .bias()
+            .map(host)
+            .transpose()?
+            .map_or(Arg::None, Arg::from),
+    ]);
+    args.extend(spec_args(s.spec));
+    args.push(Arg::from(s.sorted));
+    let reference_copy = ctx.reference_tensor("quantized_switch", &args, &[])?;
+    out.compare("y (stride-0 experts)", &y_view, &reference_view);
+    out.compare("y (contiguous experts)", &y_copy, &reference_copy);
+    Ok(out)
+}
+
+/// One call over all tokens against calls over chunks of `chunk` tokens
+/// (along L), concatenated.
+fn chunks(ctx: &Ctx, s: &Shape, chunk: usize) -> Result<CaseOutput, CaseError> {
+    let setup = setup(ctx, s, s.experts)?;
+    let layer = port_layer(setup.payload.clone(), &setup.bias)?;
+    let (x, indices) = (setup.x.to_array(), setup.indices.to_array());
+    let whole = host(&port_apply(&layer, &x, &indices, s.sorted)?)?;
+    let mut parts = Vec::new();
+    let mut start = 0;
+    while start < s.len {
+        let end = (start + chunk).min(s.len);
+        let range = Array::from_slice(
+            &(start as i32..end as i32).collect::<Vec<_>>(),
+            &[(end - start) as i32],
+        );
+        let xc = x.take_axis(&range, 1)?;
+        let ic = indices.take_axis(&range, 1)?;
+        parts.push(port_apply(&layer, &xc, &ic, s.sorted)?);
+        start = end;
+    }
+    let chunked = host(&ops::concatenate(&parts, 1)?)?;
+    let mut out = CaseOutput::new("mlx.core");
+    out.digest_tensor(&whole);
+    out.digest_tensor(&chunked);
+    Ok(out.with_finding(relation(&whole, &chunked)))
+}
+
+fn sorted_vs_unsorted(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
+    let setup = setup(ctx, s, s.experts)?;
+    let layer = port_layer(setup.payload.clone(), &setup.bias)?;
+    let (x, indices) = (setup.x.to_array(), setup.indices.to_array());
+    let sorted = host(&port_apply(&layer, &x, &indices, true)?)?;
+    let unsorted = host(&port_apply(&layer, &x, &indices, false)?)?;
+    let mut out = CaseOutput::new("mlx.core");
+    out.digest_tensor(&sorted);
+    out.digest_tensor(&unsorted);
+    Ok(out.with_finding(relation(&sorted, &unsorted)))
+}
+
+/// A temporary file path, unique in the process (cases may run
+/// concurrently, and one process may run a case twice at once, as the
+/// suite test does), removed on drop.
+struct TempFile(std::path::PathBuf);
+
+impl TempFile {
+    fn new(what: &str) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        TempFile(
+            std::env::temp_dir().join(format!("conformance-{what}-{}-{n}.bin", std::process::id())),
+        )
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The fixture's switch layer loaded resident and with its expert weight
+/// served from a page-aligned map; both against the reference's
+/// `load_model` of the same directory, and the two weights bit for bit.
+fn offload(ctx: &Ctx, fixture: &str, path: &str) -> Result<CaseOutput, CaseError> {
+    let dir = fixture_dir(fixture);
+    let checkpoint = Checkpoint::open(&dir).map_err(port)?;
+    let info: LayerInfo = layer_infos(&checkpoint)?.remove(path).ok_or_else(|| {
+        CaseError::Harness(format!("{path} is not in the fixture's conformance_layers"))
+    })?;
+    let (tokens, top) = (7, 2);
+    let mut inputs = ctx.inputs();
+    let x = activation(&mut inputs, DType::Bfloat16, &[tokens, info.in_features]);
+    let indices = expert_indices(&mut inputs, &[tokens], top, info.experts);
+
+    let temp = TempFile::new("offload");
+    let weight_name = format!("{path}.weight");
+    let offloaded =
+        ExpertOffload::create(&temp.0, &checkpoint, &[weight_name.as_str()]).map_err(port)?;
+    let resident =
+        QuantizedSwitchLinear::from_checkpoint(&checkpoint, path, info.in_features as i32)
+            .map_err(port)?;
+    let mapped = QuantizedSwitchLinear::from_checkpoint_offloaded(
+        &checkpoint,
+        path,
+        info.in_features as i32,
+        &offloaded,
+    )
+    .map_err(port)?;
+
+    let args = [
+        Arg::from(x.clone()),
+        Arg::from(indices.clone()),
+        Arg::from(dir.display().to_string().as_str()),
+        Arg::List(vec![Arg::from(path)]),
+    ];
+    let mut result = dict(
+        ctx.reference("quantized_checkpoint", &args, &[])?,
+        "quantized_checkpoint",
+    )?;
+    let reference = match result
+        .remove("outputs")
+        .and_then(Value::into_list)
+        .and_then(|mut v| v.pop())
+    {
+        Some(Value::Tensor(t)) => t,
+        other => return Err(CaseError::Harness(format!("reference output is {other:?}"))),
+    };
+    // (1, tokens, in) as the glue's x[None]; indices (1, tokens, top).
+    let (xa, ia) = (
+        x.to_array().expand_dims(0)?,
+        indices.to_array().expand_dims(0)?,
+    );
+    let y_resident = host(&port_apply(&resident, &xa, &ia, false)?)?;
+    let y_mapped = host(&port_apply(&mapped, &xa, &ia, false)?)?;
+    let mut out = CaseOutput::new("mlx.core");
+    out.compare("y (resident experts)", &y_resident, &reference);
+    out.compare("y (offloaded experts)", &y_mapped, &reference);
+    out.compare(
+        "weight (offloaded vs resident)",
+        &host(mapped.payload().weight())?,
+        &host(resident.payload().weight())?,
+    );
+    drop(offloaded);
+    Ok(out)
+}
