@@ -61,10 +61,23 @@ impl DType {
             other => return Err(TensorError::UnsupportedDtype(other.to_owned())),
         })
     }
+    /// The float dtypes activations are tested in.
+    pub const FLOATS: [DType; 3] = [DType::Bfloat16, DType::Float16, DType::Float32];
+
+    /// Short name used in case names (`bf16`, `f16`, `f32`, else [`DType::name`]).
+    pub fn tag(self) -> &'static str {
+        match self {
+            DType::Bfloat16 => "bf16",
+            DType::Float16 => "f16",
+            DType::Float32 => "f32",
+            other => other.name(),
+        }
+    }
     pub fn is_float(self) -> bool {
         matches!(self, DType::Float16 | DType::Bfloat16 | DType::Float32)
     }
-    fn to_mlx(self) -> Dtype {
+    /// The mlx-rs dtype.
+    pub fn to_mlx(self) -> Dtype {
         match self {
             DType::Bool => Dtype::Bool,
             DType::Uint8 => Dtype::Uint8,

@@ -41,28 +41,19 @@ pub fn cases() -> Vec<Case> {
 const VISION_END: i32 = 248_046;
 
 /// The float dtypes activations are tested in.
-const FLOAT_DTYPES: [DType; 3] = [DType::Bfloat16, DType::Float16, DType::Float32];
+const FLOAT_DTYPES: [DType; 3] = DType::FLOATS;
 
 /// Short dtype name for case names.
 fn dtype_tag(dtype: DType) -> &'static str {
-    match dtype {
-        DType::Bfloat16 => "bf16",
-        DType::Float16 => "f16",
-        DType::Float32 => "f32",
-        other => other.name(),
-    }
+    dtype.tag()
 }
 
 /// The mlx-rs dtype of an activation dtype.
 fn mlx_dtype(dtype: DType) -> Result<mlx_rs::Dtype, CaseError> {
-    match dtype {
-        DType::Bfloat16 => Ok(mlx_rs::Dtype::Bfloat16),
-        DType::Float16 => Ok(mlx_rs::Dtype::Float16),
-        DType::Float32 => Ok(mlx_rs::Dtype::Float32),
-        other => Err(CaseError::Harness(format!(
-            "not an activation dtype: {}",
-            other.name()
-        ))),
+    if dtype.is_float() {
+        Ok(dtype.to_mlx())
+    } else {
+        Err(CaseError::Harness(format!("not an activation dtype: {}", dtype.name())))
     }
 }
 

@@ -49,16 +49,11 @@ pub fn cases() -> Vec<Case> {
 const QUANTIZED_LINEAR: &str = "mlx.nn.QuantizedLinear.__call__ (mlx 0.32.2)";
 
 /// The float dtypes activations are tested in.
-const FLOAT_DTYPES: [DType; 3] = [DType::Bfloat16, DType::Float16, DType::Float32];
+const FLOAT_DTYPES: [DType; 3] = DType::FLOATS;
 
 /// Short dtype name for case names.
 fn dtype_tag(dtype: DType) -> &'static str {
-    match dtype {
-        DType::Bfloat16 => "bf16",
-        DType::Float16 => "f16",
-        DType::Float32 => "f32",
-        other => other.name(),
-    }
+    dtype.tag()
 }
 
 /// A spec the reference accepts (panics otherwise: a registry typo).
