@@ -236,7 +236,10 @@ fn main() -> ExitCode {
     // Snapshots pin the default seed's outputs; other seeds explore inputs
     // and are judged by their verdicts alone.
     if cli.seed != 0 && !cli.perturb {
-        eprintln!("note: --seed {} differs from the pinned seed 0: snapshots are not checked", cli.seed);
+        eprintln!(
+            "note: --seed {} differs from the pinned seed 0: snapshots are not checked",
+            cli.seed
+        );
     }
     let (statuses, orphans) = if cli.perturb || cli.seed != 0 {
         (vec![snapshots::Status::NotChecked; results.len()], vec![])

@@ -53,7 +53,10 @@ fn mlx_dtype(dtype: DType) -> Result<mlx_rs::Dtype, CaseError> {
     if dtype.is_float() {
         Ok(dtype.to_mlx())
     } else {
-        Err(CaseError::Harness(format!("not an activation dtype: {}", dtype.name())))
+        Err(CaseError::Harness(format!(
+            "not an activation dtype: {}",
+            dtype.name()
+        )))
     }
 }
 
