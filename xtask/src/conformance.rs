@@ -11,6 +11,8 @@ use crate::env::check_reference;
 use crate::util;
 
 pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
+    // A refused run must not leave the previous run's report looking current.
+    crate::util::clear_reports(root);
     check_reference(root)?;
     if !root.join("crates/conformance/Cargo.toml").exists() {
         bail!("crates/conformance does not exist in this workspace");
@@ -18,7 +20,7 @@ pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
     util::status(
         util::cargo()
             .current_dir(root)
-            .args(["run", "--quiet", "-p", "conformance", "--"])
+            .args(["run", "-p", "conformance", "--"])
             .args(args),
         "the conformance runner",
     )

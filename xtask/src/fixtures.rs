@@ -28,6 +28,8 @@ pub enum Action {
 }
 
 pub fn run(root: &Path, action: &Action) -> Result<i32> {
+    // A refused run must not leave the previous run's report looking current.
+    crate::util::clear_reports(root);
     check_reference(root)?;
     let (mode, args) = match action {
         Action::Review { args } => ("review", args),
@@ -45,15 +47,7 @@ pub fn run(root: &Path, action: &Action) -> Result<i32> {
     util::status(
         util::cargo()
             .current_dir(root)
-            .args([
-                "run",
-                "--quiet",
-                "-p",
-                "conformance",
-                "--",
-                "--fixtures",
-                mode,
-            ])
+            .args(["run", "-p", "conformance", "--", "--fixtures", mode])
             .args(args),
         "the conformance runner",
     )

@@ -71,7 +71,13 @@ fn workspace_root() -> PathBuf {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            std::process::exit(if e.use_stderr() { EXIT_ENVIRONMENT } else { 0 });
+        }
+    };
     let root = workspace_root();
     let result = match cli.command {
         Command::Setup(args) => setup::run(&root, &args).map(|()| 0),

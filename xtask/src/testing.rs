@@ -10,6 +10,8 @@ use crate::env::check_reference;
 use crate::util;
 
 pub fn run(root: &Path, extra: &[OsString]) -> Result<i32> {
+    // A refused run must not leave the previous run's report looking current.
+    crate::util::clear_reports(root);
     check_reference(root)?;
     let code = util::status(
         util::cargo()

@@ -100,3 +100,10 @@ pub fn rel(root: &Path, path: &Path) -> String {
         .display()
         .to_string()
 }
+
+/// Removes the conformance reports of a previous run (target/conformance).
+pub fn clear_reports(root: &Path) {
+    for f in ["report.json", "junit.xml", "report.md"] {
+        let _ = std::fs::remove_file(root.join("target/conformance").join(f));
+    }
+}

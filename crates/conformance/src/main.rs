@@ -77,7 +77,18 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // Usage errors exit 3 (harness problem), not clap's 2 (which means drift here).
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::from(exit::ENVIRONMENT as u8);
+        }
+    };
     let root = workspace_root();
     let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
     let mode = match cli.fixtures {
@@ -265,7 +276,14 @@ fn main() -> ExitCode {
     }
     match cli.format {
         Format::Human => {
-            for row in &report.cases {
+            // Off a terminal every case already printed a progress line:
+            // repeat only the rows that need attention.
+            println!("{}", report::human::header());
+            for row in report
+                .cases
+                .iter()
+                .filter(|r| terminal || report::human::notable(r))
+            {
                 println!("{}", report::human::line(row));
             }
             print!("{}", report::human::summary(&report));

@@ -30,11 +30,25 @@ pub enum Verdict {
     Fail,
     /// A finding was measured (whether it matches the record is the
     /// snapshot gate's business).
+    #[serde(rename = "finding")]
     Measured,
     /// Cannot run on this backend.
     Skip,
     /// The case could not be evaluated (exception, panic, bad setup).
     Error,
+}
+
+impl Verdict {
+    /// The word reports use (`pass`, `FAIL`, `finding`, `skip`, `ERROR`).
+    pub fn word(&self) -> &'static str {
+        match self {
+            Verdict::Pass => "pass",
+            Verdict::Fail => "FAIL",
+            Verdict::Measured => "finding",
+            Verdict::Skip => "skip",
+            Verdict::Error => "ERROR",
+        }
+    }
 }
 
 /// The result of one case.

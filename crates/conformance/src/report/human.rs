@@ -1,6 +1,7 @@
 //! The terminal table.
 
 use super::{first_diff, verdict_word, Report, Row};
+use crate::snapshots::Status;
 
 /// One line per case (plain output when not on a terminal).
 pub fn line(row: &Row) -> String {
@@ -15,10 +16,30 @@ pub fn line(row: &Row) -> String {
         ulp,
         diff
     );
-    if let Some(m) = &row.result.message {
+    let mut notes: Vec<String> = row.result.message.iter().cloned().collect();
+    match &row.snapshot {
+        Status::Invalid { error } => notes.push(error.clone()),
+        Status::Missing => notes.push("no snapshot recorded for this case (new case?): `cargo xtask fixtures review`".into()),
+        Status::Drift { .. } => notes.push("output bits or finding differ from the snapshot: see report.md, or `cargo xtask fixtures review`".into()),
+        _ => {}
+    }
+    for m in notes {
         s.push_str(&format!("\n        {}", m.replace('\n', "\n        ")));
     }
     s
+}
+
+/// The table's header row.
+pub fn header() -> String {
+    format!(
+        "{:<7} {:<58} {:<14} {:>11}  {:<8} {}",
+        "verdict", "case", "path", "time", "max ulp", "first diff"
+    )
+}
+
+/// Whether a row needs attention (anything but a clean pass or finding).
+pub fn notable(row: &Row) -> bool {
+    !matches!(super::verdict_word(row), "pass" | "finding")
 }
 
 /// The summary printed after the table.
@@ -44,9 +65,16 @@ pub fn summary(report: &Report) -> String {
     for o in &s.orphaned_snapshots {
         out.push_str(&format!("orphaned snapshot (no case records it): {o}\n"));
     }
-    // The plain closing line CI reads: passed = verdicts that hold, failed =
-    // everything that makes the exit code non-zero.
-    let bad = s.failed + s.errors + s.drifted + s.orphaned_snapshots.len();
+    // The plain closing line CI reads, counted per case: failed = every case
+    // that makes the exit code non-zero (FAIL, ERROR, DRIFT), plus orphaned
+    // snapshots; passed = the rest that ran (pass and finding).
+    let notable = report
+        .cases
+        .iter()
+        .filter(|r| notable(r) && verdict_word(r) != "skip")
+        .count();
+    let bad = notable + s.orphaned_snapshots.len();
+    let good = s.total - notable - s.skipped;
     out.push_str(&format!(
         "snapshot set {} · MLX {} · {} ({})\n",
         report.environment.snapshot_set,
@@ -55,9 +83,7 @@ pub fn summary(report: &Report) -> String {
         report.environment.device
     ));
     out.push_str(&format!(
-        "conformance: {} passed, {} failed, {} skipped\n",
-        s.passed + s.findings,
-        bad,
+        "conformance: {good} passed, {bad} failed, {} skipped\n",
         s.skipped
     ));
     out
