@@ -160,13 +160,8 @@ def _q_load_utils():
         resource.setrlimit = saved
 
 
-def _q_linear(weight, scales, biases, bias, mode, bits, group_size):
-    """`mlx.nn.QuantizedLinear` (mlx 0.32.2), built by its own __init__, then
-    holding exactly these tensors (as `load_weights` would install them)."""
-    import mlx.nn as nn
-    out_dims, packed = weight.shape
-    layer = nn.QuantizedLinear(packed * 32 // bits, out_dims, bias=bias is not None,
-                               group_size=group_size, bits=bits, mode=mode)
+def _q_install(layer, weight, scales, biases, bias):
+    """Installs quantized tensors on a reference layer as `load_weights` would."""
     layer.weight = weight
     layer.scales = scales
     if biases is not None:
@@ -174,6 +169,16 @@ def _q_linear(weight, scales, biases, bias, mode, bits, group_size):
     if bias is not None:
         layer.bias = bias
     return layer
+
+
+def _q_linear(weight, scales, biases, bias, mode, bits, group_size):
+    """`mlx.nn.QuantizedLinear` (mlx 0.32.2), built by its own __init__, then
+    holding exactly these tensors (as `load_weights` would install them)."""
+    import mlx.nn as nn
+    out_dims, packed = weight.shape
+    layer = nn.QuantizedLinear(packed * 32 // bits, out_dims, bias=bias is not None,
+                               group_size=group_size, bits=bits, mode=mode)
+    return _q_install(layer, weight, scales, biases, bias)
 
 
 def quantized_linear(x, weight, scales, biases, bias, mode, bits, group_size):
@@ -239,13 +244,7 @@ def _q_switch(weight, scales, biases, bias, mode, bits, group_size, broadcast_ex
     in_dims = scales.shape[2] * group_size
     layer = sw.QuantizedSwitchLinear(in_dims, out_dims, experts, bias=bias is not None,
                                      group_size=group_size, bits=bits, mode=mode)
-    layer.weight = weight
-    layer.scales = scales
-    if biases is not None:
-        layer.biases = biases
-    if bias is not None:
-        layer.bias = bias
-    return layer
+    return _q_install(layer, weight, scales, biases, bias)
 
 
 def _q_switch_apply(layer, x, indices, sort):
@@ -748,14 +747,8 @@ def _attention_modules():
 
 
 def _attention_qlinear(weight, scales, biases, group_size, bits):
-    """An nn.QuantizedLinear (no additive bias) holding exactly these tensors."""
-    import mlx.nn as nn
-
-    layer = nn.QuantizedLinear(
-        weight.shape[1] * 32 // bits, weight.shape[0], bias=False, group_size=group_size, bits=bits
-    )
-    layer.weight, layer.scales, layer.biases = weight, scales, biases
-    return layer
+    """An affine nn.QuantizedLinear (no additive bias) holding these tensors."""
+    return _q_linear(weight, scales, biases, None, "affine", bits, group_size)
 
 
 def attention_decode_m1(
