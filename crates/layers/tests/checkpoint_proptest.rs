@@ -60,7 +60,9 @@ fn mutation() -> impl Strategy<Value = Mutation> {
 fn apply(bytes: &mut Vec<u8>, m: &Mutation) {
     let n = bytes.len();
     match *m {
-        Mutation::Flip { at, xor } => bytes[at % n] ^= xor,
+        // An earlier truncation may have emptied the buffer: nothing to flip.
+        Mutation::Flip { at, xor } if n > 0 => bytes[at % n] ^= xor,
+        Mutation::Flip { .. } => {}
         Mutation::Truncate { len } => bytes.truncate(len % (n + 1)),
         Mutation::HeaderLen(v) => {
             if n >= 8 {
