@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use conformance::case::Device;
+use conformance::case::Backend;
 use conformance::inputs::Inputs;
 use conformance::runner;
 use layers::position::{
@@ -90,8 +90,8 @@ fn compare(
 
 fn main() {
     let oracle = Oracle::start().expect("oracle starts (run `cargo xtask setup`)");
-    runner::set_device(Device::Cpu);
-    oracle.set_device(false).unwrap();
+    runner::set_device(Backend::Cpu);
+    oracle.set_device(Backend::Cpu).unwrap();
     println!(
         "device cpu; {ROUNDS} alternating runs per side of {ITERATIONS} iterations (apply + eval), after {WARMUP} warm-up"
     );

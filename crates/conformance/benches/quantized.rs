@@ -18,7 +18,7 @@
 
 use std::time::Instant;
 
-use conformance::case::Device;
+use conformance::case::Backend;
 use conformance::runner;
 use layers::quantized::{
     LoraAdapter, QuantSpec, QuantizedLinear, QuantizedPayload, QuantizedSwitchLinear,
@@ -111,8 +111,8 @@ fn measure(rust: &mut dyn FnMut() -> f64, python: &mut dyn FnMut() -> f64) -> (f
 
 fn main() {
     let oracle = Oracle::start().expect("oracle starts (run `cargo xtask setup`)");
-    runner::set_device(Device::Cpu);
-    oracle.set_device(false).unwrap();
+    runner::set_device(Backend::Cpu);
+    oracle.set_device(Backend::Cpu).unwrap();
     println!(
         "device cpu, forward + eval per iteration, {WARMUP} warm-up, best of {ROUNDS} interleaved rounds"
     );

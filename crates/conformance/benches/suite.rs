@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use conformance::case::Device;
+use conformance::case::Backend;
 use conformance::families;
 use conformance::runner::{self, RunOptions};
 use oracle::Oracle;
@@ -14,8 +14,8 @@ use oracle::Oracle;
 fn main() {
     let started = Instant::now();
     let oracle = Oracle::start().expect("oracle starts (run `cargo xtask setup`)");
-    runner::set_device(Device::Cpu);
-    oracle.set_device(false).expect("cpu");
+    runner::set_device(Backend::Cpu);
+    oracle.set_device(Backend::Cpu).expect("cpu");
     let startup = started.elapsed();
     let cases = families::all();
     let selected = runner::select(&cases, None).expect("all");
@@ -27,7 +27,7 @@ fn main() {
             &selected,
             &oracle,
             &RunOptions {
-                device: Device::Cpu,
+                backend: Backend::Cpu,
                 seed: 0,
                 jobs,
                 perturb: false,

@@ -6,7 +6,11 @@ use oracle::{compare, Comparison, HostTensor, Oracle, OracleError};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-/// The device a run targets.
+pub use layers::Backend;
+
+/// The device asked for on the command line (`--device cpu|gpu`). `gpu` is
+/// the GPU backend of the linked libmlx (Metal on macOS, CUDA with the
+/// CUDA environment); the run resolves it to one [`Backend`] at start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Device {
@@ -23,6 +27,9 @@ impl Device {
     }
 }
 
+/// Every GPU backend (for [`Case::only_on`]).
+pub const GPU_BACKENDS: &[Backend] = &[Backend::Metal, Backend::Cuda];
+
 /// What a case promises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -35,18 +42,29 @@ pub enum Expect {
     Finding,
 }
 
-/// Where a case can run.
+/// Where a case can run: data over backends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applies {
     Everywhere,
-    /// Only on this device; elsewhere a skip with the reason.
-    Only(Device, &'static str),
+    /// Only on these backends; elsewhere a skip with the reason.
+    Only(&'static [Backend], &'static str),
+}
+
+impl Applies {
+    /// Whether the case runs on `backend`; otherwise the skip reason.
+    pub fn on(self, backend: Backend) -> Result<(), &'static str> {
+        match self {
+            Applies::Only(backends, reason) if !backends.contains(&backend) => Err(reason),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Everything a case needs while it runs.
 pub struct Ctx<'a> {
     pub oracle: &'a Oracle,
-    pub device: Device,
+    /// The backend this run resolved `--device` to.
+    pub backend: Backend,
     pub seed: u64,
     pub case: &'a str,
     /// Proof mode: the reference receives its first tensor argument with
@@ -221,9 +239,10 @@ impl Case {
             ..Self::must_equal(name, family, reference, run)
         }
     }
-    /// Restricts the case to one device.
-    pub fn only_on(mut self, device: Device, reason: &'static str) -> Self {
-        self.applies = Applies::Only(device, reason);
+    /// Restricts the case to some backends (e.g. `&[Backend::Metal]`,
+    /// [`GPU_BACKENDS`], `&[Backend::Cpu]`).
+    pub fn only_on(mut self, backends: &'static [Backend], reason: &'static str) -> Self {
+        self.applies = Applies::Only(backends, reason);
         self
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod case;
 pub mod families;
+pub mod home;
 pub mod inputs;
 pub mod report;
 pub mod runner;

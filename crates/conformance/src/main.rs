@@ -1,25 +1,33 @@
 //! `cargo xtask conformance` runs this binary (see the README).
 
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::{Parser, ValueEnum};
-use conformance::case::Device;
+use conformance::case::{Backend, Device};
 use conformance::families;
+use conformance::home::Home;
 use conformance::report::{self, exit, Environment, Report, Row};
 use conformance::runner::{self, RunOptions};
 use conformance::snapshots::{self, Mode, Provenance};
-use oracle::{Arg, Oracle, Value};
+use oracle::Oracle;
 
 /// Bit-exact conformance of the layers against the pinned MLX reference.
 #[derive(Parser, Debug)]
 #[command(name = "conformance", version)]
 struct Cli {
-    /// Device to run on; default: gpu (Metal) when available, else cpu.
+    /// Device to run on: `gpu` is the GPU backend of the linked libmlx
+    /// (Metal on macOS, CUDA with the CUDA environment); default: gpu when
+    /// available, else cpu.
     #[arg(long, value_enum)]
     device: Option<Device>,
+    /// Declare the snapshot set's device key instead of deriving it from
+    /// the device (e.g. a CI runner family such as `gha-macos-14`); the
+    /// device's own architecture is still recorded as provenance.
+    #[arg(long, env = "MLX_CONFORMANCE_DEVICE_FAMILY", value_name = "KEY")]
+    device_family: Option<String>,
     /// Run only cases whose name contains this text.
     #[arg(long)]
     filter: Option<String>,
@@ -64,13 +72,6 @@ enum GateMode {
     Accept,
 }
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("workspace root")
-}
-
 fn fail(message: impl std::fmt::Display) -> ExitCode {
     eprintln!("error: {message}");
     ExitCode::from(exit::ENVIRONMENT as u8)
@@ -89,7 +90,9 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::ENVIRONMENT as u8);
         }
     };
-    let root = workspace_root();
+    // Where fixtures, fingerprint, lock and default reports are: the
+    // workspace, or a bundle (`MLX_CONFORMANCE_HOME`, see home.rs).
+    let home = Home::get();
     let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
     let mode = match cli.fixtures {
         GateMode::Check => Mode::Check,
@@ -130,10 +133,10 @@ fn main() -> ExitCode {
     let out_dir = cli
         .out
         .clone()
-        .unwrap_or_else(|| root.join("target/conformance"));
+        .unwrap_or_else(|| home.default_reports_dir());
     report::clear(&out_dir);
 
-    let fingerprint = match read_fingerprint(&root) {
+    let fingerprint = match read_fingerprint(home) {
         Ok(f) => f,
         Err(e) => return fail(e),
     };
@@ -141,54 +144,82 @@ fn main() -> ExitCode {
         Ok(o) => o,
         Err(e) => return fail(e),
     };
-    let metal = oracle.info().metal_available;
-    let device = cli
-        .device
-        .unwrap_or(if metal { Device::Gpu } else { Device::Cpu });
-    if device == Device::Gpu && !metal {
-        return fail("--device gpu: no Metal GPU on this machine (MLX reports metal unavailable); use --device cpu");
+    // One backend vocabulary: `--device gpu` is the linked libmlx's GPU
+    // backend, and the Rust side and the reference must agree on it.
+    let port_gpu = match Backend::linked_gpu() {
+        Ok(gpu) => gpu,
+        Err(e) => return fail(format!("MLX cannot report its GPU backend: {e}")),
+    };
+    let reference_gpu = oracle.info().gpu_backend;
+    if port_gpu != reference_gpu {
+        return fail(format!(
+            "the port's libmlx reports GPU backend {port_gpu:?} but the reference's MLX reports {reference_gpu:?}; both must load the same libmlx (run `cargo xtask setup`)"
+        ));
     }
-    runner::set_device(device);
-    if let Err(e) = oracle.set_device(device == Device::Gpu) {
+    let device = cli.device.unwrap_or(if port_gpu.is_some() {
+        Device::Gpu
+    } else {
+        Device::Cpu
+    });
+    let backend = match (device, port_gpu) {
+        (Device::Cpu, _) => Backend::Cpu,
+        (Device::Gpu, Some(gpu)) => gpu,
+        (Device::Gpu, None) => {
+            return fail(format!(
+                "--device gpu: this libmlx ({}) has no usable GPU backend here (Metal needs the mlx-metal wheel on Apple Silicon; CUDA needs `cargo xtask setup --backend cuda` and an NVIDIA GPU with its libraries, README \"Running on an NVIDIA GPU\"); use --device cpu",
+                oracle.info().libmlx
+            ))
+        }
+    };
+    runner::set_device(backend);
+    if let Err(e) = oracle.set_device(backend) {
         return fail(e);
     }
-    let gpu_arch = match oracle.call("<setup>", "environment", &[], &[]) {
-        Ok(Value::Dict(d)) => match d.get("gpu_architecture") {
-            Some(Value::Str(s)) => Some(s.clone()),
-            _ => None,
-        },
-        _ => None,
+    let mut device_info = match oracle.device_info(backend) {
+        Ok(info) => info,
+        Err(e) => return fail(e),
     };
-    let (backend, device_family) = match device {
-        Device::Cpu => (
-            "cpu".to_owned(),
-            format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH),
-        ),
-        Device::Gpu => (
-            "metal".to_owned(),
-            gpu_arch.unwrap_or_else(|| "unknown".into()),
-        ),
-    };
+    let device_name = device_info.remove("name").unwrap_or_default();
+    let architecture = device_info.remove("architecture").unwrap_or_default();
+    let declared = cli.device_family.as_deref().map(snapshots::slug);
+    let device_family = declared
+        .clone()
+        .unwrap_or_else(|| snapshots::device_key(backend, &architecture, &device_name));
     let set_dir = snapshots::set_dir(
-        &root.join("fixtures"),
-        &backend,
+        &home.fixtures_dir(),
+        backend.as_str(),
         &device_family,
         &oracle.info().mlx_version,
     );
+    // The flags that select this set, for the review/accept commands.
+    let mut selecting = vec![format!("--device {}", device.name())];
+    if let Some(key) = &declared {
+        selecting.push(format!("--device-family {key}"));
+    }
+    let xtask_prefix = if backend == Backend::Cuda {
+        " --backend cuda"
+    } else {
+        ""
+    };
+    let set_commands = snapshots::SetCommands::new(xtask_prefix, &selecting.join(" "));
     let environment = Environment {
         mlx_version: oracle.info().mlx_version.clone(),
-        backend: backend.clone(),
+        backend: backend.as_str().into(),
         device: device.name().into(),
+        device_name: device_name.clone(),
+        architecture: architecture.clone(),
+        host: device_info.clone(),
         device_family: device_family.clone(),
+        device_family_declared: declared.is_some(),
         snapshot_set: set_dir.file_name().unwrap().to_string_lossy().into_owned(),
+        set_commands: set_commands.clone(),
         lock_sha256: fingerprint.lock_sha256.clone(),
         libmlx: oracle.info().libmlx.clone(),
         seed: cli.seed,
     };
-    let _ = Arg::None;
 
     let options = RunOptions {
-        device,
+        backend,
         seed: cli.seed,
         jobs: cli.jobs,
         perturb: cli.perturb,
@@ -232,14 +263,17 @@ fn main() -> ExitCode {
                 bad.name
             ));
         }
-        if let Err(e) = check_lock(&root, &fingerprint) {
+        if let Err(e) = check_lock(home, &fingerprint) {
             return fail(format!("refusing to accept snapshots: {e}"));
         }
     }
     let provenance = Provenance {
         mlx_version: environment.mlx_version.clone(),
-        backend: backend.clone(),
+        backend: backend.as_str().into(),
         device: device_family.clone(),
+        device_name,
+        architecture,
+        host: device_info,
         lock_sha256: fingerprint.lock_sha256.clone(),
         date: today(),
     };
@@ -252,7 +286,11 @@ fn main() -> ExitCode {
             cli.seed
         );
     }
-    let (statuses, orphans) = if cli.perturb || cli.seed != 0 {
+    // A whole missing set is one line, not a DRIFT row per case.
+    let missing_set = (mode != Mode::Accept && !cli.perturb && cli.seed == 0
+        && !snapshots::set_exists(&set_dir))
+    .then(|| snapshots::missing_set_line(&set_dir, &set_commands));
+    let (statuses, orphans) = if cli.perturb || cli.seed != 0 || missing_set.is_some() {
         (vec![snapshots::Status::NotChecked; results.len()], vec![])
     } else {
         snapshots::gate(&set_dir, &results, mode, &provenance, complete)
@@ -262,12 +300,15 @@ fn main() -> ExitCode {
         .zip(statuses)
         .map(|(result, snapshot)| Row { result, snapshot })
         .collect();
-    let report = Report::new(
+    let mut report = Report::new(
         environment,
         rows,
         if mode == Mode::Accept { &[] } else { &orphans },
         started.elapsed().as_secs_f64() * 1e3,
     );
+    if let Some(line) = missing_set {
+        report = report.with_missing_set(line);
+    }
     if let Err(e) = report::write_all(&out_dir, &report) {
         return fail(format!(
             "cannot write reports to {}: {e}",
@@ -284,7 +325,7 @@ fn main() -> ExitCode {
                 .iter()
                 .filter(|r| terminal || report::human::notable(r))
             {
-                println!("{}", report::human::line(row));
+                println!("{}", report::human::line(row, &set_commands));
             }
             print!("{}", report::human::summary(&report));
             println!("reports: {}", out_dir.display());
@@ -317,18 +358,24 @@ struct Fingerprint {
     lock_sha256: String,
 }
 
-fn read_fingerprint(root: &Path) -> Result<Fingerprint, String> {
-    let path = root.join(".reference/fingerprint.json");
+fn read_fingerprint(home: &Home) -> Result<Fingerprint, String> {
+    let path = home.fingerprint();
     let text = std::fs::read_to_string(&path).map_err(|_| {
         format!(
-            "reference environment missing ({} not found); run `cargo xtask setup`",
-            path.display()
+            "reference environment missing ({} not found); {}",
+            path.display(),
+            home.setup_fix()
         )
     })?;
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
         format!(
-            "{} is malformed ({e}); run `cargo xtask setup --force`",
-            path.display()
+            "{} is malformed ({e}); {}",
+            path.display(),
+            if home.bundle {
+                home.setup_fix()
+            } else {
+                "run `cargo xtask setup --force`".to_owned()
+            }
         )
     })?;
     let lock = v
@@ -339,15 +386,17 @@ fn read_fingerprint(root: &Path) -> Result<Fingerprint, String> {
     Ok(Fingerprint { lock_sha256: lock })
 }
 
-fn check_lock(root: &Path, fingerprint: &Fingerprint) -> Result<(), String> {
+fn check_lock(home: &Home, fingerprint: &Fingerprint) -> Result<(), String> {
     use sha2::Digest;
-    let lock = std::fs::read(root.join("reference/requirements.lock"))
-        .map_err(|e| format!("cannot read the lock: {e}"))?;
+    let lock = std::fs::read(home.lock())
+        .map_err(|e| format!("cannot read the lock {}: {e}", home.lock().display()))?;
     let now = format!("{:x}", sha2::Sha256::digest(lock));
     if now != fingerprint.lock_sha256 {
         return Err(format!(
-            "the reference environment was built from lock {} but reference/requirements.lock is {now}; run `cargo xtask setup`",
-            fingerprint.lock_sha256
+            "the reference environment was built from lock {} but {} is {now}; {}",
+            fingerprint.lock_sha256,
+            home.lock_display(),
+            home.setup_fix()
         ));
     }
     Ok(())

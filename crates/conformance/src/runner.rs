@@ -8,12 +8,12 @@ use std::time::Instant;
 use oracle::Oracle;
 use serde::Serialize;
 
-use crate::case::{Applies, Case, CaseOutput, Ctx, Device, Expect};
+use crate::case::{Backend, Case, CaseOutput, Ctx, Expect};
 
 /// How a run is configured.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
-    pub device: Device,
+    pub backend: Backend,
     pub seed: u64,
     pub jobs: usize,
     /// Proof mode: the reference receives perturbed inputs (see [`Ctx`]).
@@ -114,7 +114,7 @@ pub fn run(
         std::thread::scope(|s| {
             for _ in 0..jobs {
                 s.spawn(|| {
-                    set_device(options.device);
+                    set_device(options.backend);
                     worker()
                 });
             }
@@ -128,13 +128,9 @@ pub fn run(
         .collect()
 }
 
-/// Routes MLX (Rust side) to `device` on this thread.
-pub fn set_device(device: Device) {
-    let d = match device {
-        Device::Cpu => mlx_rs::Device::cpu(),
-        Device::Gpu => mlx_rs::Device::gpu(),
-    };
-    mlx_rs::Device::set_default(&d);
+/// Routes MLX (Rust side) to `backend`'s device on this thread.
+pub fn set_device(backend: Backend) {
+    mlx_rs::Device::set_default(&backend.device());
 }
 
 fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
@@ -148,15 +144,13 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
         message: None,
         time_ms: 0.0,
     };
-    if let Applies::Only(device, reason) = case.applies {
-        if device != options.device {
-            result.message = Some(reason.to_owned());
-            return result;
-        }
+    if let Err(reason) = case.applies.on(options.backend) {
+        result.message = Some(reason.to_owned());
+        return result;
     }
     let ctx = Ctx {
         oracle,
-        device: options.device,
+        backend: options.backend,
         seed: options.seed.wrapping_add(case.seed),
         case: &case.name,
         perturb: options.perturb,

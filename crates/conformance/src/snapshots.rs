@@ -9,7 +9,7 @@
 //! carries a `seal` (sha256 of the rest), so a hand-edited or corrupted file
 //! is a typed error naming it rather than a silent pass.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
@@ -66,21 +66,126 @@ pub enum Status {
     NotChecked,
 }
 
-/// Provenance written into every snapshot's metadata.
+/// Provenance written into every snapshot's metadata (not part of the
+/// sealed body: a set recorded on one GPU of a declared family stays valid
+/// on another, and the recorded architecture says where it came from).
 #[derive(Debug, Clone, Serialize)]
 pub struct Provenance {
     pub mlx_version: String,
     pub backend: String,
+    /// The set's device key (see [`device_key`]).
     pub device: String,
+    /// The device's own name as MLX reports it (`NVIDIA H200`, …).
+    #[serde(skip_serializing_if = "String::is_empty", default)]
+    pub device_name: String,
+    /// The device's architecture string (`applegpu_g13s`, `air64_v26`,
+    /// `sm_90`, `x86_64`).
+    #[serde(skip_serializing_if = "String::is_empty", default)]
+    pub architecture: String,
+    /// Host versions that can change GPU bits (CUDA: driver, runtime).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
+    pub host: BTreeMap<String, String>,
     pub lock_sha256: String,
     pub date: String,
 }
 
-/// The snapshot set directory for this backend, device family and MLX version.
+/// The snapshot set directory for this backend, device key and MLX version:
+/// `fixtures/snapshots/<backend>-<device key>-mlx<version>/`.
 pub fn set_dir(fixtures: &Path, backend: &str, device_family: &str, mlx_version: &str) -> PathBuf {
     fixtures
         .join("snapshots")
         .join(format!("{backend}-{device_family}-mlx{mlx_version}"))
+}
+
+/// The default device key of a set (the naming policy; README "Snapshot
+/// sets"). Bits may legitimately differ between devices of one backend
+/// (MLX picks kernels per GPU architecture), so by default a set is keyed
+/// by the device it was recorded on:
+///
+/// - `cpu`: `<os>-<arch>` (`linux-x86_64`, `macos-aarch64`);
+/// - `metal`: the GPU's architecture string as MLX reports it
+///   (`applegpu_g13s` on an M1 Mac; the hosted macos-14 runners report
+///   their virtual GPU, e.g. `air64_v26`);
+/// - `cuda`: the device's own name, lower-cased with non-alphanumerics as
+///   `-` (`NVIDIA H200` → `nvidia-h200`).
+///
+/// A run can *declare* the key instead (`--device-family` or
+/// `MLX_CONFORMANCE_DEVICE_FAMILY`), so that the set a maintainer records
+/// for a CI runner family is exactly the one that CI reads; the
+/// architecture string is then kept as provenance in every snapshot.
+pub fn device_key(backend: crate::case::Backend, architecture: &str, device_name: &str) -> String {
+    use crate::case::Backend;
+    match backend {
+        Backend::Cpu => format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH),
+        Backend::Metal => slug(architecture),
+        Backend::Cuda => slug(device_name),
+    }
+}
+
+/// Lower-case ASCII letters, digits and `_`; everything else becomes one
+/// `-` (never leading or trailing). Empty input gives `unknown`.
+pub fn slug(text: &str) -> String {
+    let mut out = String::new();
+    for c in text.chars() {
+        if c.is_ascii_alphanumeric() || c == '_' || c == '.' {
+            out.push(c.to_ascii_lowercase());
+        } else if !out.is_empty() && !out.ends_with('-') {
+            out.push('-');
+        }
+    }
+    let out = out.trim_end_matches('-').to_owned();
+    if out.is_empty() {
+        "unknown".into()
+    } else {
+        out
+    }
+}
+
+/// Whether a recorded set exists: the directory holds at least one
+/// `.snap` file.
+pub fn set_exists(dir: &Path) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with(".snap"))
+    })
+}
+
+/// The commands that review and record a set, as the terminal, report.md
+/// and the missing-set line print them (one source for all three).
+#[derive(Debug, Clone, Serialize)]
+pub struct SetCommands {
+    pub review: String,
+    pub accept: String,
+}
+
+impl SetCommands {
+    /// `extra`: the runner flags that select this set (`--device gpu`,
+    /// `--device-family …`), appended to both commands.
+    pub fn new(xtask_prefix: &str, extra: &str) -> Self {
+        let tail = if extra.is_empty() {
+            String::new()
+        } else {
+            format!(" {extra}")
+        };
+        Self {
+            review: format!("cargo xtask fixtures review{xtask_prefix}{tail}"),
+            accept: format!("cargo xtask fixtures accept{xtask_prefix}{tail}"),
+        }
+    }
+}
+
+/// The one-line diagnosis of a missing set: its name, where it is looked
+/// for, and the command that records it.
+pub fn missing_set_line(dir: &Path, commands: &SetCommands) -> String {
+    let name = dir
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    format!(
+        "snapshot set {name} is missing: no .snap files in {}; record it on this device with `{}` (README: \"Snapshot sets\")",
+        dir.display(),
+        commands.accept
+    )
 }
 
 /// The file name of a case's snapshot.
@@ -293,6 +398,9 @@ mod tests {
             mlx_version: "0".into(),
             backend: "cpu".into(),
             device: "d".into(),
+            device_name: String::new(),
+            architecture: String::new(),
+            host: BTreeMap::new(),
             lock_sha256: "l".into(),
             date: "today".into(),
         }
@@ -383,6 +491,33 @@ mod tests {
         assert!(orphans[0].ends_with("gone__case.snap"));
         let (_, orphans) = gate(&dir, &[r], Mode::Check, &provenance(), false);
         assert!(orphans.is_empty());
+    }
+
+    #[test]
+    fn set_names_follow_the_policy() {
+        use crate::case::Backend;
+        assert_eq!(device_key(Backend::Cuda, "sm_90", "NVIDIA H200"), "nvidia-h200");
+        assert_eq!(device_key(Backend::Metal, "applegpu_g13s", "Apple M1"), "applegpu_g13s");
+        assert_eq!(
+            device_key(Backend::Cpu, "x86_64", "x"),
+            format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH)
+        );
+        assert_eq!(slug("  NVIDIA  H200 (PCIe) "), "nvidia-h200-pcie");
+        assert_eq!(slug("///"), "unknown");
+    }
+
+    #[test]
+    fn a_set_exists_only_with_snapshot_files_and_its_absence_is_one_line() {
+        let dir = temp_dir("set");
+        assert!(!set_exists(&dir.join("nope")));
+        assert!(!set_exists(&dir));
+        record(&dir, &result("a/b"));
+        assert!(set_exists(&dir));
+        let commands = SetCommands::new("", "--device gpu");
+        let line = missing_set_line(&dir.join("metal-x-mlx0"), &commands);
+        assert!(!line.contains('\n'));
+        assert!(line.contains("metal-x-mlx0"));
+        assert!(line.contains("cargo xtask fixtures accept --device gpu"));
     }
 
     #[test]

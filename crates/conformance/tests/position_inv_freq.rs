@@ -3,7 +3,7 @@
 //! (mlx-vlm 0.7.6) bit for bit, for every even rotary dim 2..=512 and theta
 //! in [100, 1e7] (log-uniform, so small and large thetas both occur).
 
-use conformance::case::Device;
+use conformance::case::Backend;
 use conformance::runner;
 use layers::position::compute_inv_freq;
 use oracle::{compare, Arg, Comparison, DType, HostTensor, Oracle};
@@ -11,8 +11,8 @@ use proptest::prelude::*;
 
 fn oracle() -> Oracle {
     let oracle = Oracle::start().expect("oracle starts (run `cargo xtask setup`)");
-    runner::set_device(Device::Cpu);
-    oracle.set_device(false).expect("cpu");
+    runner::set_device(Backend::Cpu);
+    oracle.set_device(Backend::Cpu).expect("cpu");
     oracle
 }
 

@@ -3,7 +3,7 @@
 //! this backend are reported skips; an unknown filter names the closest
 //! cases.
 
-use conformance::case::{Case, CaseError, CaseOutput, Device};
+use conformance::case::{Backend, Case, CaseError, CaseOutput};
 use conformance::runner::{self, RunOptions, Verdict};
 use oracle::Oracle;
 
@@ -22,7 +22,7 @@ fn cases() -> Vec<Case> {
             Ok(CaseOutput::new("-"))
         }),
         Case::must_equal("t/metal-only", "t", "none", |_| Ok(CaseOutput::new("-")))
-            .only_on(Device::Gpu, "needs the Metal kernel"),
+            .only_on(&[Backend::Metal], "needs the Metal kernel"),
         Case::must_equal("t/ok", "t", "none", |_| Ok(CaseOutput::new("-"))),
     ]
 }
@@ -33,7 +33,7 @@ fn a_crash_is_that_cases_error_and_the_run_continues() {
     let cases = cases();
     let selected = runner::select(&cases, None).unwrap();
     let options = RunOptions {
-        device: Device::Cpu,
+        backend: Backend::Cpu,
         seed: 0,
         jobs: 1,
         perturb: false,

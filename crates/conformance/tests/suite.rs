@@ -2,19 +2,19 @@
 //! must-equal case fails when the reference's input carries one flipped bit
 //! (so no case is a test that cannot fail).
 
-use conformance::case::{Device, Expect};
+use conformance::case::{Backend, Expect};
 use conformance::families;
 use conformance::runner::{self, RunOptions, Verdict};
 use oracle::Oracle;
 
 fn run(perturb: bool) -> Vec<runner::CaseResult> {
     let oracle = Oracle::start().expect("oracle starts");
-    runner::set_device(Device::Cpu);
-    oracle.set_device(false).unwrap();
+    runner::set_device(Backend::Cpu);
+    oracle.set_device(Backend::Cpu).unwrap();
     let cases = families::all();
     let selected = runner::select(&cases, None).unwrap();
     let options = RunOptions {
-        device: Device::Cpu,
+        backend: Backend::Cpu,
         seed: 0,
         jobs: 1,
         perturb,

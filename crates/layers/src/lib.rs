@@ -5,7 +5,10 @@
 //! **This crate never depends on Python or pyo3.** The oracle crate checks
 //! it from outside.
 
+pub mod backend;
 pub mod checkpoint;
 pub mod ffi;
 pub mod position;
 pub mod quantized;
+
+pub use backend::Backend;

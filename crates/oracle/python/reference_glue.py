@@ -85,17 +85,77 @@ def is_array(value):
     return isinstance(value, mx.array)
 
 
-def set_device(kind):
-    mx.set_default_device(mx.gpu if kind == "gpu" else mx.cpu)
+def _gpu_backend():
+    """The GPU backend of this MLX ("metal", "cuda") or None: the one
+    backend vocabulary of the suite (layers::Backend)."""
+    if mx.metal.is_available():
+        return "metal"
+    if mx.cuda.is_available():
+        return "cuda"
+    return None
+
+
+def set_device(backend):
+    """Routes mx's default device to `backend` ("cpu", "metal", "cuda")."""
+    if backend == "cpu":
+        mx.set_default_device(mx.cpu)
+        return
+    if backend != _gpu_backend():
+        raise ValueError(
+            f"backend {backend!r} is not available to this MLX (its GPU backend: {_gpu_backend()})")
+    mx.set_default_device(mx.gpu)
+
+
+def _nvidia_versions():
+    """Driver and CUDA versions of the host (provenance only): the driver's
+    own /proc file and libcudart's cudaDriverGetVersion/cudaRuntimeGetVersion."""
+    out = {}
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            out["driver"] = f.readline().strip()
+    except OSError:
+        pass
+    import ctypes
+    for soname in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            rt = ctypes.CDLL(soname)
+        except OSError:
+            continue
+        for key, fn in (("cuda_driver_api", "cudaDriverGetVersion"),
+                        ("cuda_runtime", "cudaRuntimeGetVersion")):
+            v = ctypes.c_int(0)
+            if getattr(rt, fn)(ctypes.byref(v)) == 0:
+                out[key] = f"{v.value // 1000}.{(v.value % 1000) // 10}"
+        break
+    return out
+
+
+def device_info(backend):
+    """The device's own name and architecture, as MLX reports them, plus
+    host versions for CUDA. Strings only."""
+    if backend == "cpu":
+        import platform
+        name = platform.processor()
+        try:
+            with open("/proc/cpuinfo") as f:
+                name = next((l.split(":", 1)[1].strip() for l in f
+                             if l.startswith("model name")), name)
+        except OSError:
+            pass
+        return {"name": name or platform.machine(), "architecture": platform.machine()}
+    info = mx.device_info(mx.gpu)
+    out = {"name": str(info.get("device_name", "unknown")),
+           "architecture": str(info.get("architecture", "unknown"))}
+    if backend == "cuda":
+        out.update(_nvidia_versions())
+    return out
 
 
 def environment():
-    metal = bool(mx.metal.is_available())
     return {
         "mlx_version": mx.__version__,
-        "metal_available": metal,
+        "gpu_backend": _gpu_backend(),
         "default_device": str(mx.default_device()),
-        "gpu_architecture": str(mx.metal.device_info().get("architecture", "unknown")) if metal else None,
     }
 
 

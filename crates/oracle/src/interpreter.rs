@@ -28,7 +28,7 @@ pub enum OracleError {
         function: String,
         traceback: String,
     },
-    #[error("the embedded Python could not start: {0}. Fix: `cargo xtask setup`, then rebuild")]
+    #[error("the embedded Python could not start: {0}. Fix: {fix}", fix = startup_fix())]
     Startup(String),
     #[error(transparent)]
     Guard(#[from] GuardError),
@@ -131,7 +131,10 @@ impl Value {
 #[derive(Debug, Clone)]
 pub struct ReferenceInfo {
     pub mlx_version: String,
-    pub metal_available: bool,
+    /// The GPU backend the reference's MLX can run on here (`mx.gpu` is
+    /// Metal when `mx.metal.is_available()`, CUDA when
+    /// `mx.cuda.is_available()`), or `None`.
+    pub gpu_backend: Option<layers::Backend>,
     pub libmlx: String,
     pub site_packages: PathBuf,
 }
@@ -167,15 +170,42 @@ impl Oracle {
         &self.state.info
     }
 
-    /// Routes the reference's default device (`mx.set_default_device`).
-    pub fn set_device(&self, gpu: bool) -> Result<(), OracleError> {
+    /// Routes the reference's default device (`mx.set_default_device`) to
+    /// `backend`; the glue refuses a GPU backend its MLX does not have.
+    pub fn set_device(&self, backend: layers::Backend) -> Result<(), OracleError> {
         self.call(
             "<setup>",
             "set_device",
-            &[Arg::from(if gpu { "gpu" } else { "cpu" })],
+            &[Arg::from(backend.as_str())],
             &[],
         )
         .map(|_| ())
+    }
+
+    /// What the reference reports about the device `backend` runs on:
+    /// `name` (the device's own name, e.g. `NVIDIA H200`), `architecture`
+    /// (e.g. `sm_90`, `applegpu_g13s`), and for CUDA the driver and CUDA
+    /// versions when MLX reports them. Values are strings; absent keys
+    /// were not reported.
+    pub fn device_info(
+        &self,
+        backend: layers::Backend,
+    ) -> Result<std::collections::BTreeMap<String, String>, OracleError> {
+        let value = self.call(
+            "<setup>",
+            "device_info",
+            &[Arg::from(backend.as_str())],
+            &[],
+        )?;
+        let mut info = std::collections::BTreeMap::new();
+        if let Value::Dict(d) = value {
+            for (k, v) in d {
+                if let Value::Str(s) = v {
+                    info.insert(k, s);
+                }
+            }
+        }
+        Ok(info)
     }
 
     /// Calls glue function `function` with positional `args` and keyword
@@ -226,23 +256,14 @@ impl Oracle {
 }
 
 fn start_state() -> Result<State, OracleError> {
-    // The binary links the wheel's libmlx at <site-packages>/mlx/lib/libmlx.*:
-    // the reference environment is the one this binary was built against.
-    let libmlx = PathBuf::from(mlx_sys::LINKED_LIBMLX);
-    let site_packages = libmlx
-        .ancestors()
-        .nth(3)
-        .map(PathBuf::from)
-        .ok_or_else(|| {
-            OracleError::Startup(format!("unexpected libmlx path {}", libmlx.display()))
-        })?;
-    if !site_packages.join("mlx").is_dir() {
-        return Err(OracleError::Startup(format!(
-            "reference site-packages {} is missing (environment deleted?)",
-            site_packages.display()
-        )));
-    }
+    // The standard library and the reference packages come from the
+    // environment this binary was built against, or from the bundle it runs
+    // in; never from PATH, PYTHONHOME or PYTHONPATH (see `python_layout`).
+    let layout = python_layout()?;
+    start_python(&layout)?;
     Python::initialize();
+    Python::attach(|py| check_stdlib(py, &layout))?;
+    let site_packages = layout.site_packages.clone();
     let startup = |e: PyErr| Python::attach(|py| OracleError::Startup(format_exception(py, &e)));
     let glue = Python::attach(|py| -> PyResult<Py<PyModule>> {
         let sys = py.import("sys")?;
@@ -254,14 +275,19 @@ fn start_state() -> Result<State, OracleError> {
         Ok(module.unbind())
     })
     .map_err(startup)?;
-    let (mlx_version, metal_available) = Python::attach(|py| -> PyResult<(String, bool)> {
-        let env = glue.bind(py).getattr("environment")?.call0()?;
-        Ok((
-            env.get_item("mlx_version")?.extract()?,
-            env.get_item("metal_available")?.extract()?,
-        ))
-    })
-    .map_err(startup)?;
+    let (mlx_version, gpu_backend) =
+        Python::attach(|py| -> PyResult<(String, Option<String>)> {
+            let env = glue.bind(py).getattr("environment")?.call0()?;
+            Ok((
+                env.get_item("mlx_version")?.extract()?,
+                env.get_item("gpu_backend")?.extract()?,
+            ))
+        })
+        .map_err(startup)?;
+    let gpu_backend = gpu_backend
+        .map(|name| name.parse::<layers::Backend>())
+        .transpose()
+        .map_err(|e| OracleError::Startup(format!("the glue reported {e}")))?;
     // Rust's MLX must be initialised too before the maps are read.
     mlx_rs::Array::from_int(0)
         .eval()
@@ -272,11 +298,273 @@ fn start_state() -> Result<State, OracleError> {
         glue,
         info: ReferenceInfo {
             mlx_version,
-            metal_available,
+            gpu_backend,
             libmlx,
             site_packages,
         },
     })
+}
+
+/// Set by the bundle launcher (`cargo xtask bundle`) to the bundle
+/// directory: the interpreter then takes its standard library and the
+/// reference packages from `<home>/python`.
+pub const BUNDLE_HOME_ENV: &str = "MLX_CONFORMANCE_HOME";
+
+/// Where the embedded interpreter takes its standard library and the
+/// reference packages from. Decided before it starts and never from `PATH`,
+/// `PYTHONHOME`, `PYTHONPATH` or the current directory:
+///
+/// - workspace: the reference venv this binary was built against (the one
+///   holding the linked libmlx). CPython starts as that venv's `python`
+///   would: it reads the venv's `pyvenv.cfg` for the base interpreter (whose
+///   libpython this binary links) and its standard library;
+/// - bundle ([`BUNDLE_HOME_ENV`] set): `home` is `<bundle>/python`, holding
+///   `lib/python3.X/` (the standard library, with `site-packages/` inside).
+#[derive(Debug, Clone)]
+struct PythonLayout {
+    /// The bundle directory, when running from one.
+    bundle: Option<PathBuf>,
+    /// CPython's `home` (what `PYTHONHOME` would set); bundle only.
+    home: Option<PathBuf>,
+    /// `sys.executable`: the venv's python, or (bundle) this binary.
+    executable: PathBuf,
+    /// The directory that must hold the standard library's `os.py`.
+    stdlib: PathBuf,
+    /// The reference packages.
+    site_packages: PathBuf,
+}
+
+/// `python3.X` of the libpython this binary links.
+fn python_lib_dir_name() -> String {
+    // SAFETY: Py_GetVersion returns a static NUL-terminated string and may
+    // be called before the interpreter is initialised.
+    let version = unsafe { std::ffi::CStr::from_ptr(pyo3::ffi::Py_GetVersion()) };
+    let version = version.to_string_lossy();
+    let mut parts = version.split(|c: char| !c.is_ascii_digit());
+    format!(
+        "python{}.{}",
+        parts.next().unwrap_or("3"),
+        parts.next().unwrap_or("11")
+    )
+}
+
+/// The fix to name when the interpreter cannot start.
+fn startup_fix() -> String {
+    match std::env::var_os(BUNDLE_HOME_ENV).filter(|v| !v.is_empty()) {
+        Some(home) => format!(
+            "the bundle at {} is incomplete or damaged; rebuild it with `cargo xtask bundle`",
+            PathBuf::from(home).display()
+        ),
+        None => "`cargo xtask setup`, then rebuild".to_owned(),
+    }
+}
+
+fn python_layout() -> Result<PythonLayout, OracleError> {
+    let version_dir = python_lib_dir_name();
+    if let Some(bundle) = std::env::var_os(BUNDLE_HOME_ENV).filter(|v| !v.is_empty()) {
+        let bundle = std::path::absolute(PathBuf::from(bundle))
+            .map_err(|e| OracleError::Startup(format!("{BUNDLE_HOME_ENV}: {e}")))?;
+        let home = bundle.join("python");
+        let stdlib = home.join("lib").join(&version_dir);
+        let site_packages = stdlib.join("site-packages");
+        for (what, dir) in [("standard library", &stdlib), ("reference packages", &site_packages)] {
+            if !dir.is_dir() {
+                return Err(OracleError::Startup(format!(
+                    "{BUNDLE_HOME_ENV}={}: the bundle's {what} ({}) is missing",
+                    bundle.display(),
+                    dir.display()
+                )));
+            }
+        }
+        let executable =
+            std::env::current_exe().unwrap_or_else(|_| bundle.join("bin/conformance"));
+        return Ok(PythonLayout {
+            bundle: Some(bundle),
+            home: Some(home),
+            executable,
+            stdlib,
+            site_packages,
+        });
+    }
+    // The binary links the wheel's libmlx at
+    // <venv>/lib/python3.X/site-packages/mlx/lib/libmlx.*: the reference
+    // environment is the one this binary was built against.
+    let libmlx = PathBuf::from(mlx_sys::LINKED_LIBMLX);
+    let (Some(site_packages), Some(venv)) = (libmlx.ancestors().nth(3), libmlx.ancestors().nth(6))
+    else {
+        return Err(OracleError::Startup(format!(
+            "unexpected libmlx path {}",
+            libmlx.display()
+        )));
+    };
+    if !site_packages.join("mlx").is_dir() {
+        return Err(OracleError::Startup(format!(
+            "reference site-packages {} is missing (environment deleted?)",
+            site_packages.display()
+        )));
+    }
+    let cfg_path = venv.join("pyvenv.cfg");
+    let cfg = std::fs::read_to_string(&cfg_path).map_err(|e| {
+        OracleError::Startup(format!(
+            "the reference venv's {} is unreadable ({e}; environment deleted?)",
+            cfg_path.display()
+        ))
+    })?;
+    // `home = <base interpreter's bin dir>`: its prefix holds the stdlib.
+    let base_bin = cfg
+        .lines()
+        .filter_map(|line| line.split_once('='))
+        .find(|(key, _)| key.trim() == "home")
+        .map(|(_, value)| PathBuf::from(value.trim()))
+        .ok_or_else(|| {
+            OracleError::Startup(format!("{} names no `home`", cfg_path.display()))
+        })?;
+    // `<prefix>/bin` next to `<prefix>/lib/python3.X`; CPython follows a
+    // symlinked base interpreter (Homebrew) to its real prefix.
+    let lib_of = |bin: &std::path::Path| bin.parent().map(|p| p.join("lib").join(&version_dir));
+    let real_bin = std::fs::canonicalize(base_bin.join(version_dir.as_str()))
+        .ok()
+        .and_then(|exe| exe.parent().map(PathBuf::from));
+    let candidates: Vec<PathBuf> = [lib_of(&base_bin), real_bin.as_deref().and_then(lib_of)]
+        .into_iter()
+        .flatten()
+        .collect();
+    let Some(stdlib) = candidates
+        .iter()
+        .find(|dir| dir.join("os.py").is_file())
+        .cloned()
+    else {
+        return Err(OracleError::Startup(format!(
+            "the standard library of the reference's base interpreter ({}, from {}) is missing",
+            candidates
+                .first()
+                .map_or_else(|| base_bin.display().to_string(), |p| p.display().to_string()),
+            cfg_path.display()
+        )));
+    };
+    let executable = ["python", "python3"]
+        .iter()
+        .map(|name| venv.join("bin").join(name))
+        .find(|p| p.exists())
+        .ok_or_else(|| {
+            OracleError::Startup(format!(
+                "the reference venv {} has no bin/python",
+                venv.display()
+            ))
+        })?;
+    Ok(PythonLayout {
+        bundle: None,
+        home: None,
+        executable,
+        stdlib,
+        site_packages: site_packages.to_path_buf(),
+    })
+}
+
+/// Starts CPython with an explicit, isolated configuration (the equivalent
+/// of `python -I`: `PYTHONPATH`, `PYTHONHOME` and every other `PYTHON*`
+/// variable, the user site directory and the current directory are
+/// ignored), UTF-8 mode on whatever the locale, and the program location
+/// fixed by `layout` instead of searched on `PATH`.
+fn start_python(layout: &PythonLayout) -> Result<(), OracleError> {
+    use pyo3::ffi;
+    use std::mem::MaybeUninit;
+    use std::os::unix::ffi::OsStrExt;
+
+    fn check(status: ffi::PyStatus, step: &str) -> Result<(), OracleError> {
+        // SAFETY: PyStatus_Exception reads a status by value; its strings
+        // are static C strings or null.
+        unsafe {
+            if ffi::PyStatus_Exception(status) == 0 {
+                return Ok(());
+            }
+            let text = |p: *const std::ffi::c_char| {
+                if p.is_null() {
+                    String::new()
+                } else {
+                    std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+                }
+            };
+            Err(OracleError::Startup(format!(
+                "CPython {step} failed: {} {}",
+                text(status.func),
+                text(status.err_msg)
+            )))
+        }
+    }
+
+    // SAFETY: the interpreter is configured and started once, before any
+    // other Python API call of this process (Oracle::start runs this inside
+    // a OnceLock); the config is initialised by CPython, filled through its
+    // setters, and cleared after use. The GIL is released at the end, as
+    // pyo3's own initialisation does.
+    unsafe {
+        if ffi::Py_IsInitialized() != 0 {
+            // Started by someone else: the post-start check still applies.
+            return Ok(());
+        }
+        let mut pre = MaybeUninit::<ffi::PyPreConfig>::zeroed();
+        ffi::PyPreConfig_InitIsolatedConfig(pre.as_mut_ptr());
+        let mut pre = pre.assume_init();
+        pre.utf8_mode = 1;
+        check(ffi::Py_PreInitialize(&pre), "pre-initialisation")?;
+
+        let mut config = Box::new(MaybeUninit::<ffi::PyConfig>::zeroed());
+        let config = config.as_mut_ptr();
+        ffi::PyConfig_InitIsolatedConfig(config);
+        let set = |field: *mut *mut libc::wchar_t, value: &std::path::Path, what: &str| {
+            let value = CString::new(value.as_os_str().as_bytes()).map_err(|_| {
+                OracleError::Startup(format!("{what} {} contains NUL", value.display()))
+            })?;
+            check(
+                ffi::PyConfig_SetBytesString(config, field, value.as_ptr()),
+                &format!("configuration of {what}"),
+            )
+        };
+        let configured = (|| {
+            set(
+                std::ptr::addr_of_mut!((*config).program_name),
+                &layout.executable,
+                "program_name",
+            )?;
+            set(
+                std::ptr::addr_of_mut!((*config).executable),
+                &layout.executable,
+                "executable",
+            )?;
+            if let Some(home) = &layout.home {
+                set(std::ptr::addr_of_mut!((*config).home), home, "home")?;
+            }
+            // A bundle may be read-only and is never modified by a run.
+            (*config).write_bytecode = i32::from(layout.bundle.is_none());
+            check(ffi::Py_InitializeFromConfig(config), "initialisation")
+        })();
+        ffi::PyConfig_Clear(config);
+        configured?;
+        ffi::PyEval_SaveThread();
+    }
+    Ok(())
+}
+
+/// Refuses an interpreter whose standard library is not the one `layout`
+/// names (e.g. started by someone else before the oracle).
+fn check_stdlib(py: Python<'_>, layout: &PythonLayout) -> Result<(), OracleError> {
+    let os_file: PyResult<String> = py
+        .import("os")
+        .and_then(|os| os.getattr("__file__"))
+        .and_then(|f| f.extract());
+    let os_file = os_file.map_err(|e| OracleError::Startup(format_exception(py, &e)))?;
+    let found = std::fs::canonicalize(&os_file)
+        .ok()
+        .and_then(|p| p.parent().map(PathBuf::from));
+    let expected = std::fs::canonicalize(&layout.stdlib).ok();
+    if found.is_none() || found != expected {
+        return Err(OracleError::Startup(format!(
+            "the embedded Python took its standard library from {os_file}, not from {}",
+            layout.stdlib.display()
+        )));
+    }
+    Ok(())
 }
 
 fn format_exception(py: Python<'_>, e: &PyErr) -> String {

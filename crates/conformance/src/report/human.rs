@@ -1,10 +1,10 @@
 //! The terminal table.
 
-use super::{first_diff, verdict_word, Report, Row};
-use crate::snapshots::Status;
+use super::{first_diff, snapshot_note, verdict_word, Report, Row};
+use crate::snapshots::SetCommands;
 
 /// One line per case (plain output when not on a terminal).
-pub fn line(row: &Row) -> String {
+pub fn line(row: &Row, commands: &SetCommands) -> String {
     let (diff, ulp) = first_diff(&row.result);
     let path = row.result.output.as_ref().map_or("-", |o| o.path.as_str());
     let mut s = format!(
@@ -17,12 +17,7 @@ pub fn line(row: &Row) -> String {
         diff
     );
     let mut notes: Vec<String> = row.result.message.iter().cloned().collect();
-    match &row.snapshot {
-        Status::Invalid { error } => notes.push(error.clone()),
-        Status::Missing => notes.push("no snapshot recorded for this case (new case?): `cargo xtask fixtures review`".into()),
-        Status::Drift { .. } => notes.push("output bits or finding differ from the snapshot: see report.md, or `cargo xtask fixtures review`".into()),
-        _ => {}
-    }
+    notes.extend(snapshot_note(&row.snapshot, commands));
     for m in notes {
         s.push_str(&format!("\n        {}", m.replace('\n', "\n        ")));
     }
@@ -65,6 +60,10 @@ pub fn summary(report: &Report) -> String {
     for o in &s.orphaned_snapshots {
         out.push_str(&format!("orphaned snapshot (no case records it): {o}\n"));
     }
+    if let Some(line) = &s.missing_snapshot_set {
+        out.push_str(line);
+        out.push('\n');
+    }
     // The plain closing line CI reads, counted per case: failed = every case
     // that makes the exit code non-zero (FAIL, ERROR, DRIFT), plus orphaned
     // snapshots; passed = the rest that ran (pass and finding).
@@ -73,14 +72,17 @@ pub fn summary(report: &Report) -> String {
         .iter()
         .filter(|r| notable(r) && verdict_word(r) != "skip")
         .count();
-    let bad = notable + s.orphaned_snapshots.len();
+    let bad = notable
+        + s.orphaned_snapshots.len()
+        + usize::from(s.missing_snapshot_set.is_some());
     let good = s.total - notable - s.skipped;
     out.push_str(&format!(
-        "snapshot set {} · MLX {} · {} ({})\n",
+        "snapshot set {} · MLX {} · {} ({}, {})\n",
         report.environment.snapshot_set,
         report.environment.mlx_version,
         report.environment.backend,
-        report.environment.device
+        report.environment.device_name,
+        report.environment.architecture
     ));
     out.push_str(&format!(
         "conformance: {good} passed, {bad} failed, {} skipped\n",

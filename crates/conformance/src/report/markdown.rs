@@ -14,10 +14,12 @@ pub fn render(report: &Report) -> String {
     let _ = writeln!(md, "# MLX conformance report\n");
     let _ = writeln!(
         md,
-        "MLX {} · backend {} · device {} · snapshot set `{}` · lock `{}` · seed {}\n",
+        "MLX {} · backend {} · device {} ({}, {}) · snapshot set `{}` · lock `{}` · seed {}\n",
         e.mlx_version,
         e.backend,
         e.device,
+        e.device_name,
+        e.architecture,
         e.snapshot_set,
         &e.lock_sha256[..e.lock_sha256.len().min(12)],
         e.seed
@@ -28,6 +30,13 @@ pub fn render(report: &Report) -> String {
         if s.exit_code == 0 { "PASS" } else { "NOT PASSING" },
         s.total, s.passed, s.failed, s.findings, s.skipped, s.errors, s.drifted, s.exit_code
     );
+    if let Some(line) = &s.missing_snapshot_set {
+        let _ = writeln!(md, "> {line}\n");
+    }
+    if !e.host.is_empty() {
+        let host: Vec<String> = e.host.iter().map(|(k, v)| format!("{k} {v}")).collect();
+        let _ = writeln!(md, "host: {}\n", host.join(" · "));
+    }
     let _ = writeln!(md, "| family | cases | wall ms |\n|---|---:|---:|");
     for (f, fs) in &report.families {
         let _ = writeln!(md, "| {f} | {} | {:.1} |", fs.cases, fs.wall_ms);
@@ -85,14 +94,10 @@ pub fn render(report: &Report) -> String {
                     }
                 }
             }
-            Status::Missing => {
-                let _ = writeln!(
-                    md,
-                    "- no snapshot recorded (new case?) — `cargo xtask fixtures accept`"
-                );
-            }
-            Status::Invalid { error } => {
-                let _ = writeln!(md, "- {error}");
+            Status::Missing | Status::Invalid { .. } => {
+                if let Some(note) = super::snapshot_note(&row.snapshot, &e.set_commands) {
+                    let _ = writeln!(md, "- {note}");
+                }
             }
             _ => {}
         }

@@ -24,10 +24,24 @@ pub const SCHEMA_VERSION: u32 = 1;
 #[derive(Debug, Clone, Serialize)]
 pub struct Environment {
     pub mlx_version: String,
+    /// `cpu`, `metal` or `cuda` (layers::Backend).
     pub backend: String,
+    /// What `--device` asked for: `cpu` or `gpu`.
     pub device: String,
+    /// The device's own name as MLX reports it (e.g. `NVIDIA H200`).
+    pub device_name: String,
+    /// The device's architecture string (e.g. `sm_90`, `applegpu_g13s`).
+    pub architecture: String,
+    /// Host versions that can change GPU bits (CUDA: driver, runtime).
+    pub host: BTreeMap<String, String>,
+    /// The snapshot set's device key (see `snapshots::device_key`).
     pub device_family: String,
+    /// Whether the key was declared (`--device-family`) rather than derived.
+    pub device_family_declared: bool,
     pub snapshot_set: String,
+    /// The commands that review and record this set (printed by every
+    /// report the same way).
+    pub set_commands: crate::snapshots::SetCommands,
     pub lock_sha256: String,
     pub libmlx: String,
     pub seed: u64,
@@ -59,6 +73,10 @@ pub struct Summary {
     pub errors: usize,
     pub drifted: usize,
     pub orphaned_snapshots: Vec<String>,
+    /// The one-line diagnosis when the whole snapshot set is missing (the
+    /// cases are then not gated one by one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub missing_snapshot_set: Option<String>,
     pub wall_ms: f64,
     pub exit_code: i32,
 }
@@ -136,6 +154,19 @@ impl Report {
     }
 }
 
+impl Report {
+    /// Marks the run's snapshot set as missing (`line` says which, where
+    /// and how to record it): exit code 2 unless a failure or error
+    /// already decides it.
+    pub fn with_missing_set(mut self, line: String) -> Self {
+        self.summary.missing_snapshot_set = Some(line);
+        if self.summary.exit_code == exit::PASS {
+            self.summary.exit_code = exit::DRIFT;
+        }
+        self
+    }
+}
+
 /// Removes the reports of a previous run.
 pub fn clear(dir: &Path) {
     for f in ["report.json", "junit.xml", "report.md"] {
@@ -191,6 +222,23 @@ pub fn first_diff(row: &CaseResult) -> (String, String) {
             "0".into()
         },
     )
+}
+
+/// What a row's snapshot status asks the reader to do (terminal and
+/// report.md print the same words and commands).
+pub fn snapshot_note(status: &Status, commands: &crate::snapshots::SetCommands) -> Option<String> {
+    match status {
+        Status::Invalid { error } => Some(error.clone()),
+        Status::Missing => Some(format!(
+            "no snapshot recorded for this case (new case?): review with `{}`, record with `{}`",
+            commands.review, commands.accept
+        )),
+        Status::Drift { .. } => Some(format!(
+            "output bits or finding differ from the snapshot: see report.md, or `{}`",
+            commands.review
+        )),
+        _ => None,
+    }
 }
 
 /// A short verdict word for tables.

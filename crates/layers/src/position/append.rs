@@ -13,16 +13,7 @@ use super::error::PositionError;
 /// The largest chunk ever returned (the seed's `Math.min(4, …)`).
 pub const MAX_APPEND_CHUNK: usize = 4;
 
-/// The backend a regime table describes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Backend {
-    /// MLX's CPU backend.
-    Cpu,
-    /// MLX's Metal backend.
-    Metal,
-    /// MLX's CUDA backend.
-    Cuda,
-}
+pub use crate::backend::Backend;
 
 /// Inclusive KV lengths after which a backend's SDPA arithmetic changes.
 ///

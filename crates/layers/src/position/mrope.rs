@@ -60,10 +60,20 @@ impl MropePath {
     /// The path `MRoPERotaryEmbedding.apply_rotary` takes in this process.
     ///
     /// Mirrors `_HAS_METAL`: it depends on whether this libmlx has Metal,
-    /// not on the default device. On a Metal machine whose default device
-    /// has been set to the CPU the reference still launches the kernel (and
-    /// MLX rejects the launch on a CPU stream); this port does the same, so
-    /// the suite reports the path the reference would take.
+    /// not on the default device. On a Metal build whose default device
+    /// has been set to the CPU, `MRoPERotaryEmbedding.apply_rotary` still
+    /// launches the kernel (and MLX rejects the launch on a CPU stream);
+    /// [`Mrope::apply`] does the same. To run the pure-MLX arithmetic on
+    /// the CPU of a Metal build, call [`Mrope::apply_with_path`] with
+    /// [`MropePath::PureMlx`] — the reference's equivalent is
+    /// `fused_apply = False`.
+    ///
+    /// The conformance suite's CPU rows do exactly that on every build: on
+    /// macOS (a Metal build) `--device cpu` tests the **pure-MLX** path,
+    /// port and reference alike (the glue sets `fused_apply = False`), as
+    /// on Linux; the kernel path is tested only by `--device gpu` rows on
+    /// Metal. CUDA builds have no Metal, so both devices take the pure-MLX
+    /// path there.
     ///
     /// # Errors
     /// [`PositionError::MetalKernel`] if mlx-c cannot answer.

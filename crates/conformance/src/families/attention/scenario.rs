@@ -3,7 +3,7 @@
 //! the port's M = 1 trajectory over them. Chunked appends and boundary
 //! probes are measured against that trajectory.
 //!
-//! Scenarios are memoised for the process (keyed by run seed, device and
+//! Scenarios are memoised for the process (keyed by run seed, backend and
 //! window): the M = 1 trajectory at 65k tokens costs seconds on CPU and is
 //! deterministic, so the must-equal case, the findings and the boundary
 //! finder of one window share it instead of recomputing it. The memo holds
@@ -17,7 +17,7 @@ use oracle::{compare, Comparison, DType, HostTensor};
 use super::step::{
     cache_layout, rows, stack_rows, AttentionShape, DecodeStep, HostWeights, KvCache,
 };
-use crate::case::{seed_of, CaseError, Device};
+use crate::case::{seed_of, Backend, CaseError};
 use crate::inputs::Inputs;
 
 /// The port's outputs over a scenario's tokens, token-major: `attn [W, H*D]`
@@ -363,12 +363,12 @@ fn weights_memo() -> &'static Memo<(u64, &'static str), HostWeights> {
 fn weights(
     shape: &AttentionShape,
     run_seed: u64,
-    device: Device,
+    backend: Backend,
 ) -> Result<Arc<HostWeights>, CaseError> {
     let slot = weights_memo()
         .lock()
         .expect("weights memo")
-        .entry((run_seed, device.name()))
+        .entry((run_seed, backend.as_str()))
         .or_default()
         .clone();
     let seed = run_seed.wrapping_add(seed_of("attention/weights"));
@@ -382,23 +382,23 @@ fn weights(
 }
 
 /// The scenario of window `start..end` for run seed `run_seed` on
-/// `device`: generated once per process, shared by every case.
+/// `backend`: generated once per process, shared by every case.
 pub fn scenario(
     shape: AttentionShape,
     run_seed: u64,
-    device: Device,
+    backend: Backend,
     start: usize,
     end: usize,
 ) -> Result<Arc<Scenario>, CaseError> {
     let slot = memo()
         .lock()
         .expect("scenario memo")
-        .entry((run_seed, device.name(), start, end))
+        .entry((run_seed, backend.as_str(), start, end))
         .or_default()
         .clone();
     let seed = run_seed.wrapping_add(seed_of(&format!("attention/scenario/cache{start}-{end}")));
     slot.get_or_init(|| {
-        let weights = weights(&shape, run_seed, device).map_err(|e| e.to_string())?;
+        let weights = weights(&shape, run_seed, backend).map_err(|e| e.to_string())?;
         Scenario::generate(shape, weights, seed, start, end)
             .map(Arc::new)
             .map_err(|e| e.to_string())

@@ -16,7 +16,7 @@ use layers::position::{GridThw, MropePath, PositionError, VisionTokens};
 use mlx_rs::Array;
 use oracle::{Arg, DType, HostTensor, Value};
 
-use crate::case::{Case, CaseError, Ctx, Device};
+use crate::case::{Backend, Case, CaseError, Ctx};
 use crate::inputs::Inputs;
 
 mod inv_freq;
@@ -142,9 +142,11 @@ fn take_str(map: &mut BTreeMap<String, Value>, key: &str) -> Result<String, Case
 /// on a Metal build the glue turns `fused_apply` off to match, since the
 /// kernel cannot launch on a CPU stream).
 fn mrope_path(ctx: &Ctx) -> Result<MropePath, CaseError> {
-    match ctx.device {
-        Device::Gpu => MropePath::current().map_err(port),
-        Device::Cpu => Ok(MropePath::PureMlx),
+    // The kernel path exists only on Metal; CPU rows (on every build,
+    // macOS included) test the pure-MLX path, CUDA has no Metal.
+    match ctx.backend {
+        Backend::Metal => MropePath::current().map_err(port),
+        Backend::Cpu | Backend::Cuda => Ok(MropePath::PureMlx),
     }
 }
 

@@ -15,7 +15,7 @@ use super::{
     build_prompt, bytes_tensor, dict, dtype_tag, grids_arg, host, int32_tensor, list_arg,
     mlx_dtype, mrope_path, port, take_str, take_tensor, Piece, Prompt, FLOAT_DTYPES,
 };
-use crate::case::{Case, CaseError, CaseOutput, Ctx, Device};
+use crate::case::{Backend, Case, CaseError, CaseOutput, Ctx};
 
 const FAMILY: &str = "position/mrope";
 const APPLY_REFERENCE: &str = "mlx_vlm.models.rope_utils.MRoPERotaryEmbedding.apply_rotary, built by \
@@ -206,7 +206,7 @@ pub fn cases() -> Vec<Case> {
                 Case::must_equal(name, FAMILY, APPLY_REFERENCE, move |ctx| {
                     run_apply(ctx, QWEN3_5, dtype, scenario, Some(MropePath::MetalKernel))
                 })
-                .only_on(Device::Gpu, "the fused mRoPE kernel runs only on Metal"),
+                .only_on(&[Backend::Metal], "the fused mRoPE kernel runs only on Metal"),
             );
         }
     }

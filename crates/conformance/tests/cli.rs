@@ -1,0 +1,113 @@
+//! The `conformance` binary as CI runs it: a missing snapshot set is one
+//! line and exit 2 (not a DRIFT row per case), and runs with different
+//! `--out` directories keep each other's reports.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn conformance(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args(args)
+        .env_remove("MLX_CONFORMANCE_DEVICE_FAMILY")
+        .env("CI", "true")
+        .output()
+        .expect("the conformance binary starts")
+}
+
+fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("conformance-cli-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+const SMOKE: &str = "smoke/quantized-matmul";
+
+#[test]
+fn a_missing_set_is_one_line_naming_set_place_and_command_and_exits_2() {
+    let out_dir = scratch("missing");
+    let out = conformance(&[
+        "--device",
+        "cpu",
+        "--filter",
+        SMOKE,
+        "--device-family",
+        "no-such-runner",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{all}");
+    let set = format!(
+        "cpu-no-such-runner-mlx{}",
+        mlx_version(&out_dir.join("report.json"))
+    );
+    let lines: Vec<&str> = all.lines().filter(|l| l.contains(&set)).collect();
+    // The diagnosis line, plus the closing environment line naming the set.
+    let diagnosis: Vec<&&str> = lines.iter().filter(|l| l.contains("missing")).collect();
+    assert_eq!(diagnosis.len(), 1, "{all}");
+    let line = diagnosis[0];
+    assert!(line.contains("fixtures/snapshots/"), "{line}");
+    assert!(
+        line.contains("cargo xtask fixtures accept --device cpu --device-family no-such-runner"),
+        "{line}"
+    );
+    assert!(!all.contains("DRIFT"), "no DRIFT row per case: {all}");
+    assert!(all.contains("conformance: "), "{all}");
+    let md = std::fs::read_to_string(out_dir.join("report.md")).unwrap();
+    assert!(md.contains(*line), "report.md carries the same line");
+}
+
+#[test]
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))] // the committed CPU set's key
+fn the_committed_cpu_set_is_found_with_the_derived_key() {
+    let out_dir = scratch("found");
+    let out = conformance(&[
+        "--device",
+        "cpu",
+        "--filter",
+        SMOKE,
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+#[test]
+fn two_out_directories_keep_both_report_sets() {
+    let first = scratch("out-a");
+    let second = scratch("out-b");
+    for dir in [&first, &second] {
+        let out = conformance(&[
+            "--device",
+            "cpu",
+            "--filter",
+            SMOKE,
+            "--out",
+            dir.to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    }
+    for dir in [&first, &second] {
+        for file in ["report.json", "report.md", "junit.xml"] {
+            assert!(dir.join(file).is_file(), "{} lost {file}", dir.display());
+        }
+    }
+}
+
+fn mlx_version(report: &Path) -> String {
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(report).expect("report.json written"))
+            .unwrap();
+    json["environment"]["mlx_version"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
