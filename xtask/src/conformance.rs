@@ -1,27 +1,48 @@
-//! `cargo xtask conformance [args...]`: the conformance runner, after the
-//! reference environment check. Arguments pass through unchanged and its exit
-//! code (0/1/2/3, documented by the runner) is ours.
+//! `cargo xtask conformance [--backend B] [args...]`: the conformance runner,
+//! after the check of the selected reference environment. A leading
+//! `--backend cuda` selects `.reference-cuda/` (built in `target/cuda`); the
+//! other arguments pass through unchanged and the runner's exit code
+//! (0/1/2/3, documented by the runner) is ours.
 
 use std::ffi::OsString;
 use std::path::Path;
 
 use anyhow::{bail, Result};
 
-use crate::env::check_reference;
+use crate::env::{self, Backend, Layout};
 use crate::util;
 
 pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
     // A refused run must not leave the previous run's report looking current.
-    crate::util::clear_reports(root);
-    check_reference(root)?;
+    crate::util::clear_reports(root, args);
+    let (layout, _, args) = env::select_and_check(root, args)?;
     if !root.join("crates/conformance/Cargo.toml").exists() {
         bail!("crates/conformance does not exist in this workspace");
     }
-    util::status(
-        util::cargo()
-            .current_dir(root)
+    let code = util::status(
+        layout
+            .cargo(root)
             .args(["run", "-p", "conformance", "--"])
             .args(args),
         "the conformance runner",
-    )
+    )?;
+    explain_loader_failure(&layout, code);
+    Ok(code)
+}
+
+/// Exit code of a process the dynamic loader could not start.
+pub const LOADER_FAILURE: i32 = 127;
+
+/// After a CUDA binary exited 127 (the loader did not find a library):
+/// says what a GPU host needs.
+pub fn explain_loader_failure(layout: &Layout, code: i32) {
+    if layout.backend == Backend::Cuda && code == LOADER_FAILURE {
+        eprintln!(
+            "xtask: exit {LOADER_FAILURE}: if the dynamic loader could not find a library \
+             (libcuda.so.1, libcublasLt.so.13, libcudnn.so.9, libnccl.so.2, libcufft.so.12, \
+             libnvrtc.so.13), this is not a GPU host with the NVIDIA driver and libraries the \
+             CUDA libmlx needs; `cargo xtask setup --backend cuda` prints the list and \
+             reference/cuda/README.md says how to provide them (LD_LIBRARY_PATH, CUDA_HOME)"
+        );
+    }
 }

@@ -1,33 +1,299 @@
-//! The reference environment's fingerprint, and the check every command that
-//! needs the environment runs first.
+//! The reference environments, their fingerprints, and the check every
+//! command that needs an environment runs first.
 //!
-//! `cargo xtask setup` writes `.reference/fingerprint.json` last, after
-//! everything else succeeded; `crates/mlx-sys/build.rs` reads `mlx_dir`,
-//! `mlx_c_dir`, `python_libdir` and `mlx_version` from it.
+//! Two environments can live side by side in the workspace, each built by
+//! `cargo xtask setup [--backend B]` from its own hash-locked lock:
+//!
+//! | backend | env dir | lock | cargo target dir |
+//! | --- | --- | --- | --- |
+//! | `cpu` (Linux) / `metal` (macOS) | `.reference/` | `reference/requirements.lock` | cargo's default (`target/`) |
+//! | `cuda` (Linux x86-64) | `.reference-cuda/` | `reference/cuda/requirements.lock` | `target/cuda` |
+//!
+//! Each env dir holds `venv/`, `mlx-c/` and `fingerprint.json` (written
+//! last). Builds select an env with the variable `MLX_REFERENCE_DIR` (relative
+//! to the workspace root or absolute; default `.reference`):
+//! `crates/mlx-sys/build.rs` reads `mlx_dir`, `mlx_c_dir`, `python_libdir`,
+//! `mlx_version` and `backend` from `$MLX_REFERENCE_DIR/fingerprint.json`.
+//! [`Layout::cargo`] is the one place that sets that variable, `PYO3_PYTHON`
+//! and `CARGO_TARGET_DIR` for a backend.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fmt;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::util::sha256_file;
+use crate::util::{self, sha256_file};
 
-/// Relative to the workspace root.
+/// The default environment, relative to the workspace root (the first three
+/// are kept for callers that only know the default env; new code goes
+/// through [`Layout`]).
+#[allow(dead_code)]
 pub const FINGERPRINT: &str = ".reference/fingerprint.json";
-pub const REFERENCE_DIR: &str = ".reference";
+#[allow(dead_code)]
 pub const VENV: &str = ".reference/venv";
+#[allow(dead_code)]
 pub const MLX_C: &str = ".reference/mlx-c";
+pub const REFERENCE_DIR: &str = ".reference";
 pub const LOCK: &str = "reference/requirements.lock";
 pub const LOCK_SHA256: &str = "reference/requirements.lock.sha256";
-pub const SCHEMA: u32 = 1;
+/// 2: `backend` added.
+pub const SCHEMA: u32 = 2;
 
-const FIX: &str = "run `cargo xtask setup`";
+/// The variable that selects the environment a build links against.
+pub const REFERENCE_DIR_VAR: &str = "MLX_REFERENCE_DIR";
 
-/// `.reference/fingerprint.json`: what `cargo xtask setup` built.
+/// An MLX backend, as named everywhere in the workspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// MLX's CPU backend (`mlx-cpu` wheel; the default env on Linux).
+    Cpu,
+    /// Apple's Metal GPU (`mlx-metal` wheel; the default env on macOS).
+    Metal,
+    /// NVIDIA GPUs through CUDA 13 (`mlx-cuda-13` wheel; Linux x86-64).
+    Cuda,
+}
+
+impl Backend {
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Cpu => "cpu",
+            Backend::Metal => "metal",
+            Backend::Cuda => "cuda",
+        }
+    }
+
+    /// The backend of the default environment `.reference/` on this
+    /// machine: Metal on macOS, CPU elsewhere.
+    pub fn host_default() -> Backend {
+        if cfg!(target_os = "macos") {
+            Backend::Metal
+        } else {
+            Backend::Cpu
+        }
+    }
+
+    fn parse(text: &str) -> std::result::Result<Backend, BackendError> {
+        <Backend as clap::ValueEnum>::from_str(text, false)
+            .map_err(|_| BackendError::Unknown(text.to_owned()))
+    }
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why a backend was refused.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BackendError {
+    /// The backend's environment cannot be built on this machine.
+    Unsupported {
+        backend: Backend,
+        platform: String,
+        reason: &'static str,
+    },
+    /// `--backend` named something else.
+    Unknown(String),
+    /// `--backend` without a value.
+    MissingValue,
+}
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackendError::Unsupported {
+                backend,
+                platform,
+                reason,
+            } => write!(
+                f,
+                "backend `{backend}` is not available on this machine ({platform}): {reason}"
+            ),
+            BackendError::Unknown(name) => write!(
+                f,
+                "unknown backend `{name}`: expected one of cpu, metal, cuda"
+            ),
+            BackendError::MissingValue => {
+                f.write_str("`--backend` needs a value: one of cpu, metal, cuda")
+            }
+        }
+    }
+}
+
+impl std::error::Error for BackendError {}
+
+/// Where everything of one backend's environment lives (relative paths are
+/// relative to the workspace root).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Layout {
+    pub backend: Backend,
+    /// `.reference` or `.reference-cuda`; holds `venv/`, `mlx-c/`,
+    /// `fingerprint.json`.
+    pub dir: &'static str,
+    /// The hand-edited pins.
+    pub requirements_in: &'static str,
+    /// The hash-locked lock compiled from them (`cargo xtask lock`).
+    pub lock: &'static str,
+    /// The lock's recorded SHA-256.
+    pub lock_sha256: &'static str,
+    /// Cargo's target dir for builds against this env; `None`: cargo's own
+    /// (`target/`, or `CARGO_TARGET_DIR`).
+    pub target_dir: Option<&'static str>,
+}
+
+impl Layout {
+    /// The environment of `backend`, if it can be built on this machine.
+    /// `cpu` and `metal` are the default env `.reference/` of the platform
+    /// that has them (Linux and macOS respectively); `cuda` is
+    /// `.reference-cuda/`, Linux x86-64 only.
+    pub fn for_backend(backend: Backend) -> std::result::Result<Layout, BackendError> {
+        let unsupported = |reason| BackendError::Unsupported {
+            backend,
+            platform: platform(),
+            reason,
+        };
+        match backend {
+            Backend::Cuda if !cfg!(all(target_os = "linux", target_arch = "x86_64")) => Err(
+                unsupported("the mlx-cuda-13 wheel exists for Linux x86-64 only"),
+            ),
+            Backend::Cuda => Ok(Layout::of(Backend::Cuda)),
+            Backend::Metal if !cfg!(target_os = "macos") => Err(unsupported(
+                "Metal is macOS only; here the default environment is `cpu` (`cargo xtask setup`)",
+            )),
+            Backend::Cpu if cfg!(target_os = "macos") => Err(unsupported(
+                "on macOS the default environment is `metal` (mlx-metal also runs MLX's CPU \
+                 backend: `cargo xtask setup`, then `--device cpu`)",
+            )),
+            Backend::Cpu | Backend::Metal => Ok(Layout::of(backend)),
+        }
+    }
+
+    /// The default environment `.reference/` of this machine.
+    #[allow(dead_code)]
+    pub fn host_default() -> Layout {
+        Layout::of(Backend::host_default())
+    }
+
+    /// The layout of `backend` whether or not it can be built here (locking
+    /// works on any machine: `cpu` and `metal` share the default lock).
+    pub fn of(backend: Backend) -> Layout {
+        match backend {
+            Backend::Cpu | Backend::Metal => Layout {
+                backend,
+                dir: REFERENCE_DIR,
+                requirements_in: "reference/requirements.in",
+                lock: LOCK,
+                lock_sha256: LOCK_SHA256,
+                target_dir: None,
+            },
+            Backend::Cuda => Layout {
+                backend,
+                dir: ".reference-cuda",
+                requirements_in: "reference/cuda/requirements.in",
+                lock: "reference/cuda/requirements.lock",
+                lock_sha256: "reference/cuda/requirements.lock.sha256",
+                target_dir: Some("target/cuda"),
+            },
+        }
+    }
+
+    pub fn fingerprint(&self) -> String {
+        format!("{}/fingerprint.json", self.dir)
+    }
+
+    pub fn venv(&self) -> String {
+        format!("{}/venv", self.dir)
+    }
+
+    pub fn mlx_c(&self) -> String {
+        format!("{}/mlx-c", self.dir)
+    }
+
+    /// The venv's interpreter (what pyo3 builds against), absolute.
+    pub fn python(&self, root: &Path) -> PathBuf {
+        root.join(self.venv()).join("bin/python")
+    }
+
+    #[allow(dead_code)]
+    /// Cargo's target dir for this env, absolute (`target/` for the default
+    /// env unless `CARGO_TARGET_DIR` says otherwise).
+    pub fn target_dir(&self, root: &Path) -> PathBuf {
+        match self.target_dir {
+            Some(dir) => root.join(dir),
+            None => std::env::var_os("CARGO_TARGET_DIR")
+                .map(|dir| root.join(dir))
+                .unwrap_or_else(|| root.join("target")),
+        }
+    }
+
+    /// ` --backend cuda` for the non-default env, else empty (for commands
+    /// printed to the user).
+    pub fn flag(&self) -> &'static str {
+        match self.backend {
+            Backend::Cuda => " --backend cuda",
+            Backend::Cpu | Backend::Metal => "",
+        }
+    }
+
+    /// The command that builds (or repairs) this environment.
+    pub fn setup_command(&self) -> String {
+        format!("cargo xtask setup{}", self.flag())
+    }
+
+    /// A `cargo` command in the workspace root that builds and runs against
+    /// this environment: `MLX_REFERENCE_DIR` and `PYO3_PYTHON` select it
+    /// (an explicitly set variable overrides `.cargo/config.toml`'s
+    /// `[env]`), and the CUDA env builds in its own `CARGO_TARGET_DIR` so
+    /// the two never invalidate each other's artifacts.
+    pub fn cargo(&self, root: &Path) -> Command {
+        let mut cmd = util::cargo();
+        cmd.current_dir(root)
+            .env(REFERENCE_DIR_VAR, self.dir)
+            .env("PYO3_PYTHON", self.python(root));
+        if let Some(dir) = self.target_dir {
+            cmd.env("CARGO_TARGET_DIR", root.join(dir));
+        }
+        cmd
+    }
+}
+
+/// Splits an optional leading `--backend B` (or `--backend=B`) off the
+/// arguments of a pass-through command; the backend defaults to this
+/// machine's default env.
+pub fn peel_backend(
+    args: &[OsString],
+) -> std::result::Result<(Backend, &[OsString]), BackendError> {
+    let Some(first) = args.first().and_then(|a| a.to_str()) else {
+        return Ok((Backend::host_default(), args));
+    };
+    if first == "--backend" {
+        let value = args
+            .get(1)
+            .and_then(|v| v.to_str())
+            .filter(|v| !v.starts_with('-'))
+            .ok_or(BackendError::MissingValue)?;
+        return Ok((Backend::parse(value)?, &args[2..]));
+    }
+    if let Some(value) = first.strip_prefix("--backend=") {
+        return Ok((Backend::parse(value)?, &args[1..]));
+    }
+    Ok((Backend::host_default(), args))
+}
+
+/// What `cargo xtask setup` built: `<env dir>/fingerprint.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Fingerprint {
     pub schema: u32,
+    /// The backend this environment is for. Absent in fingerprints written
+    /// before backends existed: such an env is refused as old.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<Backend>,
     /// Absolute path of the venv's python.
     pub python: PathBuf,
     /// Absolute path of the base interpreter the venv was made from.
@@ -41,12 +307,12 @@ pub struct Fingerprint {
     pub mlx_dir: PathBuf,
     /// `<mlx_dir>/lib/libmlx.so` (or `.dylib`).
     pub libmlx: PathBuf,
-    /// Relative to the workspace root: `.reference/mlx-c`.
+    /// Relative to the workspace root: `<env dir>/mlx-c`.
     pub mlx_c_dir: String,
     pub mlx_version: String,
     /// Installed distributions: normalized name -> version.
     pub packages: BTreeMap<String, String>,
-    /// SHA-256 of reference/requirements.lock when the venv was installed.
+    /// SHA-256 of the lock when the venv was installed.
     pub lock_sha256: String,
     /// `<os>-<arch>`, e.g. `linux-x86_64`.
     pub platform: String,
@@ -107,7 +373,7 @@ pub fn parse_lock(text: &str) -> Result<Vec<Pin>> {
         };
         let Some((name, version)) = requirement.split_once("==") else {
             bail!(
-                "{LOCK}:{}: expected `name==version`, found `{line}`",
+                "line {}: expected `name==version`, found `{line}`",
                 number + 1
             );
         };
@@ -119,7 +385,7 @@ pub fn parse_lock(text: &str) -> Result<Vec<Pin>> {
         });
     }
     if pins.is_empty() {
-        bail!("{LOCK} pins no packages");
+        bail!("the lock pins no packages");
     }
     Ok(pins)
 }
@@ -172,25 +438,41 @@ pub fn compare_with_lock(
     Ok(())
 }
 
-/// Reads the fingerprint; `Err(reason)` if absent or unreadable.
-fn load(root: &Path) -> std::result::Result<Fingerprint, String> {
-    let path = root.join(FINGERPRINT);
+/// Reads an env's fingerprint; `Err(reason)` if absent, unreadable, from
+/// an older set-up or for another backend.
+fn load(root: &Path, layout: &Layout) -> std::result::Result<Fingerprint, String> {
+    let name = layout.fingerprint();
+    let path = root.join(&name);
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(format!(
-                "reference environment missing: {FINGERPRINT} not found"
+                "{} reference environment missing: {name} not found",
+                layout.backend
             ))
         }
-        Err(e) => return Err(format!("cannot read {FINGERPRINT}: {e}")),
+        Err(e) => return Err(format!("cannot read {name}: {e}")),
     };
     let fingerprint: Fingerprint = serde_json::from_str(&text).map_err(|e| {
-        format!("reference environment fingerprint {FINGERPRINT} is unreadable or from an older set-up ({e})")
+        format!(
+            "reference environment fingerprint {name} is unreadable or from an older set-up ({e})"
+        )
     })?;
+    let Some(backend) = fingerprint.backend else {
+        return Err(format!(
+            "reference environment fingerprint {name} has no `backend` (written by an older set-up)"
+        ));
+    };
     if fingerprint.schema != SCHEMA {
         return Err(format!(
-            "reference environment fingerprint has schema {}, this xtask writes schema {SCHEMA}",
+            "reference environment fingerprint {name} has schema {}, this xtask writes schema {SCHEMA}",
             fingerprint.schema
+        ));
+    }
+    if backend != layout.backend {
+        return Err(format!(
+            "reference environment {} was set up for backend `{backend}`, not `{}`",
+            layout.dir, layout.backend
         ));
     }
     Ok(fingerprint)
@@ -198,7 +480,19 @@ fn load(root: &Path) -> std::result::Result<Fingerprint, String> {
 
 /// Checks a fingerprint against the workspace and the disk; `Err(reason)`
 /// names what is missing or drifted. Cheap: no process is started.
-pub fn verify(root: &Path, fingerprint: &Fingerprint) -> std::result::Result<(), String> {
+pub fn verify(
+    root: &Path,
+    layout: &Layout,
+    fingerprint: &Fingerprint,
+) -> std::result::Result<(), String> {
+    if fingerprint.backend != Some(layout.backend) {
+        return Err(format!(
+            "reference environment {} is for backend `{}`, not `{}`",
+            layout.dir,
+            fingerprint.backend.map_or("(none)", Backend::name),
+            layout.backend
+        ));
+    }
     let here = platform();
     if fingerprint.platform != here {
         return Err(format!(
@@ -206,11 +500,12 @@ pub fn verify(root: &Path, fingerprint: &Fingerprint) -> std::result::Result<(),
             fingerprint.platform
         ));
     }
-    let lock_path = root.join(LOCK);
+    let lock = layout.lock;
+    let lock_path = root.join(lock);
     let lock_sha256 = sha256_file(&lock_path).map_err(|e| format!("{e:#}"))?;
     if fingerprint.lock_sha256 != lock_sha256 {
         return Err(format!(
-            "reference environment drifted: lock hash {} (set up) != {lock_sha256} ({LOCK})",
+            "reference environment drifted: lock hash {} (set up) != {lock_sha256} ({lock})",
             fingerprint.lock_sha256
         ));
     }
@@ -242,7 +537,7 @@ pub fn verify(root: &Path, fingerprint: &Fingerprint) -> std::result::Result<(),
     }
     let lock_text = std::fs::read_to_string(&lock_path)
         .map_err(|e| format!("cannot read {}: {e}", lock_path.display()))?;
-    let pins = parse_lock(&lock_text).map_err(|e| format!("{e:#}"))?;
+    let pins = parse_lock(&lock_text).map_err(|e| format!("{lock}: {e:#}"))?;
     compare_with_lock(&pins, &installed)
         .map_err(|e| format!("reference environment drifted: {e}"))?;
     match installed.get("mlx") {
@@ -275,16 +570,46 @@ fn describe_difference(
     changes.join(", ")
 }
 
-/// Refuses a missing, half-built or drifted reference environment with a
-/// message naming the fix; returns its fingerprint otherwise.
-pub fn check_reference(root: &Path) -> Result<Fingerprint> {
-    reference_status(root).or_else(|reason| bail!("{reason} — {FIX}"))
+/// Refuses a missing, half-built or drifted environment of `layout` with a
+/// message naming the fix (`cargo xtask setup [--backend cuda]`); returns
+/// its fingerprint otherwise.
+pub fn check_environment(root: &Path, layout: &Layout) -> Result<Fingerprint> {
+    environment_status(root, layout)
+        .or_else(|reason| bail!("{reason} — run `{}`", layout.setup_command()))
 }
 
-/// Like [`check_reference`], but returns the bare reason (for `setup`, which
-/// is the fix).
+/// Like [`check_environment`], but returns the bare reason (for `setup`,
+/// which is the fix).
+pub fn environment_status(
+    root: &Path,
+    layout: &Layout,
+) -> std::result::Result<Fingerprint, String> {
+    load(root, layout).and_then(|fp| verify(root, layout, &fp).map(|()| fp))
+}
+
+/// [`check_environment`] of this machine's default env `.reference/`.
+#[allow(dead_code)]
+pub fn check_reference(root: &Path) -> Result<Fingerprint> {
+    check_environment(root, &Layout::host_default())
+}
+
+/// [`environment_status`] of this machine's default env `.reference/`.
+#[allow(dead_code)]
 pub fn reference_status(root: &Path) -> std::result::Result<Fingerprint, String> {
-    load(root).and_then(|fp| verify(root, &fp).map(|()| fp))
+    environment_status(root, &Layout::host_default())
+}
+
+/// The environment selected by an optional leading `--backend B` of a
+/// pass-through command, checked; returns its layout and the remaining
+/// arguments.
+pub fn select_and_check<'a>(
+    root: &Path,
+    args: &'a [OsString],
+) -> Result<(Layout, Fingerprint, &'a [OsString])> {
+    let (backend, rest) = peel_backend(args)?;
+    let layout = Layout::for_backend(backend)?;
+    let fingerprint = check_environment(root, &layout)?;
+    Ok((layout, fingerprint, rest))
 }
 
 #[cfg(test)]
@@ -307,6 +632,65 @@ mod tests {
         assert_eq!(pins[0].name, "mlx");
         assert_eq!(pins[0].version, "0.32.2");
         assert_eq!(pins[1].marker.as_deref(), Some("sys_platform == 'linux'"));
+    }
+
+    #[test]
+    fn peels_a_leading_backend() {
+        let args = |v: &[&str]| v.iter().map(OsString::from).collect::<Vec<_>>();
+        let a = args(&["--backend", "cuda", "--list"]);
+        let (b, rest) = peel_backend(&a).unwrap();
+        assert_eq!(b, Backend::Cuda);
+        assert_eq!(rest, &a[2..]);
+        let a = args(&["--backend=cuda"]);
+        assert_eq!(peel_backend(&a).unwrap(), (Backend::Cuda, &a[1..]));
+        let a = args(&["--list", "--backend", "cuda"]);
+        assert_eq!(peel_backend(&a).unwrap(), (Backend::host_default(), &a[..]));
+        let a = args(&["--backend"]);
+        assert_eq!(peel_backend(&a), Err(BackendError::MissingValue));
+        let a = args(&["--backend", "rocm"]);
+        assert!(matches!(peel_backend(&a), Err(BackendError::Unknown(_))));
+        assert_eq!(peel_backend(&[]).unwrap().0, Backend::host_default());
+    }
+
+    #[test]
+    fn layouts() {
+        let cuda = Layout::of(Backend::Cuda);
+        assert_eq!(cuda.fingerprint(), ".reference-cuda/fingerprint.json");
+        assert_eq!(cuda.setup_command(), "cargo xtask setup --backend cuda");
+        assert_eq!(Layout::host_default().dir, ".reference");
+        assert_eq!(Layout::host_default().setup_command(), "cargo xtask setup");
+        let host_cuda = cfg!(all(target_os = "linux", target_arch = "x86_64"));
+        assert_eq!(Layout::for_backend(Backend::Cuda).is_ok(), host_cuda);
+        assert!(Layout::for_backend(Backend::host_default()).is_ok());
+        let other = if cfg!(target_os = "macos") {
+            Backend::Cpu
+        } else {
+            Backend::Metal
+        };
+        assert!(matches!(
+            Layout::for_backend(other),
+            Err(BackendError::Unsupported { .. })
+        ));
+    }
+
+    #[test]
+    fn fingerprint_without_backend_is_old() {
+        let dir = std::env::temp_dir().join(format!("xtask-env-test-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join(".reference")).unwrap();
+        std::fs::write(
+            dir.join(".reference/fingerprint.json"),
+            r#"{"schema": 1, "python": "/p", "base_python": "/p", "python_version": "3.11.7",
+               "python_libdir": "/l", "site_packages": "/s", "mlx_dir": "/m", "libmlx": "/m/l",
+               "mlx_c_dir": ".reference/mlx-c", "mlx_version": "0.32.2", "packages": {},
+               "lock_sha256": "00", "platform": "linux-x86_64"}"#,
+        )
+        .unwrap();
+        let layout = Layout::host_default();
+        let reason = environment_status(&dir, &layout).unwrap_err();
+        assert!(reason.contains("no `backend`"), "{reason}");
+        let message = format!("{:#}", check_environment(&dir, &layout).unwrap_err());
+        assert!(message.ends_with("run `cargo xtask setup`"), "{message}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -1,14 +1,17 @@
-//! `cargo xtask fixtures review|accept`: the only way snapshot fixtures
-//! change. `review` runs the suite and prints every drift as a diff without
-//! writing; `accept` records (the runner refuses when a must-equal case
-//! fails or the environment differs from the lock, and under `CI=true`).
+//! `cargo xtask fixtures [--backend B] review|accept [--backend B] [args]`:
+//! the only way snapshot fixtures change. `review` runs the suite and prints
+//! every drift as a diff without writing; `accept` records (the runner
+//! refuses when a must-equal case fails or the environment differs from the
+//! lock, and under `CI=true`). `--backend cuda` (before the action, or
+//! leading its arguments) runs against `.reference-cuda/`.
 
 use std::ffi::OsString;
 use std::path::Path;
 
 use anyhow::{bail, Result};
 
-use crate::env::check_reference;
+use crate::conformance::explain_loader_failure;
+use crate::env::{self, Backend, Layout};
 use crate::util;
 
 #[derive(clap::Subcommand)]
@@ -27,14 +30,27 @@ pub enum Action {
     },
 }
 
-pub fn run(root: &Path, action: &Action) -> Result<i32> {
+pub fn run(root: &Path, backend: Option<Backend>, action: &Action) -> Result<i32> {
     // A refused run must not leave the previous run's report looking current.
-    crate::util::clear_reports(root);
-    check_reference(root)?;
     let (mode, args) = match action {
         Action::Review { args } => ("review", args),
         Action::Accept { args } => ("accept", args),
     };
+    // A refused run must not leave the previous run's report looking current.
+    crate::util::clear_reports(root, args);
+    let leading = args
+        .first()
+        .is_some_and(|a| a.to_string_lossy().starts_with("--backend"));
+    let (peeled, args) = env::peel_backend(args)?;
+    let backend = match (backend, leading) {
+        (Some(outer), true) if outer != peeled => {
+            bail!("two different backends given: --backend {outer} and --backend {peeled}")
+        }
+        (Some(outer), _) => outer,
+        (None, _) => peeled,
+    };
+    let layout = Layout::for_backend(backend)?;
+    env::check_environment(root, &layout)?;
     if mode == "accept" && std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
         bail!("snapshots are never written under CI=true; run `cargo xtask fixtures accept` locally and commit");
     }
@@ -44,11 +60,13 @@ pub fn run(root: &Path, action: &Action) -> Result<i32> {
     {
         bail!("fixtures {mode} runs the whole registry (orphans are judged on complete runs); drop --filter");
     }
-    util::status(
-        util::cargo()
-            .current_dir(root)
+    let code = util::status(
+        layout
+            .cargo(root)
             .args(["run", "-p", "conformance", "--", "--fixtures", mode])
             .args(args),
         "the conformance runner",
-    )
+    )?;
+    explain_loader_failure(&layout, code);
+    Ok(code)
 }

@@ -8,10 +8,12 @@
 //! of xtask itself (missing, half-built or drifted environment, a set-up step
 //! that failed) exits 3 after printing `error: <message>`.
 
+mod bundle;
 mod conformance;
 mod env;
 mod fixtures;
 mod lock;
+mod macos;
 mod setup;
 mod system;
 mod testing;
@@ -39,28 +41,44 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Create the pinned reference environment in .reference/ (idempotent)
+    /// Create a pinned reference environment: .reference/ (default), or
+    /// .reference-cuda/ with `--backend cuda` (idempotent)
     Setup(setup::Args),
-    /// Re-lock reference/requirements.in into reference/requirements.lock and its .sha256
-    Lock,
+    /// Re-lock a backend's requirements.in into its requirements.lock and .sha256
+    /// (default: reference/; `--backend cuda`: reference/cuda/)
+    Lock {
+        /// `cpu` and `metal` share the default lock; `cuda` has its own
+        #[arg(long, value_enum, value_name = "BACKEND")]
+        backend: Option<env::Backend>,
+    },
     /// Check the reference environment, run `cargo test --workspace`, then the CPU conformance run
+    /// (a leading `--backend cuda` selects the CUDA environment)
     Test {
-        /// Extra arguments for the conformance runner (after the default `--device cpu`)
+        /// [--backend B] then extra arguments for the conformance runner (after the default `--device cpu`)
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
     /// Check the reference environment, then run the conformance runner with these arguments
+    /// (a leading `--backend cuda` selects the CUDA environment)
     #[command(disable_help_flag = true)]
     Conformance {
-        /// Arguments passed unchanged to the conformance runner (`--help` included)
+        /// [--backend B] then arguments passed unchanged to the conformance runner (`--help` included)
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
     /// Review or accept the snapshot fixtures of this backend
+    /// (`--backend cuda` before or after the action selects the CUDA environment)
     Fixtures {
+        /// The environment to run against (default: this machine's default env)
+        #[arg(long, value_enum, value_name = "BACKEND")]
+        backend: Option<env::Backend>,
         #[command(subcommand)]
         action: fixtures::Action,
     },
+    /// Write a self-contained runner directory (binary, CPython, reference packages,
+    /// fixtures) for a Linux x86-64 machine without Rust, uv or network; `--archive`
+    /// also writes it as <out>.tar.zst parts of at most 60 MiB
+    Bundle(bundle::Args),
 }
 
 /// The workspace root: xtask lives in `<root>/xtask`.
@@ -81,10 +99,11 @@ fn main() {
     let root = workspace_root();
     let result = match cli.command {
         Command::Setup(args) => setup::run(&root, &args).map(|()| 0),
-        Command::Lock => lock::run(&root).map(|()| 0),
+        Command::Lock { backend } => lock::run(&root, backend).map(|()| 0),
         Command::Test { args } => testing::run(&root, &args),
         Command::Conformance { args } => conformance::run(&root, &args),
-        Command::Fixtures { action } => fixtures::run(&root, &action),
+        Command::Fixtures { backend, action } => fixtures::run(&root, backend, &action),
+        Command::Bundle(args) => bundle::run(&root, &args),
     };
     match result {
         Ok(code) => std::process::exit(code),

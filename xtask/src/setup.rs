@@ -1,14 +1,23 @@
-//! `cargo xtask setup`: creates the pinned reference environment.
+//! `cargo xtask setup [--backend cpu|metal|cuda]`: creates a pinned
+//! reference environment (the default one, `.reference/`, or the CUDA one,
+//! `.reference-cuda/`; see [`crate::env`] for the layout).
 //!
 //! Steps, each of which must succeed before the next:
-//! 1. preflight: the lock matches its committed hash, a shared-libpython
-//!    CPython 3.11 and `uv` are available (nothing is modified yet);
+//! 1. preflight: the backend can be built on this machine, the lock matches
+//!    its committed hash, a shared-libpython CPython 3.11 and `uv` are
+//!    available (nothing is modified yet);
 //! 2. the old fingerprint is deleted (an interrupted set-up never looks ready);
-//! 3. `.reference/venv` is (re)created and the lock installed with hashes,
-//!    without dependency closure;
+//! 3. `<env>/venv` is (re)created and the lock installed with hashes,
+//!    without dependency closure (for CUDA: without the NVIDIA libraries,
+//!    which a GPU host provides at run time);
 //! 4. mlx-c sources are taken from the crates.io package mlx-sys 0.7.0
-//!    (through `cargo fetch`) and copied atomically to `.reference/mlx-c`;
-//! 5. `.reference/fingerprint.json` is written last, atomically.
+//!    (through `cargo fetch`) and copied atomically to `<env>/mlx-c`;
+//! 5. `<env>/fingerprint.json` is written last, atomically.
+//!
+//! The CUDA environment is built and checked without loading its libmlx
+//! (which needs the NVIDIA driver and libraries this machine may lack): the
+//! venv is queried through package metadata, and libmlx's dynamic section
+//! is read from the file. Setup ends by printing what a GPU host needs.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -19,18 +28,22 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
-use crate::env::{self, Fingerprint};
+use crate::env::{self, Backend, Fingerprint, Layout};
+use crate::system::CudaRuntime;
 use crate::util::{self, rel};
 
 /// The uv release installed from PyPI when none is on PATH.
 pub const UV_VERSION: &str = "0.13.9";
 /// The crates.io package whose sources include mlx-c (the version mlx-rs pins).
 const MLX_SYS_VERSION: &str = "0.7.0";
-const FETCH_DIR: &str = ".reference/fetch-mlx-sys";
 const NETWORK_HINT: &str = "PyPI unreachable? setup needs network access to PyPI and crates.io";
 
 #[derive(clap::Args)]
 pub struct Args {
+    /// Which environment: `cpu` (Linux) or `metal` (macOS) is the default
+    /// `.reference/`; `cuda` (Linux x86-64) is `.reference-cuda/`
+    #[arg(long, value_enum, value_name = "BACKEND")]
+    backend: Option<Backend>,
     /// Rebuild the environment even if the fingerprint says it is up to date
     #[arg(long)]
     force: bool,
@@ -41,26 +54,31 @@ pub struct Args {
 
 pub fn run(root: &Path, args: &Args) -> Result<()> {
     let started = Instant::now();
-    let fingerprint_path = root.join(env::FINGERPRINT);
+    let layout = Layout::for_backend(args.backend.unwrap_or_else(Backend::host_default))?;
+    let backend = layout.backend;
+    let fingerprint_path = root.join(layout.fingerprint());
 
     // Cheap checks first: the lock must be the committed one, whatever state
     // the environment is in.
-    let lock_sha256 = verify_lock_hash(root)?;
+    let lock_sha256 = verify_lock_hash(root, &layout)?;
     // The build's system packages (cheap file checks when present).
     crate::system::ensure()?;
     if !args.force {
-        match env::reference_status(root) {
-            Ok(_) => {
+        match env::environment_status(root, &layout) {
+            Ok(fingerprint) => {
                 println!(
-                    "reference environment is up to date ({})",
+                    "{backend} reference environment is up to date ({})",
                     fingerprint_path.display()
                 );
+                if backend == Backend::Cuda {
+                    print!("{}", CudaRuntime::read(&fingerprint)?.render(root));
+                }
                 return Ok(());
             }
             Err(reason) => println!("setup: {reason}; building it"),
         }
     } else {
-        println!("setup: --force: rebuilding the reference environment");
+        println!("setup: --force: rebuilding the {backend} reference environment");
     }
 
     // Preflight: nothing is modified until these pass.
@@ -75,12 +93,12 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
     println!("setup: {} via `{}`", uv.version, uv.describe());
 
     // From here on the environment is being rebuilt: it must not look ready.
-    std::fs::create_dir_all(root.join(env::REFERENCE_DIR))?;
+    std::fs::create_dir_all(root.join(layout.dir))?;
     remove_if_exists(&fingerprint_path)?;
 
-    let venv = root.join(env::VENV);
+    let venv = root.join(layout.venv());
     let venv_python = venv.join("bin/python");
-    println!("setup: creating {}", env::VENV);
+    println!("setup: creating {}", layout.venv());
     let mut cmd = uv.command();
     cmd.current_dir(root)
         .args(["venv", "--clear", "--python"])
@@ -88,12 +106,13 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
         .arg(&venv);
     run_uv(&mut cmd, "uv venv")?;
 
-    let lock = root.join(env::LOCK);
-    let pins = env::parse_lock(&std::fs::read_to_string(&lock)?)?;
+    let lock = root.join(layout.lock);
+    let pins = env::parse_lock(&std::fs::read_to_string(&lock)?)
+        .with_context(|| format!("parsing {}", layout.lock))?;
     println!(
         "setup: installing {} pinned packages from {} (--no-deps --require-hashes)",
         pins.len(),
-        env::LOCK
+        layout.lock
     );
     let mut cmd = uv.command();
     cmd.current_dir(root)
@@ -104,18 +123,26 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
         .arg(&venv_python);
     run_uv(&mut cmd, "uv pip install")?;
 
-    let installed = query_venv(&venv_python)?;
+    // The CUDA libmlx cannot be loaded without the NVIDIA driver and
+    // libraries, which this machine may lack: ask the package metadata.
+    let import_core = backend != Backend::Cuda;
+    let installed = query_venv(&venv_python, import_core)?;
     println!(
-        "setup: mlx {} imports from {}",
+        "setup: mlx {} {} {}",
         installed.mlx_version,
+        if import_core {
+            "imports from"
+        } else {
+            "installed in (not imported: the CUDA libmlx loads only on a GPU host)"
+        },
         rel(root, Path::new(&installed.purelib))
     );
 
     println!("setup: fetching crates.io mlx-sys {MLX_SYS_VERSION} for the mlx-c sources");
-    let source = fetch_mlx_c(root)?;
-    let mlx_c = root.join(env::MLX_C);
+    let source = fetch_mlx_c(root, &layout)?;
+    let mlx_c = root.join(layout.mlx_c());
     copy_dir_atomically(&source, &mlx_c)?;
-    println!("setup: copied mlx-c to {}", env::MLX_C);
+    println!("setup: copied mlx-c to {}", layout.mlx_c());
 
     let site_packages = PathBuf::from(&installed.purelib);
     let mlx_dir = site_packages.join("mlx");
@@ -126,6 +153,7 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
         .collect();
     let fingerprint = Fingerprint {
         schema: env::SCHEMA,
+        backend: Some(backend),
         python: venv_python,
         base_python: installed
             .base_executable
@@ -136,45 +164,72 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
         site_packages,
         libmlx: mlx_dir.join("lib").join(env::libmlx_name()),
         mlx_dir,
-        mlx_c_dir: env::MLX_C.to_owned(),
+        mlx_c_dir: layout.mlx_c(),
         mlx_version: installed.mlx_version,
         packages,
         lock_sha256,
         platform: env::platform(),
     };
     // The same check `cargo xtask setup` and every other command will run.
-    if let Err(reason) = env::verify(root, &fingerprint) {
+    if let Err(reason) = env::verify(root, &layout, &fingerprint) {
         bail!("the environment just built does not pass its own check: {reason}");
     }
+    let cuda = if backend == Backend::Cuda {
+        let runtime = CudaRuntime::read(&fingerprint)?;
+        if !runtime
+            .dynamic
+            .needed
+            .iter()
+            .any(|n| n.starts_with("libcuda.so"))
+        {
+            bail!(
+                "{} is not a CUDA build (no NEEDED libcuda.so.1: {:?})",
+                fingerprint.libmlx.display(),
+                runtime.dynamic.needed
+            );
+        }
+        Some(runtime)
+    } else {
+        None
+    };
     write_atomically(
         &fingerprint_path,
         &(serde_json::to_string_pretty(&fingerprint)? + "\n"),
     )?;
     println!(
-        "setup: reference environment ready ({}) in {:.1} s",
+        "setup: {backend} reference environment ready ({}) in {:.1} s",
         fingerprint_path.display(),
         started.elapsed().as_secs_f64()
     );
+    if let Some(runtime) = cuda {
+        println!(
+            "setup: build against it with `cargo xtask conformance --backend cuda` \
+             (target dir {}); it links here, runs on a GPU host.",
+            layout.target_dir.unwrap_or("target")
+        );
+        print!("{}", runtime.render(root));
+    }
     Ok(())
 }
 
-/// Checks reference/requirements.lock against the committed hash; returns it.
-fn verify_lock_hash(root: &Path) -> Result<String> {
-    let recorded_path = root.join(env::LOCK_SHA256);
+/// Checks the backend's lock against its committed hash; returns it.
+fn verify_lock_hash(root: &Path, layout: &Layout) -> Result<String> {
+    let relock = format!("cargo xtask lock{}", layout.flag());
+    let recorded_path = root.join(layout.lock_sha256);
     let recorded = std::fs::read_to_string(&recorded_path).with_context(|| {
         format!(
-            "cannot read {} — re-lock with `cargo xtask lock`",
-            env::LOCK_SHA256
+            "cannot read {} — re-lock with `{relock}`",
+            layout.lock_sha256
         )
     })?;
     let recorded = recorded.trim();
-    let actual = util::sha256_file(&root.join(env::LOCK))?;
+    let actual = util::sha256_file(&root.join(layout.lock))?;
     if recorded != actual {
         bail!(
-            "lock hash mismatch: {} was edited; re-lock with `cargo xtask lock` \
+            "lock hash mismatch: {} was edited; re-lock with `{relock}` \
              ({} records {recorded}, the file hashes to {actual})",
-            env::LOCK,
-            env::LOCK_SHA256
+            layout.lock,
+            layout.lock_sha256
         );
     }
     Ok(actual)
@@ -383,24 +438,41 @@ struct VenvInfo {
     packages: BTreeMap<String, String>,
 }
 
+/// `{mlx_version}` is `mx.__version__` (after importing `mlx.core`) or the
+/// installed distribution's version (nothing of MLX loaded).
 const VENV_QUERY: &str = r#"
 import json, sys, sysconfig, importlib.metadata as md
-import mlx.core as mx
+{import_core}
 print(json.dumps({"version": "%d.%d.%d" % sys.version_info[:3],
     "base_executable": getattr(sys, "_base_executable", None),
-    "purelib": sysconfig.get_paths()["purelib"], "mlx_version": mx.__version__,
+    "purelib": sysconfig.get_paths()["purelib"], "mlx_version": {mlx_version},
     "packages": {d.metadata["Name"]: d.version for d in md.distributions()}}))
 "#;
 
-/// Asks the new venv what it holds; importing `mlx.core` is the smoke test.
-fn query_venv(venv_python: &Path) -> Result<VenvInfo> {
+/// Asks the new venv what it holds; with `import_core`, importing
+/// `mlx.core` is the smoke test.
+fn query_venv(venv_python: &Path, import_core: bool) -> Result<VenvInfo> {
+    let query = if import_core {
+        VENV_QUERY
+            .replace("{import_core}", "import mlx.core as mx")
+            .replace("{mlx_version}", "mx.__version__")
+    } else {
+        VENV_QUERY
+            .replace("{import_core}", "")
+            .replace("{mlx_version}", "md.version(\"mlx\")")
+    };
     let output = util::output(
-        Command::new(venv_python).args(["-I", "-c", VENV_QUERY]),
+        Command::new(venv_python).args(["-I", "-c", &query]),
         "the venv's python",
     )?;
     if !output.status.success() {
         bail!(
-            "the new venv cannot import mlx.core:\n{}",
+            "the new venv {}:\n{}",
+            if import_core {
+                "cannot import mlx.core"
+            } else {
+                "cannot read its package metadata"
+            },
             util::tail(&output, 15)
         );
     }
@@ -410,8 +482,8 @@ fn query_venv(venv_python: &Path) -> Result<VenvInfo> {
 /// `cargo fetch`es crates.io mlx-sys through a throwaway manifest (its own
 /// workspace, so our `[patch.crates-io]` does not apply) and returns the
 /// unpacked `src/mlx-c` in the cargo registry.
-fn fetch_mlx_c(root: &Path) -> Result<PathBuf> {
-    let dir = root.join(FETCH_DIR);
+fn fetch_mlx_c(root: &Path, layout: &Layout) -> Result<PathBuf> {
+    let dir = root.join(layout.dir).join("fetch-mlx-sys");
     std::fs::create_dir_all(dir.join("src"))?;
     let manifest = dir.join("Cargo.toml");
     std::fs::write(

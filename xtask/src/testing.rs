@@ -1,22 +1,23 @@
-//! `cargo xtask test`: the whole suite on the pinned reference environment:
-//! `cargo test --workspace`, then the conformance runner on CPU.
+//! `cargo xtask test [--backend B] [args...]`: the whole suite on a pinned
+//! reference environment: `cargo test --workspace`, then the conformance
+//! runner on CPU. A leading `--backend cuda` runs both against
+//! `.reference-cuda/` (built in `target/cuda`; a GPU host is needed to run).
 
 use std::ffi::OsString;
 use std::path::Path;
 
 use anyhow::Result;
 
-use crate::env::check_reference;
+use crate::conformance::explain_loader_failure;
+use crate::env;
 use crate::util;
 
-pub fn run(root: &Path, extra: &[OsString]) -> Result<i32> {
+pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
     // A refused run must not leave the previous run's report looking current.
-    crate::util::clear_reports(root);
-    check_reference(root)?;
+    crate::util::clear_reports(root, args);
+    let (layout, _, extra) = env::select_and_check(root, args)?;
     let code = util::status(
-        util::cargo()
-            .current_dir(root)
-            .args(["test", "--workspace"]),
+        layout.cargo(root).args(["test", "--workspace"]),
         "cargo test",
     )?;
     if code != 0 {
@@ -26,9 +27,8 @@ pub fn run(root: &Path, extra: &[OsString]) -> Result<i32> {
         println!("xtask test: crates/conformance does not exist yet; conformance run skipped");
         return Ok(0);
     }
-    let mut cmd = util::cargo();
-    cmd.current_dir(root)
-        .args(["run", "-p", "conformance", "--"]);
+    let mut cmd = layout.cargo(root);
+    cmd.args(["run", "-p", "conformance", "--"]);
     // The CPU run is the default; an explicit `--device` replaces it.
     if !extra
         .iter()
@@ -37,5 +37,7 @@ pub fn run(root: &Path, extra: &[OsString]) -> Result<i32> {
         cmd.args(["--device", "cpu"]);
     }
     cmd.args(extra);
-    util::status(&mut cmd, "the conformance runner")
+    let code = util::status(&mut cmd, "the conformance runner")?;
+    explain_loader_failure(&layout, code);
+    Ok(code)
 }

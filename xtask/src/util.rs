@@ -102,8 +102,161 @@ pub fn rel(root: &Path, path: &Path) -> String {
 }
 
 /// Removes the conformance reports of a previous run (target/conformance).
-pub fn clear_reports(root: &Path) {
+/// Removes the conformance reports of a previous run from the directory
+/// this run would write (its `--out`, relative to `root`, the runner's
+/// working directory; else `target/conformance`), and from no other: runs
+/// with different `--out` directories in one job keep each other's reports.
+pub fn clear_reports(root: &Path, args: &[OsString]) {
+    let dir = reports_dir(root, args);
     for f in ["report.json", "junit.xml", "report.md"] {
-        let _ = std::fs::remove_file(root.join("target/conformance").join(f));
+        let _ = std::fs::remove_file(dir.join(f));
+    }
+}
+
+/// The reports directory a runner invocation with `args` writes.
+pub fn reports_dir(root: &Path, args: &[OsString]) -> std::path::PathBuf {
+    let mut out = None;
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let text = arg.to_string_lossy();
+        if text == "--out" {
+            out = it.next().map(std::path::PathBuf::from);
+        } else if let Some(value) = text.strip_prefix("--out=") {
+            out = Some(value.into());
+        }
+    }
+    match out {
+        Some(dir) if dir.is_absolute() => dir,
+        // The runner runs in `root`, so a relative `--out` is under it.
+        Some(dir) => root.join(dir),
+        None => root.join("target/conformance"),
+    }
+}
+
+#[cfg(test)]
+mod reports_dir_tests {
+    use super::*;
+
+    #[test]
+    fn only_the_runs_own_out_directory_is_cleared() {
+        let root = std::env::temp_dir().join(format!("xtask-out-{}", std::process::id()));
+        let (metal, cpu) = (root.join("a"), root.join("b"));
+        for d in [&metal, &cpu] {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::write(d.join("report.md"), "x").unwrap();
+        }
+        let args: Vec<OsString> = vec!["--out".into(), cpu.clone().into_os_string()];
+        assert_eq!(reports_dir(&root, &args), cpu);
+        clear_reports(&root, &args);
+        assert!(!cpu.join("report.md").exists());
+        assert!(
+            metal.join("report.md").exists(),
+            "another run's report survives"
+        );
+        let eq: Vec<OsString> = vec![format!("--out={}", metal.display()).into()];
+        assert_eq!(reports_dir(&root, &eq), metal);
+        assert_eq!(reports_dir(&root, &[]), root.join("target/conformance"));
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
+
+/// The dynamic-linking entries of an ELF shared library.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ElfDynamic {
+    /// `DT_NEEDED` sonames, in order.
+    pub needed: Vec<String>,
+    /// `DT_RPATH`, if any.
+    pub rpath: Option<String>,
+    /// `DT_RUNPATH`, if any.
+    pub runpath: Option<String>,
+}
+
+/// Reads `DT_NEEDED`, `DT_RPATH` and `DT_RUNPATH` of a 64-bit little-endian
+/// ELF file (what `readelf -d` prints), reading only the section headers,
+/// `.dynamic` and its string table (not the whole, possibly huge, file).
+pub fn elf_dynamic(path: &Path) -> Result<ElfDynamic> {
+    use std::io::{Read, Seek, SeekFrom};
+    let shown = path.display();
+    let mut file = std::fs::File::open(path).with_context(|| format!("opening {shown}"))?;
+    let mut read_at = |offset: u64, len: usize| -> Result<Vec<u8>> {
+        let mut buffer = vec![0; len];
+        file.seek(SeekFrom::Start(offset))?;
+        file.read_exact(&mut buffer)
+            .with_context(|| format!("reading {len} bytes at {offset} of {shown}"))?;
+        Ok(buffer)
+    };
+    let u16_at = |b: &[u8], o: usize| u16::from_le_bytes([b[o], b[o + 1]]);
+    let u32_at = |b: &[u8], o: usize| u32::from_le_bytes(b[o..o + 4].try_into().unwrap());
+    let u64_at = |b: &[u8], o: usize| u64::from_le_bytes(b[o..o + 8].try_into().unwrap());
+
+    let header = read_at(0, 64)?;
+    if &header[..4] != b"\x7fELF" || header[4] != 2 || header[5] != 1 {
+        anyhow::bail!("{shown} is not a 64-bit little-endian ELF file");
+    }
+    let (shoff, shentsize, shnum) = (
+        u64_at(&header, 0x28),
+        u16_at(&header, 0x3a) as usize,
+        u16_at(&header, 0x3c) as usize,
+    );
+    if shentsize < 64 || shnum == 0 {
+        anyhow::bail!("{shown} has no section headers");
+    }
+    let sections = read_at(shoff, shentsize * shnum)?;
+    let section = |i: usize| &sections[i * shentsize..(i + 1) * shentsize];
+    const SHT_DYNAMIC: u32 = 6;
+    let Some(dynamic) = (0..shnum).find(|&i| u32_at(section(i), 4) == SHT_DYNAMIC) else {
+        anyhow::bail!("{shown} has no .dynamic section (not dynamically linked)");
+    };
+    let dynamic = section(dynamic);
+    let strtab_index = u32_at(dynamic, 40) as usize;
+    if strtab_index >= shnum {
+        anyhow::bail!("{shown}: .dynamic links to a missing string table");
+    }
+    let entries = read_at(u64_at(dynamic, 24), u64_at(dynamic, 32) as usize)?;
+    let strtab = section(strtab_index);
+    let strings = read_at(u64_at(strtab, 24), u64_at(strtab, 32) as usize)?;
+    let string = |offset: u64| -> Result<String> {
+        let rest = strings
+            .get(offset as usize..)
+            .with_context(|| format!("{shown}: string offset {offset} out of range"))?;
+        let end = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+        Ok(String::from_utf8_lossy(&rest[..end]).into_owned())
+    };
+    const DT_NULL: u64 = 0;
+    const DT_NEEDED: u64 = 1;
+    const DT_RPATH: u64 = 15;
+    const DT_RUNPATH: u64 = 29;
+    let mut out = ElfDynamic::default();
+    for entry in entries.chunks_exact(16) {
+        let (tag, value) = (u64_at(entry, 0), u64_at(entry, 8));
+        match tag {
+            DT_NULL => break,
+            DT_NEEDED => out.needed.push(string(value)?),
+            DT_RPATH => out.rpath = Some(string(value)?),
+            DT_RUNPATH => out.runpath = Some(string(value)?),
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The test binary itself is a dynamically linked ELF on Linux.
+    #[test]
+    #[cfg(all(
+        target_os = "linux",
+        target_pointer_width = "64",
+        target_endian = "little"
+    ))]
+    fn reads_own_dynamic_section() {
+        let exe = std::env::current_exe().unwrap();
+        let dynamic = elf_dynamic(&exe).unwrap();
+        assert!(
+            dynamic.needed.iter().any(|n| n.starts_with("libc.so")),
+            "{dynamic:?}"
+        );
     }
 }

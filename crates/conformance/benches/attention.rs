@@ -9,17 +9,15 @@
 
 use std::time::Instant;
 
-use conformance::case::Backend;
 use conformance::families::{self, attention};
 use conformance::runner::{self, RunOptions, Verdict};
 use oracle::Oracle;
 
 fn main() {
     let oracle = Oracle::start().expect("oracle starts (run `cargo xtask setup`)");
-    runner::set_device(Backend::Cpu);
-    oracle.set_device(Backend::Cpu).expect("cpu");
+    let backend = conformance::bench::select_backend(&oracle);
     let options = RunOptions {
-        backend: Backend::Cpu,
+        backend,
         seed: 0,
         jobs: 1,
         perturb: false,
@@ -53,7 +51,7 @@ fn main() {
 
     attention::reset_memo();
     let t = Instant::now();
-    let search = attention::find_on(0, Backend::Cpu).expect("finder runs");
+    let search = attention::find_on(0, backend).expect("finder runs");
     let finder_cold = t.elapsed().as_secs_f64();
     println!(
         "boundary finder, cold: {finder_cold:.2} s ({} probes, boundaries {:?}, never matches: {})",

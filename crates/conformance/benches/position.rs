@@ -10,9 +10,7 @@
 
 use std::time::Instant;
 
-use conformance::case::Backend;
 use conformance::inputs::Inputs;
-use conformance::runner;
 use layers::position::{
     apply_multidimensional_rope, rope_index, GridThw, Mrope, MropeConfig, MropePath,
     RopeIndexInput, VisionTokens,
@@ -90,10 +88,9 @@ fn compare(
 
 fn main() {
     let oracle = Oracle::start().expect("oracle starts (run `cargo xtask setup`)");
-    runner::set_device(Backend::Cpu);
-    oracle.set_device(Backend::Cpu).unwrap();
+    let backend = conformance::bench::select_backend(&oracle);
     println!(
-        "device cpu; {ROUNDS} alternating runs per side of {ITERATIONS} iterations (apply + eval), after {WARMUP} warm-up"
+        "device {backend}; {ROUNDS} alternating runs per side of {ITERATIONS} iterations (apply + eval), after {WARMUP} warm-up"
     );
     let mut inputs = Inputs::new(0x5eed);
 

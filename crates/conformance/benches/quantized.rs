@@ -18,8 +18,6 @@
 
 use std::time::Instant;
 
-use conformance::case::Backend;
-use conformance::runner;
 use layers::quantized::{
     LoraAdapter, QuantSpec, QuantizedLinear, QuantizedPayload, QuantizedSwitchLinear,
 };
@@ -111,10 +109,9 @@ fn measure(rust: &mut dyn FnMut() -> f64, python: &mut dyn FnMut() -> f64) -> (f
 
 fn main() {
     let oracle = Oracle::start().expect("oracle starts (run `cargo xtask setup`)");
-    runner::set_device(Backend::Cpu);
-    oracle.set_device(Backend::Cpu).unwrap();
+    let backend = conformance::bench::select_backend(&oracle);
     println!(
-        "device cpu, forward + eval per iteration, {WARMUP} warm-up, best of {ROUNDS} interleaved rounds"
+        "device {backend}, forward + eval per iteration, {WARMUP} warm-up, best of {ROUNDS} interleaved rounds"
     );
 
     let spec = QuantSpec::new(layers::quantized::Mode::Affine, 4, 64).unwrap();

@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use conformance::case::Backend;
 use conformance::families;
 use conformance::runner::{self, RunOptions};
 use oracle::Oracle;
@@ -14,8 +13,7 @@ use oracle::Oracle;
 fn main() {
     let started = Instant::now();
     let oracle = Oracle::start().expect("oracle starts (run `cargo xtask setup`)");
-    runner::set_device(Backend::Cpu);
-    oracle.set_device(Backend::Cpu).expect("cpu");
+    let backend = conformance::bench::select_backend(&oracle);
     let startup = started.elapsed();
     let cases = families::all();
     let selected = runner::select(&cases, None).expect("all");
@@ -27,7 +25,7 @@ fn main() {
             &selected,
             &oracle,
             &RunOptions {
-                backend: Backend::Cpu,
+                backend,
                 seed: 0,
                 jobs,
                 perturb: false,

@@ -6,6 +6,7 @@
 //! reference, the outputs are compared bit for bit, and the run becomes a
 //! report row plus a snapshot of the output digest and findings.
 
+pub mod bench;
 pub mod case;
 pub mod families;
 pub mod home;

@@ -256,17 +256,22 @@ fn main() -> ExitCode {
     bar.finish_and_clear();
     std::panic::set_hook(default_hook);
 
-    if mode == Mode::Accept {
+    // An accept that must be refused still writes its reports (they show
+    // why), but records nothing.
+    let refusal = if mode == Mode::Accept {
         if let Some(bad) = results.iter().find(|r| r.verdict == runner::Verdict::Fail) {
-            return fail(format!(
+            Some(format!(
                 "refusing to accept snapshots: must-equal case `{}` fails",
                 bad.name
-            ));
+            ))
+        } else {
+            check_lock(home, &fingerprint)
+                .err()
+                .map(|e| format!("refusing to accept snapshots: {e}"))
         }
-        if let Err(e) = check_lock(home, &fingerprint) {
-            return fail(format!("refusing to accept snapshots: {e}"));
-        }
-    }
+    } else {
+        None
+    };
     let provenance = Provenance {
         mlx_version: environment.mlx_version.clone(),
         backend: backend.as_str().into(),
@@ -287,14 +292,15 @@ fn main() -> ExitCode {
         );
     }
     // A whole missing set is one line, not a DRIFT row per case.
-    let missing_set = (mode != Mode::Accept && !cli.perturb && cli.seed == 0
-        && !snapshots::set_exists(&set_dir))
-    .then(|| snapshots::missing_set_line(&set_dir, &set_commands));
-    let (statuses, orphans) = if cli.perturb || cli.seed != 0 || missing_set.is_some() {
-        (vec![snapshots::Status::NotChecked; results.len()], vec![])
-    } else {
-        snapshots::gate(&set_dir, &results, mode, &provenance, complete)
-    };
+    let missing_set =
+        (mode != Mode::Accept && !cli.perturb && cli.seed == 0 && !snapshots::set_exists(&set_dir))
+            .then(|| snapshots::missing_set_line(&set_dir, &set_commands));
+    let (statuses, orphans) =
+        if cli.perturb || cli.seed != 0 || missing_set.is_some() || refusal.is_some() {
+            (vec![snapshots::Status::NotChecked; results.len()], vec![])
+        } else {
+            snapshots::gate(&set_dir, &results, mode, &provenance, complete)
+        };
     let rows: Vec<Row> = results
         .into_iter()
         .zip(statuses)
@@ -309,11 +315,29 @@ fn main() -> ExitCode {
     if let Some(line) = missing_set {
         report = report.with_missing_set(line);
     }
+    if backend.is_gpu() {
+        let cpu_dir = snapshots::set_dir(
+            &home.fixtures_dir(),
+            Backend::Cpu.as_str(),
+            &snapshots::device_key(Backend::Cpu, "", ""),
+            &report.environment.mlx_version,
+        );
+        if snapshots::set_exists(&cpu_dir) {
+            report.vs_cpu = Some(report::VsCpu::compare(&cpu_dir, &report.cases));
+        }
+    }
     if let Err(e) = report::write_all(&out_dir, &report) {
         return fail(format!(
             "cannot write reports to {}: {e}",
             out_dir.display()
         ));
+    }
+    if let Some(refusal) = refusal {
+        eprintln!(
+            "reports: {} (the refused run's verdicts)",
+            out_dir.display()
+        );
+        return fail(refusal);
     }
     match cli.format {
         Format::Human => {

@@ -496,8 +496,14 @@ mod tests {
     #[test]
     fn set_names_follow_the_policy() {
         use crate::case::Backend;
-        assert_eq!(device_key(Backend::Cuda, "sm_90", "NVIDIA H200"), "nvidia-h200");
-        assert_eq!(device_key(Backend::Metal, "applegpu_g13s", "Apple M1"), "applegpu_g13s");
+        assert_eq!(
+            device_key(Backend::Cuda, "sm_90", "NVIDIA H200"),
+            "nvidia-h200"
+        );
+        assert_eq!(
+            device_key(Backend::Metal, "applegpu_g13s", "Apple M1"),
+            "applegpu_g13s"
+        );
         assert_eq!(
             device_key(Backend::Cpu, "x86_64", "x"),
             format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH)

@@ -173,13 +173,8 @@ impl Oracle {
     /// Routes the reference's default device (`mx.set_default_device`) to
     /// `backend`; the glue refuses a GPU backend its MLX does not have.
     pub fn set_device(&self, backend: layers::Backend) -> Result<(), OracleError> {
-        self.call(
-            "<setup>",
-            "set_device",
-            &[Arg::from(backend.as_str())],
-            &[],
-        )
-        .map(|_| ())
+        self.call("<setup>", "set_device", &[Arg::from(backend.as_str())], &[])
+            .map(|_| ())
     }
 
     /// What the reference reports about the device `backend` runs on:
@@ -275,15 +270,14 @@ fn start_state() -> Result<State, OracleError> {
         Ok(module.unbind())
     })
     .map_err(startup)?;
-    let (mlx_version, gpu_backend) =
-        Python::attach(|py| -> PyResult<(String, Option<String>)> {
-            let env = glue.bind(py).getattr("environment")?.call0()?;
-            Ok((
-                env.get_item("mlx_version")?.extract()?,
-                env.get_item("gpu_backend")?.extract()?,
-            ))
-        })
-        .map_err(startup)?;
+    let (mlx_version, gpu_backend) = Python::attach(|py| -> PyResult<(String, Option<String>)> {
+        let env = glue.bind(py).getattr("environment")?.call0()?;
+        Ok((
+            env.get_item("mlx_version")?.extract()?,
+            env.get_item("gpu_backend")?.extract()?,
+        ))
+    })
+    .map_err(startup)?;
     let gpu_backend = gpu_backend
         .map(|name| name.parse::<layers::Backend>())
         .transpose()
@@ -367,7 +361,10 @@ fn python_layout() -> Result<PythonLayout, OracleError> {
         let home = bundle.join("python");
         let stdlib = home.join("lib").join(&version_dir);
         let site_packages = stdlib.join("site-packages");
-        for (what, dir) in [("standard library", &stdlib), ("reference packages", &site_packages)] {
+        for (what, dir) in [
+            ("standard library", &stdlib),
+            ("reference packages", &site_packages),
+        ] {
             if !dir.is_dir() {
                 return Err(OracleError::Startup(format!(
                     "{BUNDLE_HOME_ENV}={}: the bundle's {what} ({}) is missing",
@@ -376,8 +373,7 @@ fn python_layout() -> Result<PythonLayout, OracleError> {
                 )));
             }
         }
-        let executable =
-            std::env::current_exe().unwrap_or_else(|_| bundle.join("bin/conformance"));
+        let executable = std::env::current_exe().unwrap_or_else(|_| bundle.join("bin/conformance"));
         return Ok(PythonLayout {
             bundle: Some(bundle),
             home: Some(home),
@@ -416,9 +412,7 @@ fn python_layout() -> Result<PythonLayout, OracleError> {
         .filter_map(|line| line.split_once('='))
         .find(|(key, _)| key.trim() == "home")
         .map(|(_, value)| PathBuf::from(value.trim()))
-        .ok_or_else(|| {
-            OracleError::Startup(format!("{} names no `home`", cfg_path.display()))
-        })?;
+        .ok_or_else(|| OracleError::Startup(format!("{} names no `home`", cfg_path.display())))?;
     // `<prefix>/bin` next to `<prefix>/lib/python3.X`; CPython follows a
     // symlinked base interpreter (Homebrew) to its real prefix.
     let lib_of = |bin: &std::path::Path| bin.parent().map(|p| p.join("lib").join(&version_dir));
@@ -436,9 +430,10 @@ fn python_layout() -> Result<PythonLayout, OracleError> {
     else {
         return Err(OracleError::Startup(format!(
             "the standard library of the reference's base interpreter ({}, from {}) is missing",
-            candidates
-                .first()
-                .map_or_else(|| base_bin.display().to_string(), |p| p.display().to_string()),
+            candidates.first().map_or_else(
+                || base_bin.display().to_string(),
+                |p| p.display().to_string()
+            ),
             cfg_path.display()
         )));
     };

@@ -72,9 +72,7 @@ pub fn summary(report: &Report) -> String {
         .iter()
         .filter(|r| notable(r) && verdict_word(r) != "skip")
         .count();
-    let bad = notable
-        + s.orphaned_snapshots.len()
-        + usize::from(s.missing_snapshot_set.is_some());
+    let bad = notable + s.orphaned_snapshots.len() + usize::from(s.missing_snapshot_set.is_some());
     let good = s.total - notable - s.skipped;
     out.push_str(&format!(
         "snapshot set {} · MLX {} · {} ({}, {})\n",

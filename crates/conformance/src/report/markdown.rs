@@ -124,6 +124,29 @@ pub fn render(report: &Report) -> String {
             f.map_or("-".into(), |f| f.to_string())
         );
     }
+    if let Some(vs) = &report.vs_cpu {
+        let _ = writeln!(
+            md,
+            "\n## Findings that differ between CPU and {} ({})\n\nCPU values from the recorded set `{}`; {} findings agree, {} have no CPU record.\n",
+            e.backend,
+            e.device_name,
+            vs.cpu_set,
+            vs.same,
+            vs.no_cpu_record
+        );
+        if !vs.differing.is_empty() {
+            let _ = writeln!(
+                md,
+                "| case | field | cpu | {} |\n|---|---|---|---|",
+                e.backend
+            );
+        }
+        for d in &vs.differing {
+            for (field, cpu, now) in differing_fields(&d.cpu, &d.now) {
+                let _ = writeln!(md, "| `{}` | {field} | `{cpu}` | `{now}` |", d.case);
+            }
+        }
+    }
     let _ = writeln!(md, "\n## All cases\n\n| case | verdict | path | first diff | max ulp | ms |\n|---|---|---|---|---:|---:|");
     for row in &report.cases {
         let (d, u) = first_diff(&row.result);
@@ -140,4 +163,30 @@ pub fn render(report: &Report) -> String {
         );
     }
     md
+}
+
+/// The top-level fields of two findings that differ (the whole value when
+/// either is not an object), rendered compactly.
+fn differing_fields(
+    cpu: &serde_json::Value,
+    now: &serde_json::Value,
+) -> Vec<(String, String, String)> {
+    let short = |v: Option<&serde_json::Value>| {
+        let text = v.map_or("(absent)".to_owned(), |v| v.to_string());
+        if text.chars().count() > 160 {
+            format!("{}…", text.chars().take(160).collect::<String>())
+        } else {
+            text
+        }
+    };
+    match (cpu.as_object(), now.as_object()) {
+        (Some(a), Some(b)) => {
+            let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            keys.into_iter()
+                .filter(|k| a.get(*k) != b.get(*k))
+                .map(|k| (k.clone(), short(a.get(k)), short(b.get(k))))
+                .collect()
+        }
+        _ => vec![("(value)".into(), short(Some(cpu)), short(Some(now)))],
+    }
 }

@@ -81,6 +81,64 @@ pub struct Summary {
     pub exit_code: i32,
 }
 
+/// Findings measured on a GPU backend set against the same cases' findings
+/// in the recorded CPU set (same OS, architecture and MLX version).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct VsCpu {
+    /// The CPU set read.
+    pub cpu_set: String,
+    /// Findings with the same value on both.
+    pub same: usize,
+    /// Finding cases with no CPU record (e.g. GPU-only cases).
+    pub no_cpu_record: usize,
+    /// Every finding whose value differs, with both values.
+    pub differing: Vec<FindingDiff>,
+}
+
+/// One finding that differs between the CPU set and this run.
+#[derive(Debug, Clone, Serialize)]
+pub struct FindingDiff {
+    pub case: String,
+    pub cpu: serde_json::Value,
+    pub now: serde_json::Value,
+}
+
+impl VsCpu {
+    /// Compares this run's findings with the CPU set in `cpu_dir`.
+    pub fn compare(cpu_dir: &Path, rows: &[Row]) -> Self {
+        let mut vs = VsCpu {
+            cpu_set: cpu_dir
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
+            ..VsCpu::default()
+        };
+        for row in rows
+            .iter()
+            .filter(|r| r.result.verdict == Verdict::Measured)
+        {
+            let Some(now) = row.result.output.as_ref().and_then(|o| o.finding.clone()) else {
+                continue;
+            };
+            let file = cpu_dir.join(crate::snapshots::file_name(&row.result.name));
+            let cpu = crate::snapshots::read(&file)
+                .ok()
+                .flatten()
+                .and_then(|body| body.get("finding").cloned())
+                .filter(|f| !f.is_null());
+            match cpu {
+                None => vs.no_cpu_record += 1,
+                Some(cpu) if cpu == now => vs.same += 1,
+                Some(cpu) => vs.differing.push(FindingDiff {
+                    case: row.result.name.clone(),
+                    cpu,
+                    now,
+                }),
+            }
+        }
+        vs
+    }
+}
+
 /// The whole report (`report.json`).
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
@@ -89,6 +147,9 @@ pub struct Report {
     pub environment: Environment,
     pub summary: Summary,
     pub families: BTreeMap<String, FamilySummary>,
+    /// On a GPU backend: findings side by side with the recorded CPU set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vs_cpu: Option<VsCpu>,
     pub cases: Vec<Row>,
 }
 
@@ -149,6 +210,7 @@ impl Report {
             environment,
             summary: s,
             families,
+            vs_cpu: None,
             cases: rows,
         }
     }

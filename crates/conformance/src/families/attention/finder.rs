@@ -47,6 +47,11 @@ impl<E, F: FnMut(usize, usize) -> Result<bool, E>> AppendProbe for F {
 /// The longest closed failing run (in chunks) resolved into boundaries.
 pub const MAX_RESOLVED_RUN: usize = 4;
 
+/// At most this many probes: on a backend where matches and failures
+/// alternate irregularly, bisecting every gap would never end in useful
+/// time; the search then stops bisecting and says so.
+pub const MAX_PROBES: usize = 600;
+
 /// One probe, in probing order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct ProbeRecord {
@@ -80,6 +85,32 @@ pub struct BoundarySearch {
     pub unresolved: Vec<FailingRun>,
     /// No probe matched at all.
     pub never_matches: bool,
+    /// The search stopped bisecting at [`MAX_PROBES`].
+    pub probe_budget_exhausted: bool,
+}
+
+impl BoundarySearch {
+    /// What the search shows, in one phrase for reports: `no boundaries`,
+    /// `a few boundaries`, `differs at most lengths` or `never matches`.
+    /// "Most lengths": more than half of the straddling probes (one per
+    /// candidate) fail.
+    pub fn pattern(&self, candidates: usize) -> &'static str {
+        let failing = self
+            .probes
+            .iter()
+            .take(candidates)
+            .filter(|p| !p.matched)
+            .count();
+        if self.never_matches {
+            "never matches"
+        } else if 2 * failing > candidates.min(self.probes.len()) {
+            "differs at most lengths"
+        } else if self.failing_runs.is_empty() {
+            "no boundaries"
+        } else {
+            "a few boundaries"
+        }
+    }
 }
 
 struct Search<'p, P: AppendProbe> {
@@ -155,7 +186,7 @@ pub fn find_boundaries<P: AppendProbe>(
             .filter(|w| w[0].1 != w[1].1 && w[1].0 - w[0].0 > 1)
             .map(|w| w[0].0 + (w[1].0 - w[0].0) / 2)
             .collect();
-        if gaps.is_empty() {
+        if gaps.is_empty() || s.log.len() >= MAX_PROBES {
             break;
         }
         for mid in gaps {
@@ -203,7 +234,9 @@ pub fn find_boundaries<P: AppendProbe>(
     boundaries.sort_unstable();
     boundaries.dedup();
     let never_matches = s.log.iter().all(|p| !p.matched);
+    let probe_budget_exhausted = s.log.len() >= MAX_PROBES;
     Ok(BoundarySearch {
+        probe_budget_exhausted,
         chunk,
         probes: s.log,
         failing_runs,
@@ -211,6 +244,19 @@ pub fn find_boundaries<P: AppendProbe>(
         unresolved,
         never_matches,
     })
+}
+
+/// Dense candidates for backends whose behaviour is unknown (the GPU
+/// backends): the default ones plus 48 irregular lengths spread over
+/// `17 ..= 63_984` (every 1361 tokens), so that "a few boundaries" and
+/// "differs at most lengths" are told apart rather than guessed from
+/// powers of two.
+pub fn dense_candidates(metal: &[usize]) -> Vec<usize> {
+    let mut c = default_candidates(metal);
+    c.extend((0..48).map(|k| 17 + 1361 * k));
+    c.sort_unstable();
+    c.dedup();
+    c
 }
 
 /// The default candidates: powers of two `4 ..= 65536` and the Metal

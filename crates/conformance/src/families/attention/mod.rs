@@ -279,8 +279,18 @@ impl AppendProbe for ScenarioProbe {
 /// [`MAX_APPEND_CHUNK`] around the default candidates.
 pub fn find_on(run_seed: u64, backend: Backend) -> Result<finder::BoundarySearch, CaseError> {
     let mut probe = ScenarioProbe { run_seed, backend };
-    let candidates = default_candidates(RegimeTable::metal().boundaries());
-    find_boundaries(&mut probe, &candidates, MAX_APPEND_CHUNK)
+    find_boundaries(&mut probe, &candidates(backend), MAX_APPEND_CHUNK)
+}
+
+/// The finder's candidates: on the CPU (measured empty) the powers of two
+/// and the Metal table; on GPU backends, dense ones.
+fn candidates(backend: Backend) -> Vec<usize> {
+    let metal = RegimeTable::metal();
+    if backend.is_gpu() {
+        finder::dense_candidates(metal.boundaries())
+    } else {
+        default_candidates(metal.boundaries())
+    }
 }
 
 /// The regime table `layers` ships for a backend (`None`: not measured yet).
@@ -314,7 +324,9 @@ fn run_finder(ctx: &Ctx) -> Result<CaseOutput, CaseError> {
     Ok(out.with_finding(json!({
         "backend": ctx.backend.as_str(),
         "chunk": search.chunk,
-        "candidates": default_candidates(RegimeTable::metal().boundaries()),
+        "candidates": candidates(ctx.backend),
+        "pattern": search.pattern(candidates(ctx.backend).len()),
+        "probe_budget_exhausted": search.probe_budget_exhausted,
         "probes": probes,
         "failing_runs": search.failing_runs,
         "boundaries": search.boundaries,

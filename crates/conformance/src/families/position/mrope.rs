@@ -206,7 +206,10 @@ pub fn cases() -> Vec<Case> {
                 Case::must_equal(name, FAMILY, APPLY_REFERENCE, move |ctx| {
                     run_apply(ctx, QWEN3_5, dtype, scenario, Some(MropePath::MetalKernel))
                 })
-                .only_on(&[Backend::Metal], "the fused mRoPE kernel runs only on Metal"),
+                .only_on(
+                    &[Backend::Metal],
+                    "the fused mRoPE kernel runs only on Metal",
+                ),
             );
         }
     }

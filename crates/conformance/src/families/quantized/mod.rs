@@ -208,9 +208,11 @@ fn dict(
     }
 }
 
-/// The checkpoint fixtures written by `fixtures/checkpoints/write_fixture.py`.
+/// The checkpoint fixtures written by `fixtures/checkpoints/write_fixture.py`
+/// (under the workspace's or the bundle's `fixtures/`, see `crate::home`).
 fn fixture_dir(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fixtures/checkpoints")
+    crate::home::Home::get()
+        .fixtures_dir()
+        .join("checkpoints")
         .join(name)
 }

@@ -1,0 +1,935 @@
+//! `cargo xtask bundle --backend <cpu|cuda> --out <dir> [--archive]`: a
+//! self-contained copy of the conformance runner for a Linux x86-64 machine
+//! with no Rust, no uv, no network and any (or no) system Python.
+//!
+//! Layout of `<dir>`:
+//!
+//! ```text
+//! conformance                     launcher (sh): same flags and exit codes as
+//!                                 `cargo xtask conformance`
+//! bin/conformance                 the runner, built against the backend's env
+//! python/lib/libpython3.X.so.1.0  the embedded interpreter's own libpython
+//! python/lib/python3.X/           its standard library (tests, tkinter, idle,
+//!                                 ensurepip and the static-build config left out)
+//! python/lib/python3.X/site-packages/
+//!                                 the reference venv's site-packages (mlx +
+//!                                 libmlx, mlx_lm, mlx_vlm, optiq, numpy, PIL, rich…)
+//! fixtures/                       snapshot sets and small checkpoints
+//! fingerprint.json                the environment's fingerprint (provenance)
+//! requirements.lock               the lock the environment was installed from
+//! BUNDLE.json, README.txt         what this is, from which commit, requirements
+//! ```
+//!
+//! The launcher sets `MLX_CONFORMANCE_HOME` to the bundle directory (the
+//! runner then reads fixtures, fingerprint and lock from there, and the
+//! oracle configures CPython with `home = <dir>/python`, isolated) and
+//! `LD_LIBRARY_PATH` to the bundle's libpython and libmlx directories (plus,
+//! for `cuda`, the host's NVIDIA libraries). Bytecode is compiled at bundle
+//! time: a run never writes into the bundle, except `--fixtures accept`.
+//!
+//! `--archive` also writes `<dir>.tar.zst` as parts of at most 60 MiB
+//! (`<dir>.tar.zst.part-00`, `-01`, …) and `<dir>.tar.zst.sha256` (one line
+//! per part, plus the joined archive), for size-limited transfers.
+
+use std::ffi::OsString;
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+use sha2::{Digest, Sha256};
+
+use crate::util;
+
+/// The variable the launcher sets (read by crates/conformance/src/home.rs and
+/// crates/oracle/src/interpreter.rs).
+const HOME_ENV: &str = "MLX_CONFORMANCE_HOME";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BundleBackend {
+    /// MLX's CPU backend: the default environment `.reference/`.
+    Cpu,
+    /// NVIDIA GPUs through CUDA 13: `.reference-cuda/` (`cargo xtask setup --backend cuda`).
+    Cuda,
+}
+
+impl BundleBackend {
+    fn name(self) -> &'static str {
+        match self {
+            BundleBackend::Cpu => "cpu",
+            BundleBackend::Cuda => "cuda",
+        }
+    }
+}
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Which reference environment (and libmlx) to bundle.
+    #[arg(long, value_enum, default_value = "cpu")]
+    backend: BundleBackend,
+    /// The bundle directory to write (a previous bundle there is replaced).
+    #[arg(long)]
+    out: PathBuf,
+    /// Also write `<out>.tar.zst` as parts (`.part-00`, `-01`, …) plus a
+    /// sha256 list; join with `cat <out>.tar.zst.part-* > <out>.tar.zst`.
+    #[arg(long)]
+    archive: bool,
+    /// Largest archive part, in MiB.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..))]
+    part_mib: u64,
+    /// zstd compression level of the archive (1-19).
+    #[arg(long, default_value_t = 19, value_parser = clap::value_parser!(u32).range(1..=19))]
+    level: u32,
+}
+
+/// Where a backend's environment and build live, and the variables that
+/// select them for cargo (the contract shared with xtask/src/env.rs).
+struct BackendEnv {
+    /// The env dir, relative to the workspace root.
+    env_dir: &'static str,
+    /// The lock the env was installed from, relative to the workspace root.
+    lock: &'static str,
+    /// Cargo's target dir, absolute.
+    target_dir: PathBuf,
+    /// Extra environment of the `cargo build`.
+    vars: Vec<(&'static str, OsString)>,
+}
+
+fn backend_env(root: &Path, backend: BundleBackend) -> BackendEnv {
+    let (env_dir, lock, target) = match backend {
+        BundleBackend::Cpu => (".reference", "reference/requirements.lock", "target"),
+        BundleBackend::Cuda => (
+            ".reference-cuda",
+            "reference/cuda/requirements.lock",
+            "target/cuda",
+        ),
+    };
+    let target_dir = root.join(target);
+    let python = root.join(env_dir).join("venv/bin/python");
+    let mut vars = vec![
+        ("MLX_REFERENCE_DIR", OsString::from(env_dir)),
+        ("PYO3_PYTHON", python.into_os_string()),
+    ];
+    if backend == BundleBackend::Cuda {
+        vars.push(("CARGO_TARGET_DIR", target_dir.clone().into_os_string()));
+    }
+    BackendEnv {
+        env_dir,
+        lock,
+        target_dir,
+        vars,
+    }
+}
+
+/// What the bundle needs to know about the venv's interpreter.
+#[derive(Debug, serde::Deserialize)]
+struct PythonFacts {
+    /// `3.11.7`.
+    version: String,
+    /// `python3.11`.
+    lib_dir_name: String,
+    /// The base interpreter's standard library.
+    stdlib: PathBuf,
+    /// The base interpreter's LIBDIR.
+    libdir: PathBuf,
+    /// `libpython3.11.so.1.0`: the name the runner's ELF asks for.
+    soname: String,
+    site_packages: PathBuf,
+}
+
+const PYTHON_FACTS: &str = r#"
+import json, sys, sysconfig, site
+v = sysconfig.get_config_var
+print(json.dumps({
+    "version": "%d.%d.%d" % sys.version_info[:3],
+    "lib_dir_name": "python%d.%d" % sys.version_info[:2],
+    "stdlib": sysconfig.get_path("stdlib"),
+    "libdir": v("LIBDIR"),
+    "soname": v("INSTSONAME") or v("LDLIBRARY"),
+    "site_packages": site.getsitepackages()[0],
+}))
+"#;
+
+/// Top-level stdlib entries left out: tests, GUI, the bundled pip wheels,
+/// the static-build `config-*` directory, and the base interpreter's own
+/// site-packages (the venv's replaces it).
+fn stdlib_excluded(name: &str) -> bool {
+    matches!(
+        name,
+        "site-packages" | "test" | "idlelib" | "tkinter" | "turtledemo" | "ensurepip"
+    ) || name.starts_with("config-")
+}
+
+pub fn run(root: &Path, args: &Args) -> Result<i32> {
+    if !cfg!(target_os = "linux") {
+        bail!("`cargo xtask bundle` builds Linux bundles only (LD_LIBRARY_PATH launcher, ELF libpython)");
+    }
+    let backend = args.backend;
+    let env = backend_env(root, backend);
+    let setup = match backend {
+        BundleBackend::Cpu => "cargo xtask setup",
+        BundleBackend::Cuda => "cargo xtask setup --backend cuda",
+    };
+    let out = absolute(&args.out)?;
+    for source in [
+        root.join(env.env_dir),
+        root.join("fixtures"),
+        root.to_path_buf(),
+    ] {
+        if source.starts_with(&out) {
+            bail!(
+                "--out {} would replace {}; choose a new directory",
+                out.display(),
+                source.display()
+            );
+        }
+    }
+
+    // 1. The environment, as `cargo xtask setup` left it.
+    let fingerprint_path = root.join(env.env_dir).join("fingerprint.json");
+    let fingerprint_text = fs::read_to_string(&fingerprint_path).with_context(|| {
+        format!(
+            "the {} reference environment is missing ({} unreadable); run `{setup}`",
+            backend.name(),
+            fingerprint_path.display()
+        )
+    })?;
+    let fingerprint: serde_json::Value = serde_json::from_str(&fingerprint_text)
+        .with_context(|| format!("{} is not JSON; run `{setup}`", fingerprint_path.display()))?;
+    let field = |name: &str| fingerprint.get(name).and_then(|v| v.as_str());
+    if let Some(recorded) = field("backend") {
+        if recorded != backend.name() {
+            bail!(
+                "{} is a `{recorded}` environment, not `{}`; run `{setup}`",
+                fingerprint_path.display(),
+                backend.name()
+            );
+        }
+    }
+    let lock_path = root.join(env.lock);
+    let lock_sha256 = util::sha256_file(&lock_path)?;
+    if field("lock_sha256") != Some(lock_sha256.as_str()) {
+        bail!(
+            "the {} environment was installed from another lock than {} (drifted); run `{setup}`",
+            backend.name(),
+            env.lock
+        );
+    }
+    let venv_python = root.join(env.env_dir).join("venv/bin/python");
+    let facts = python_facts(&venv_python)?;
+    let site_packages = field("site_packages")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| facts.site_packages.clone());
+    let libpython = facts.libdir.join(&facts.soname);
+    for (what, path) in [
+        ("standard library", facts.stdlib.join("os.py")),
+        ("shared libpython", libpython.clone()),
+        ("reference site-packages", site_packages.join("mlx")),
+    ] {
+        if !path.exists() {
+            bail!(
+                "the {what} {} does not exist; run `{setup}`",
+                path.display()
+            );
+        }
+    }
+
+    // 2. The runner, built against that environment.
+    println!(
+        "bundle: building the conformance runner against {} (target dir {})",
+        env.env_dir,
+        env.target_dir.display()
+    );
+    let binary = build_runner(root, &env)?;
+
+    // 3. The directory.
+    prepare_out(&out)?;
+    let python_home = out.join("python");
+    let lib = python_home.join("lib");
+    let stdlib = lib.join(&facts.lib_dir_name);
+    let bundled_site = stdlib.join("site-packages");
+    fs::create_dir_all(out.join("bin"))?;
+    copy_file(&binary, &out.join("bin/conformance"))?;
+    copy_file(&libpython, &lib.join(&facts.soname))?;
+    println!(
+        "bundle: python {} standard library from {}",
+        facts.version,
+        facts.stdlib.display()
+    );
+    copy_tree(&facts.stdlib, &stdlib, &|rel| {
+        rel.components().count() == 1 && stdlib_excluded(&rel.to_string_lossy())
+    })?;
+    println!(
+        "bundle: reference packages from {}",
+        site_packages.display()
+    );
+    copy_tree(&site_packages, &bundled_site, &|_| false)?;
+    copy_tree(&root.join("fixtures"), &out.join("fixtures"), &|_| false)?;
+    fs::write(out.join("fingerprint.json"), &fingerprint_text)?;
+    copy_file(&lock_path, &out.join("requirements.lock"))?;
+
+    // 4. Bytecode, so that a run never writes into the (maybe read-only)
+    // bundle and starts as fast as in the workspace.
+    let compiled = Command::new(&venv_python)
+        .args(["-I", "-W", "ignore", "-m", "compileall", "-qq", "-j", "0"])
+        .arg(&stdlib)
+        .env_remove("PYTHONHOME")
+        .env_remove("PYTHONPATH")
+        .status()
+        .context("running compileall")?;
+    if !compiled.success() {
+        // Some stdlib test-data files are not Python 3; nothing imports them.
+        println!("bundle: note: compileall skipped files that do not compile (not imported by the runner)");
+    }
+
+    // 5. Launcher and description.
+    let libmlx = if cfg!(target_os = "macos") {
+        "libmlx.dylib"
+    } else {
+        "libmlx.so"
+    };
+    let launcher = LAUNCHER
+        .replace("@BACKEND@", backend.name())
+        .replace("@PYVER@", &facts.lib_dir_name)
+        .replace("@LIBPYTHON@", &facts.soname)
+        .replace("@LIBMLX@", libmlx);
+    write_executable(&out.join("conformance"), &launcher)?;
+    let requires = elf_requirements(&out)?;
+    let manifest = serde_json::json!({
+        "schema": 1,
+        "backend": backend.name(),
+        "created": command_line("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"], root),
+        "commit": command_line("git", &["rev-parse", "HEAD"], root),
+        "worktree_modified": command_line("git", &["status", "--porcelain", "--untracked-files=no"], root)
+            .map(|s| !s.is_empty()),
+        "mlx_version": field("mlx_version"),
+        "python_version": facts.version,
+        "lock_sha256": lock_sha256,
+        "libpython": facts.soname,
+        "platform": format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH),
+        "requires": requires,
+        "home_variable": HOME_ENV,
+    });
+    fs::write(
+        out.join("BUNDLE.json"),
+        serde_json::to_string_pretty(&manifest)? + "\n",
+    )?;
+    fs::write(
+        out.join("README.txt"),
+        README_TXT
+            .replace("@BACKEND@", backend.name())
+            .replace("@GLIBC@", requires["glibc"].as_str().unwrap_or("?"))
+            .replace("@GLIBCXX@", requires["glibcxx"].as_str().unwrap_or("?")),
+    )?;
+
+    // 6. It starts: no Rust, Python or workspace paths in the environment.
+    check_bundle(&out, backend)?;
+    let (files, bytes) = tree_size(&out)?;
+    println!("bundle: {} ({files} files, {})", out.display(), mib(bytes));
+
+    // 7. The archive.
+    if args.archive {
+        let parts = archive(&out, args.part_mib * 1024 * 1024, args.level)?;
+        let total: u64 = parts.iter().map(|(_, size)| size).sum();
+        println!(
+            "bundle: archive {} in {} part(s), {} in all:",
+            archive_name(&out)?.display(),
+            parts.len(),
+            mib(total)
+        );
+        for (part, size) in &parts {
+            println!("  {} ({})", part.display(), mib(*size));
+        }
+        let name = out.file_name().unwrap().to_string_lossy().into_owned();
+        println!(
+            "bundle: on the target: cat {name}.tar.zst.part-* > {name}.tar.zst && sha256sum -c --ignore-missing {name}.tar.zst.sha256 && zstd -dc {name}.tar.zst | tar -x"
+        );
+    }
+    println!(
+        "bundle: run it with `{}/conformance --device {}` (reports in ./target/conformance, or --out)",
+        out.display(),
+        match backend {
+            BundleBackend::Cpu => "cpu",
+            BundleBackend::Cuda => "gpu",
+        }
+    );
+    Ok(0)
+}
+
+fn absolute(path: &Path) -> Result<PathBuf> {
+    let path = std::path::absolute(path).with_context(|| format!("{}", path.display()))?;
+    // Normalise `..` through the parent that exists.
+    match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) if parent.exists() => Ok(parent.canonicalize()?.join(name)),
+        _ => Ok(path),
+    }
+}
+
+fn python_facts(python: &Path) -> Result<PythonFacts> {
+    let output = Command::new(python)
+        .args(["-I", "-c", PYTHON_FACTS])
+        .env_remove("PYTHONHOME")
+        .env_remove("PYTHONPATH")
+        .output()
+        .with_context(|| format!("could not run {}", python.display()))?;
+    if !output.status.success() {
+        bail!("{} failed:\n{}", python.display(), util::tail(&output, 10));
+    }
+    serde_json::from_slice(&output.stdout)
+        .with_context(|| format!("unexpected answer from {}", python.display()))
+}
+
+/// `cargo build -p conformance` against the backend's env; the executable
+/// cargo reports.
+fn build_runner(root: &Path, env: &BackendEnv) -> Result<PathBuf> {
+    let mut cmd = util::cargo();
+    cmd.current_dir(root)
+        .args([
+            "build",
+            "-p",
+            "conformance",
+            "--bin",
+            "conformance",
+            "--message-format=json-render-diagnostics",
+        ])
+        .stdout(Stdio::piped());
+    for (key, value) in &env.vars {
+        cmd.env(key, value);
+    }
+    let mut child = cmd.spawn().context("could not run cargo build")?;
+    let mut executable = None;
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line?;
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        if message["reason"] == "compiler-artifact" && message["target"]["name"] == "conformance" {
+            if let Some(path) = message["executable"].as_str() {
+                executable = Some(PathBuf::from(path));
+            }
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!(
+            "cargo build -p conformance failed (exit {})",
+            util::exit_code(status)
+        );
+    }
+    executable.context("cargo reported no `conformance` executable")
+}
+
+/// Empties `out` if it is a previous bundle (or empty); refuses anything else.
+fn prepare_out(out: &Path) -> Result<()> {
+    if out.exists() {
+        let is_bundle = out.join("BUNDLE.json").is_file() || out.join("bin/conformance").exists();
+        let is_empty = fs::read_dir(out)
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(false);
+        if !is_bundle && !is_empty {
+            bail!(
+                "{} exists and is not a bundle; choose a new --out directory",
+                out.display()
+            );
+        }
+        make_writable(out)?;
+        fs::remove_dir_all(out).with_context(|| format!("removing {}", out.display()))?;
+    }
+    fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))
+}
+
+/// A read-only bundle (as carried) can still be replaced.
+fn make_writable(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = fs::symlink_metadata(dir)?;
+    if meta.is_dir() {
+        let mut perms = meta.permissions();
+        perms.set_mode(perms.mode() | 0o700);
+        fs::set_permissions(dir, perms)?;
+        for entry in fs::read_dir(dir)? {
+            make_writable(&entry?.path())?;
+        }
+    }
+    Ok(())
+}
+
+/// Copies a file's bytes, mode and modification time (bytecode validity
+/// is checked against the source's mtime). Symlinks are followed.
+fn copy_file(from: &Path, to: &Path) -> Result<()> {
+    if let Some(parent) = to.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    fs::copy(from, to)
+        .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+    let modified = fs::metadata(from)?.modified()?;
+    fs::File::options()
+        .write(true)
+        .open(to)?
+        .set_modified(modified)?;
+    Ok(())
+}
+
+/// Copies a tree (following symlinks), leaving out entries whose path
+/// relative to `from` is `excluded`, and optimised bytecode
+/// (`*.opt-1.pyc`, `*.opt-2.pyc`: never loaded by the runner).
+fn copy_tree(from: &Path, to: &Path, excluded: &dyn Fn(&Path) -> bool) -> Result<()> {
+    fn walk(base: &Path, dir: &Path, to: &Path, excluded: &dyn Fn(&Path) -> bool) -> Result<()> {
+        fs::create_dir_all(to)?;
+        let mut entries: Vec<_> = fs::read_dir(dir)
+            .with_context(|| format!("listing {}", dir.display()))?
+            .collect::<std::io::Result<_>>()?;
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let path = entry.path();
+            let rel = path.strip_prefix(base).expect("under base");
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if excluded(rel) || (name.ends_with(".pyc") && name.contains(".opt-")) {
+                continue;
+            }
+            let meta = match fs::metadata(&path) {
+                Ok(meta) => meta,
+                // A dangling symlink: nothing to copy.
+                Err(_) if entry.file_type()?.is_symlink() => continue,
+                Err(e) => return Err(e).with_context(|| path.display().to_string()),
+            };
+            let target = to.join(&*name);
+            if meta.is_dir() {
+                walk(base, &path, &target, excluded)?;
+            } else if meta.is_file() {
+                copy_file(&path, &target)?;
+            }
+        }
+        Ok(())
+    }
+    walk(from, from, to, excluded)
+}
+
+fn write_executable(path: &Path, text: &str) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::write(path, text)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}
+
+fn command_line(program: &str, args: &[&str], dir: &Path) -> Option<String> {
+    let output = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}
+
+/// The newest glibc and libstdc++ symbol versions any bundled ELF file
+/// asks for: the target's system libraries must be at least these.
+fn elf_requirements(out: &Path) -> Result<serde_json::Value> {
+    let mut glibc = (0u32, 0u32, 0u32);
+    let mut glibcxx = (0u32, 0u32, 0u32);
+    let mut scan = |path: &Path| -> Result<()> {
+        let bytes = fs::read(path)?;
+        if !bytes.starts_with(b"\x7fELF") {
+            return Ok(());
+        }
+        for (prefix, best) in [
+            (&b"GLIBC_"[..], &mut glibc),
+            (&b"GLIBCXX_"[..], &mut glibcxx),
+        ] {
+            let mut at = 0;
+            while let Some(found) = find(&bytes[at..], prefix) {
+                let start = at + found + prefix.len();
+                let end = bytes[start..]
+                    .iter()
+                    .position(|b| !(b.is_ascii_digit() || *b == b'.'))
+                    .map_or(bytes.len(), |n| start + n);
+                let mut parts = std::str::from_utf8(&bytes[start..end])
+                    .unwrap_or("")
+                    .split('.')
+                    .map(|p| p.parse::<u32>().unwrap_or(0));
+                let version = (
+                    parts.next().unwrap_or(0),
+                    parts.next().unwrap_or(0),
+                    parts.next().unwrap_or(0),
+                );
+                // GLIBC_PRIVATE and the like carry no number.
+                if start != end && version > *best {
+                    *best = version;
+                }
+                at = end.max(start);
+            }
+        }
+        Ok(())
+    };
+    let mut files = Vec::new();
+    collect_files(out, &mut files)?;
+    for file in files {
+        let name = file.file_name().unwrap_or_default().to_string_lossy();
+        if name.contains(".so") || file.ends_with("bin/conformance") {
+            scan(&file)?;
+        }
+    }
+    let show = |(a, b, c): (u32, u32, u32)| {
+        if c > 0 {
+            format!("{a}.{b}.{c}")
+        } else {
+            format!("{a}.{b}")
+        }
+    };
+    Ok(serde_json::json!({
+        "glibc": show(glibc),
+        "glibcxx": show(glibcxx),
+    }))
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+fn collect_files(dir: &Path, files: &mut Vec<PathBuf>) -> Result<()> {
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            collect_files(&entry.path(), files)?;
+        } else if kind.is_file() {
+            files.push(entry.path());
+        }
+    }
+    Ok(())
+}
+
+fn tree_size(dir: &Path) -> Result<(u64, u64)> {
+    let mut files = Vec::new();
+    collect_files(dir, &mut files)?;
+    let mut bytes = 0;
+    for file in &files {
+        bytes += fs::metadata(file)?.len();
+    }
+    Ok((files.len() as u64, bytes))
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
+}
+
+/// Starts the bundle the way a target machine would: `env -i` with a bare
+/// PATH, from another directory. CPU: one case runs (the oracle starts
+/// from the bundle); CUDA: the NVIDIA libraries are the host's, so only
+/// `--list` (which still loads every library) when they are found here.
+fn check_bundle(out: &Path, backend: BundleBackend) -> Result<()> {
+    let scratch = std::env::temp_dir().join(format!("xtask-bundle-check-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&scratch);
+    fs::create_dir_all(&scratch)?;
+    let launcher = out.join("conformance");
+    let run = |args: &[&str]| -> Result<std::process::Output> {
+        Command::new(&launcher)
+            .args(args)
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .env("HOME", &scratch)
+            .current_dir(&scratch)
+            .output()
+            .with_context(|| format!("could not run {}", launcher.display()))
+    };
+    let listed = run(&["--list"])?;
+    let result = if backend == BundleBackend::Cuda && listed.status.code() == Some(3) {
+        println!(
+            "bundle: note: the CUDA bundle's libraries are not all found on this machine (expected off a GPU host); not started here:\n{}",
+            util::tail(&listed, 9)
+        );
+        Ok(())
+    } else if !listed.status.success() {
+        Err(anyhow::anyhow!(
+            "the bundle's runner does not start (`conformance --list` exit {:?}):\n{}",
+            listed.status.code(),
+            util::tail(&listed, 12)
+        ))
+    } else if backend == BundleBackend::Cpu {
+        let reports = scratch.join("reports");
+        let ran = run(&[
+            "--device",
+            "cpu",
+            "--seed",
+            "1",
+            "--filter",
+            "smoke/",
+            "--out",
+            reports.to_str().unwrap_or("reports"),
+        ])?;
+        if ran.status.success() {
+            println!("bundle: checked: `env -i PATH=/usr/bin:/bin <bundle>/conformance --list` and a smoke run start from the bundle");
+            Ok(())
+        } else {
+            Err(anyhow::anyhow!(
+                "the bundle's runner does not run a smoke case (exit {:?}):\n{}",
+                ran.status.code(),
+                util::tail(&ran, 20)
+            ))
+        }
+    } else {
+        println!("bundle: checked: `env -i PATH=/usr/bin:/bin <bundle>/conformance --list` starts (CUDA: cases need the GPU host)");
+        Ok(())
+    };
+    let _ = fs::remove_dir_all(&scratch);
+    result
+}
+
+fn archive_name(out: &Path) -> Result<PathBuf> {
+    let name = out
+        .file_name()
+        .context("--out has no file name")?
+        .to_string_lossy()
+        .into_owned();
+    Ok(out.with_file_name(format!("{name}.tar.zst")))
+}
+
+/// `tar | zstd`, split into parts of at most `part_bytes`; writes the sha256
+/// list. Returns the parts and their sizes.
+fn archive(out: &Path, part_bytes: u64, level: u32) -> Result<Vec<(PathBuf, u64)>> {
+    let parent = out.parent().context("--out has no parent")?;
+    let name = out
+        .file_name()
+        .context("--out has no file name")?
+        .to_string_lossy()
+        .into_owned();
+    let archive_file = format!("{name}.tar.zst");
+    for entry in fs::read_dir(parent)? {
+        let entry = entry?;
+        let file = entry.file_name().to_string_lossy().into_owned();
+        if file.starts_with(&format!("{archive_file}.part-"))
+            || file == format!("{archive_file}.sha256")
+        {
+            fs::remove_file(entry.path())?;
+        }
+    }
+    if Command::new("zstd")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_err()
+    {
+        bail!("--archive needs the `zstd` command (Debian/Ubuntu: apt-get install zstd)");
+    }
+    println!("bundle: compressing (tar | zstd -{level} -T0) …");
+    let mut tar = Command::new("tar")
+        .arg("-C")
+        .arg(parent)
+        .args([
+            "--sort=name",
+            "--owner=0",
+            "--group=0",
+            "--numeric-owner",
+            "-cf",
+            "-",
+        ])
+        .arg(&name)
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("could not run tar")?;
+    let mut zstd = Command::new("zstd")
+        .args(["-q", "-T0", &format!("-{level}"), "-c", "-"])
+        .stdin(tar.stdout.take().expect("piped"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("could not run zstd")?;
+    let mut compressed = zstd.stdout.take().expect("piped");
+    let mut whole = Sha256::new();
+    let mut parts: Vec<(PathBuf, u64, String)> = Vec::new();
+    let mut current: Option<(fs::File, PathBuf, u64, Sha256)> = None;
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        let n = compressed.read(&mut buffer)?;
+        if n == 0 {
+            break;
+        }
+        let mut chunk = &buffer[..n];
+        whole.update(chunk);
+        while !chunk.is_empty() {
+            if current
+                .as_ref()
+                .is_none_or(|(_, _, size, _)| *size == part_bytes)
+            {
+                if let Some((mut file, path, size, hash)) = current.take() {
+                    file.flush()?;
+                    parts.push((path, size, hex(hash)));
+                }
+                let path = parent.join(format!("{archive_file}.part-{:02}", parts.len()));
+                current = Some((fs::File::create(&path)?, path, 0, Sha256::new()));
+            }
+            let (file, _, size, hash) = current.as_mut().expect("a part is open");
+            let take = chunk.len().min((part_bytes - *size) as usize);
+            file.write_all(&chunk[..take])?;
+            hash.update(&chunk[..take]);
+            *size += take as u64;
+            chunk = &chunk[take..];
+        }
+    }
+    if let Some((mut file, path, size, hash)) = current.take() {
+        file.flush()?;
+        parts.push((path, size, hex(hash)));
+    }
+    let zstd_status = zstd.wait()?;
+    let tar_status = tar.wait()?;
+    if !tar_status.success() || !zstd_status.success() {
+        bail!(
+            "tar | zstd failed (tar exit {:?}, zstd exit {:?})",
+            tar_status.code(),
+            zstd_status.code()
+        );
+    }
+    let mut list = String::new();
+    for (path, _, hash) in &parts {
+        list.push_str(&format!(
+            "{hash}  {}\n",
+            path.file_name().unwrap().to_string_lossy()
+        ));
+    }
+    list.push_str(&format!("{}  {archive_file}\n", hex(whole)));
+    fs::write(parent.join(format!("{archive_file}.sha256")), list)?;
+    Ok(parts
+        .into_iter()
+        .map(|(path, size, _)| (path, size))
+        .collect())
+}
+
+fn hex(hash: Sha256) -> String {
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The bundle's entry point. `@…@` are filled in by `run`.
+const LAUNCHER: &str = r#"#!/bin/sh
+# mlx-conformance bundle launcher (written by `cargo xtask bundle`).
+#
+# Runs bin/conformance, the bit-exact MLX conformance runner, with this
+# bundle's CPython (@PYVER@ and its standard library), reference packages
+# and snapshot fixtures. Flags and exit codes are the runner's, exactly as
+# with `cargo xtask conformance` (0 pass, 1 fail, 2 drift, 3 environment).
+# Reports go to ./target/conformance unless --out says otherwise.
+#
+# Environment read here:
+#   MLX_CONFORMANCE_NVIDIA_LIBS  (cuda bundle) colon-separated directories
+#       with the NVIDIA libraries libmlx needs (CUDA runtime, cuBLAS, cuDNN,
+#       NCCL, cuFFT, NVRTC); default: every nvidia/*/lib directory in the
+#       site-packages of the `python3` first on PATH, if any.
+# PYTHONHOME, PYTHONPATH and the other PYTHON* variables are ignored.
+set -u
+self=$0
+if command -v readlink >/dev/null 2>&1; then
+    resolved=$(readlink -f -- "$0" 2>/dev/null) && [ -n "$resolved" ] && self=$resolved
+fi
+here=$(CDPATH= cd -P -- "$(dirname -- "$self")" && pwd) || {
+    echo "conformance bundle: cannot find the bundle directory of $0" >&2
+    exit 3
+}
+backend='@BACKEND@'
+site="$here/python/lib/@PYVER@/site-packages"
+libmlx="$site/mlx/lib/@LIBMLX@"
+for f in "$here/bin/conformance" "$here/python/lib/@LIBPYTHON@" "$libmlx" "$here/fingerprint.json"; do
+    if [ ! -e "$f" ]; then
+        echo "conformance bundle: $f is missing: the bundle at $here is incomplete; rebuild it with \`cargo xtask bundle\`" >&2
+        exit 3
+    fi
+done
+
+# The runner configures its Python from MLX_CONFORMANCE_HOME alone
+# (isolated); the PYTHON* variables are also cleared for anything it starts.
+unset PYTHONHOME PYTHONPATH PYTHONSTARTUP PYTHONUSERBASE PYTHONEXECUTABLE \
+    PYTHONPLATLIBDIR PYTHONSAFEPATH PYTHONNOUSERSITE PYTHONINSPECT VIRTUAL_ENV
+MLX_CONFORMANCE_HOME=$here
+export MLX_CONFORMANCE_HOME
+
+libs="$here/python/lib:$site/mlx/lib"
+if [ "$backend" = cuda ]; then
+    nvidia=${MLX_CONFORMANCE_NVIDIA_LIBS:-}
+    searched="MLX_CONFORMANCE_NVIDIA_LIBS=$nvidia"
+    if [ -z "$nvidia" ]; then
+        searched="MLX_CONFORMANCE_NVIDIA_LIBS unset; no python3 on PATH"
+        if command -v python3 >/dev/null 2>&1; then
+            py=$(command -v python3)
+            sites=$(python3 -c 'import site; print("\n".join(site.getsitepackages()))' 2>/dev/null) || sites=
+            searched="MLX_CONFORMANCE_NVIDIA_LIBS unset; searched nvidia/*/lib in the site-packages of $py: $(echo $sites)"
+            old_ifs=$IFS
+            IFS='
+'
+            for sp in $sites; do
+                for d in "$sp"/nvidia/*/lib; do
+                    if [ -d "$d" ]; then
+                        nvidia="${nvidia:+$nvidia:}$d"
+                    fi
+                done
+            done
+            IFS=$old_ifs
+        fi
+    fi
+    if [ -n "$nvidia" ]; then
+        libs="$libs:$nvidia"
+    fi
+fi
+LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH
+
+if [ "$backend" = cuda ] && command -v ldd >/dev/null 2>&1; then
+    missing=$(ldd "$libmlx" 2>/dev/null | awk '/not found/ { print $1 }' | sort -u | tr '\n' ' ')
+    if [ -n "$missing" ]; then
+        {
+            echo "conformance bundle: the CUDA libmlx needs libraries that are not found: $missing"
+            echo "  ($searched)"
+            case " $missing" in
+                *" libcuda.so"*) echo "  libcuda.so.1 is the NVIDIA driver's library: is this a GPU host with the driver installed?" ;;
+            esac
+            echo "  fix: MLX_CONFORMANCE_NVIDIA_LIBS=<dir>:<dir>... naming the lib directories of the NVIDIA CUDA 13 pip"
+            echo "  packages (nvidia-cuda-runtime, nvidia-cublas, nvidia-cudnn-cu13, nvidia-nccl-cu13, nvidia-cufft,"
+            echo "  nvidia-cuda-nvrtc), e.g. \"\$(ls -d /path/to/venv/lib/python3.*/site-packages/nvidia/*/lib | paste -sd:)\","
+            echo "  or put the python3 of an environment that has them first on PATH"
+        } >&2
+        exit 3
+    fi
+fi
+
+prev=
+for arg in "$@"; do
+    case "$prev $arg" in
+        "--fixtures accept" | *" --fixtures=accept")
+            if [ ! -w "$here/fixtures/snapshots" ]; then
+                echo "conformance bundle: --fixtures accept writes into $here/fixtures/snapshots, which is read-only here; copy the bundle somewhere writable first" >&2
+                exit 3
+            fi
+            echo "conformance bundle: --fixtures accept records the snapshot set under $here/fixtures/snapshots/<set>/ (the run names it); copy that directory into a checkout's fixtures/snapshots/ and commit it there" >&2
+            ;;
+    esac
+    prev=$arg
+done
+
+exec "$here/bin/conformance" "$@"
+"#;
+
+const README_TXT: &str = r#"mlx-conformance bundle (@BACKEND@), written by `cargo xtask bundle`
+=================================================================
+
+A self-contained copy of the bit-exact MLX conformance runner: its binary,
+CPython with its standard library, the pinned reference packages (mlx and
+its libmlx, mlx-lm, mlx-vlm, mlx-optiq, numpy, ...) and the snapshot sets.
+Needs no Rust, uv, network or system Python; needs Linux x86-64 with glibc
+>= @GLIBC@ and libstdc++ (GLIBCXX) >= @GLIBCXX@.
+
+    ./conformance --device cpu            # the whole suite; exit 0/1/2/3
+    ./conformance --list                  # every case
+    ./conformance --filter quantized/linear --out /tmp/reports
+
+Flags, reports and exit codes are those of `cargo xtask conformance` (see
+the repository README). Reports go to ./target/conformance of the current
+directory unless --out names another place; the bundle itself may be
+read-only. `--fixtures accept` records the snapshot set into
+fixtures/snapshots/<set>/ of this bundle: copy it back into a checkout.
+
+CUDA bundles need the host's NVIDIA libraries (CUDA 13 runtime, cuBLAS,
+cuDNN, NCCL, cuFFT, NVRTC): set MLX_CONFORMANCE_NVIDIA_LIBS to their
+directories, or put the python3 of an environment with the NVIDIA pip
+packages first on PATH (its site-packages' nvidia/*/lib are used).
+
+BUNDLE.json records the commit, backend, versions and lock hash.
+"#;
