@@ -21,6 +21,22 @@ fn cpu_table_is_empty_until_measured() {
     }
 }
 
+/// `RegimeTable::cuda()` is the H200 measurement of 2026-12-01 (boundary
+/// finder on the conformance attention graph: chunks of 4 failed at 57 of
+/// 64 dense candidates, failing from KV 1026 on without end): one token
+/// at a time, everywhere.
+#[test]
+fn cuda_table_appends_one_token_at_a_time_as_measured() {
+    let table = RegimeTable::cuda();
+    assert_eq!(table.backend(), Backend::Cuda);
+    assert!(table.boundaries().is_empty());
+    assert_eq!(table.max_chunk(), 1);
+    for cache_len in [0, 1, 134, 135, 1023, 1026, 65_536, 70_000] {
+        assert_eq!(table.append_chunk_size(cache_len), 1, "cache {cache_len}");
+    }
+    assert_eq!(RegimeTable::cpu().max_chunk(), MAX_APPEND_CHUNK);
+}
+
 #[test]
 fn metal_chunks_near_the_boundaries() {
     let table = RegimeTable::metal();

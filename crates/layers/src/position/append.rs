@@ -23,6 +23,9 @@ pub use crate::backend::Backend;
 pub struct RegimeTable {
     backend: Backend,
     boundaries: Vec<usize>,
+    /// The largest chunk this backend's arithmetic allows at all
+    /// ([`MAX_APPEND_CHUNK`], or 1 where only M = 1 reproduces decoding).
+    max_chunk: usize,
 }
 
 impl RegimeTable {
@@ -36,6 +39,7 @@ impl RegimeTable {
         RegimeTable {
             backend: Backend::Metal,
             boundaries: vec![1023, 1024, 8192, 32768, 65536],
+            max_chunk: MAX_APPEND_CHUNK,
         }
     }
 
@@ -63,6 +67,34 @@ impl RegimeTable {
         RegimeTable {
             backend: Backend::Cpu,
             boundaries: Vec::new(),
+            max_chunk: MAX_APPEND_CHUNK,
+        }
+    }
+
+    /// The CUDA table: **append one token at a time**, by measurement. On
+    /// MLX 0.32.2's CUDA backend (`mlx-cuda-13`), a chunk of
+    /// [`MAX_APPEND_CHUNK`] tokens does not reproduce token-by-token
+    /// (M = 1) decoding at most KV lengths: M = 1 runs the fused
+    /// sdpa-vector kernel, a chunk (M > 1) the other SDPA path, and they
+    /// round differently. No set of boundaries can describe that, so every
+    /// chunk is 1 ([`RegimeTable::append_chunk_size`] returns 1).
+    ///
+    /// Measured 2026-12-01 on an NVIDIA H200 (sm_90, driver 580.159.04,
+    /// CUDA 13.0) by the conformance boundary finder (case
+    /// `attention/boundary-finder/qwen35-gqa6-d256-h512/affine-4b-gs64/bf16/chunk4`,
+    /// same graph as [`RegimeTable::cpu`], 64 dense candidates from 4 to
+    /// 65536): 57 of the 64 straddling chunks of 4 failed; failing runs at
+    /// cache lengths 135–254, 509–510, 1018–1024 and from 1026 on (open,
+    /// through 65538); the finder classified it "differs at most lengths".
+    /// Every crossing window (cache 1019–1029, 8186–8198, 32762–32770,
+    /// 65530–65540) differed too, while M = 1 decoding matched the
+    /// reference bit for bit in all four windows. The run's evidence is
+    /// kept under `fixtures/gpu-runs/` in the conformance repository.
+    pub fn cuda() -> Self {
+        RegimeTable {
+            backend: Backend::Cuda,
+            boundaries: Vec::new(),
+            max_chunk: 1,
         }
     }
 
@@ -79,6 +111,7 @@ impl RegimeTable {
         Ok(RegimeTable {
             backend,
             boundaries,
+            max_chunk: MAX_APPEND_CHUNK,
         })
     }
 
@@ -108,8 +141,11 @@ impl RegimeTable {
         self.boundaries
             .iter()
             .find(|&&end| cache_len < end)
-            .map_or(MAX_APPEND_CHUNK, |&end| {
-                MAX_APPEND_CHUNK.min(end - cache_len)
-            })
+            .map_or(self.max_chunk, |&end| self.max_chunk.min(end - cache_len))
+    }
+
+    /// The largest chunk the table ever returns.
+    pub fn max_chunk(&self) -> usize {
+        self.max_chunk
     }
 }
