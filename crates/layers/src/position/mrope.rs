@@ -7,8 +7,10 @@
 
 use std::sync::OnceLock;
 
+use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{take_axis, Ellipsis, TryIndexOp};
 use mlx_rs::ops::{concatenate, expand_dims, transpose_axes};
+use mlx_rs::transforms::compile::compile;
 use mlx_rs::{Array, Dtype};
 
 use super::error::PositionError;
@@ -562,41 +564,54 @@ fn check_position_ids(
 /// `embed = (x_rot * cos + rotate_half(x_rot) * sin).astype(x.dtype)`,
 /// then `concatenate([embed, x_pass], -1)`, for q and for k.
 ///
-/// The rotation is issued as its two halves, `x1·c − x2·s` and `x2·c +
-/// x1·s` (`x1`, `x2` the halves of `x_rot`; `c`, `s` the first halves of
-/// cos and sin), concatenated with the pass-through channels in one op.
-/// Bit-identical to the reference's expression with fewer passes over
-/// memory (no materialised `rotate_half`, one concatenate): cos and sin are
-/// `cos(concatenate([freqs, freqs]))`, so both halves hold the same bits;
-/// each element still sees one rounded product per term and one rounded
-/// sum in the promoted dtype, then the cast; and `(−x2)·s = −(x2·s)`,
-/// `a + (−b) = a − b` hold exactly in IEEE arithmetic (signed zeros
-/// included).
+/// The reference decorates that function with `@mx.compile`, so MLX traces
+/// it once and fuses its elementwise ops into one kernel. This port issues
+/// the **same op graph, compiled the same way** (`mlx_rs` `compile`, not
+/// shapeless), so MLX generates the same fused kernels. That matters on
+/// CUDA: there a fused kernel rounds differently from the same ops run one
+/// by one (measured on an H200: the unfused form differed from the
+/// reference in every dtype, while on CPU both forms agree bit for bit).
+/// The graph mirrors the reference op for op and in its order: expand_dims
+/// of cos and sin, the slices, `rotate_half` as `concatenate([-x2, x1])`,
+/// multiply, add, the cast, and the final concatenate (also when `x_pass`
+/// is empty).
 fn apply_interleaved_axis1(
     q: &Array,
     k: &Array,
     cos: &Array,
     sin: &Array,
 ) -> Result<(Array, Array), PositionError> {
-    let cos = expand_dims(cos, 1)?;
-    let sin = expand_dims(sin, 1)?;
-    let rotary_dim = cos.shape()[cos.ndim() - 1];
-    let half = rotary_dim / 2;
-    let c = cos.try_index((Ellipsis, ..half))?;
-    let s = sin.try_index((Ellipsis, ..half))?;
-    let one = |x: &Array| -> Result<Array, PositionError> {
-        let x1 = x.try_index((Ellipsis, ..half))?;
-        let x2 = x.try_index((Ellipsis, half..rotary_dim))?;
-        let x_pass = x.try_index((Ellipsis, rotary_dim..))?;
-        let first = x1
-            .multiply(&c)?
-            .subtract(x2.multiply(&s)?)?
-            .as_dtype(x.dtype())?;
-        let second = x2
-            .multiply(&c)?
-            .add(x1.multiply(&s)?)?
-            .as_dtype(x.dtype())?;
-        Ok(concatenate(&[&first, &second, &x_pass], -1)?)
+    let graph = |inputs: &[Array]| -> Result<Vec<Array>, Exception> {
+        let (q, k) = (&inputs[0], &inputs[1]);
+        let cos = expand_dims(&inputs[2], 1)?;
+        let sin = expand_dims(&inputs[3], 1)?;
+        let rotary_dim = cos.shape()[cos.ndim() - 1];
+        let rotate_half = |x: &Array| -> Result<Array, Exception> {
+            let half = x.shape()[x.ndim() - 1] / 2;
+            let x1 = x.try_index((Ellipsis, ..half))?;
+            let x2 = x.try_index((Ellipsis, half..))?;
+            concatenate(&[&x2.negative()?, &x1], -1)
+        };
+        let q_rot = q.try_index((Ellipsis, ..rotary_dim))?;
+        let q_pass = q.try_index((Ellipsis, rotary_dim..))?;
+        let k_rot = k.try_index((Ellipsis, ..rotary_dim))?;
+        let k_pass = k.try_index((Ellipsis, rotary_dim..))?;
+        let q_embed = q_rot
+            .multiply(&cos)?
+            .add(rotate_half(&q_rot)?.multiply(&sin)?)?;
+        let k_embed = k_rot
+            .multiply(&cos)?
+            .add(rotate_half(&k_rot)?.multiply(&sin)?)?;
+        let q_embed = q_embed.as_dtype(q.dtype())?;
+        let k_embed = k_embed.as_dtype(k.dtype())?;
+        Ok(vec![
+            concatenate(&[&q_embed, &q_pass], -1)?,
+            concatenate(&[&k_embed, &k_pass], -1)?,
+        ])
     };
-    Ok((one(q)?, one(k)?))
+    let mut compiled = compile(graph, None);
+    let mut out = compiled(&[q.clone(), k.clone(), cos.clone(), sin.clone()])?;
+    let k_out = out.pop().expect("the graph returns q and k");
+    let q_out = out.pop().expect("the graph returns q and k");
+    Ok((q_out, k_out))
 }
