@@ -63,6 +63,13 @@ fn a_missing_set_is_one_line_naming_set_place_and_command_and_exits_2() {
     assert!(all.contains("conformance: "), "{all}");
     let md = std::fs::read_to_string(out_dir.join("report.md")).unwrap();
     assert!(md.contains(*line), "report.md carries the same line");
+    let junit = std::fs::read_to_string(out_dir.join("junit.xml")).unwrap();
+    assert_eq!(
+        junit.matches("<failure").count(),
+        1,
+        "one failing test: {junit}"
+    );
+    assert!(junit.contains(&set), "{junit}");
 }
 
 #[test]

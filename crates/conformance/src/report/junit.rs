@@ -41,6 +41,17 @@ pub fn render(report: &Report) -> String {
             .or_insert_with(|| TestSuite::new(r.family.clone()))
             .add_test_case(case);
     }
+    // A missing snapshot set is one failing test, not a failure per case.
+    if let Some(line) = &report.summary.missing_snapshot_set {
+        let mut status = TestCaseStatus::non_success(NonSuccessKind::Failure);
+        status.set_message(line.clone());
+        let mut suite = TestSuite::new("snapshot-set");
+        suite.add_test_case(TestCase::new(
+            report.environment.snapshot_set.clone(),
+            status,
+        ));
+        suites.insert("snapshot-set".into(), suite);
+    }
     junit.add_test_suites(suites.into_values());
     junit
         .to_string()
