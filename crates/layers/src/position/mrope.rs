@@ -5,6 +5,7 @@
 //! `"interleaved"`, half-split pairing, as constructed by
 //! `mlx_vlm.models.qwen3_5.language.Qwen3_5RotaryEmbedding`.
 
+use std::cell::RefCell;
 use std::sync::OnceLock;
 
 use mlx_rs::error::Exception;
@@ -609,8 +610,19 @@ fn apply_interleaved_axis1(
             concatenate(&[&k_embed, &k_pass], -1)?,
         ])
     };
-    let mut compiled = compile(graph, None);
-    let mut out = compiled(&[q.clone(), k.clone(), cos.clone(), sin.clone()])?;
+    // One compiled function per thread, traced once per input shapes and
+    // dtypes as the reference's module-level `@mx.compile` is (mlx-rs
+    // compiled functions are not `Send`).
+    type CompiledApply = Box<dyn FnMut(&[Array]) -> Result<Vec<Array>, Exception>>;
+    thread_local! {
+        static COMPILED: RefCell<Option<CompiledApply>> = const { RefCell::new(None) };
+    }
+    let inputs = [q.clone(), k.clone(), cos.clone(), sin.clone()];
+    let mut out = COMPILED.with(|slot| {
+        let mut slot = slot.borrow_mut();
+        let apply = slot.get_or_insert_with(|| Box::new(compile(graph, None)));
+        apply(&inputs)
+    })?;
     let k_out = out.pop().expect("the graph returns q and k");
     let q_out = out.pop().expect("the graph returns q and k");
     Ok((q_out, k_out))
