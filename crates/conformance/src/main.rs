@@ -39,8 +39,8 @@ struct Cli {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Cases run concurrently (they share one interpreter).
-    #[arg(long, default_value_t = 1)]
-    jobs: usize,
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    jobs: u16,
     /// What to print on stdout (all report files are written regardless).
     #[arg(long, value_enum, default_value_t = Format::Human)]
     format: Format,
@@ -134,7 +134,19 @@ fn main() -> ExitCode {
         .out
         .clone()
         .unwrap_or_else(|| home.default_reports_dir());
+    // Before any case runs (a GPU run can take minutes): the reports must
+    // be writable, and a declared set key must be usable as a name.
+    if let Err(e) = report::check_writable(&out_dir) {
+        return fail(e);
+    }
     report::clear(&out_dir);
+    let declared = match cli.device_family.as_deref().filter(|k| !k.is_empty()) {
+        None => None,
+        Some(key) => match snapshots::check_device_key(key) {
+            Ok(()) => Some(key.to_owned()),
+            Err(e) => return fail(e),
+        },
+    };
 
     let fingerprint = match read_fingerprint(home) {
         Ok(f) => f,
@@ -181,7 +193,6 @@ fn main() -> ExitCode {
     };
     let device_name = device_info.remove("name").unwrap_or_default();
     let architecture = device_info.remove("architecture").unwrap_or_default();
-    let declared = cli.device_family.as_deref().map(snapshots::slug);
     let device_family = declared
         .clone()
         .unwrap_or_else(|| snapshots::device_key(backend, &architecture, &device_name));
@@ -202,6 +213,13 @@ fn main() -> ExitCode {
         ""
     };
     let set_commands = snapshots::SetCommands::new(xtask_prefix, &selecting.join(" "));
+    // Said at the start too, so nobody waits for a whole run to learn it.
+    if mode != Mode::Accept && !cli.perturb && cli.seed == 0 && !snapshots::set_exists(&set_dir) {
+        eprintln!(
+            "note: {}",
+            snapshots::missing_set_line(&set_dir, &set_commands)
+        );
+    }
     let environment = Environment {
         mlx_version: oracle.info().mlx_version.clone(),
         backend: backend.as_str().into(),
@@ -221,7 +239,7 @@ fn main() -> ExitCode {
     let options = RunOptions {
         backend,
         seed: cli.seed,
-        jobs: cli.jobs,
+        jobs: usize::from(cli.jobs),
         perturb: cli.perturb,
     };
     let started = Instant::now();

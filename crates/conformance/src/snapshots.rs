@@ -141,6 +141,19 @@ pub fn slug(text: &str) -> String {
     }
 }
 
+/// Checks a declared device key (`--device-family`): 1 to 64 of lowercase
+/// ASCII letters, digits, `.`, `_` and `-`, not starting with `.` — it
+/// becomes part of a directory name.
+pub fn check_device_key(key: &str) -> Result<(), String> {
+    let allowed = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c);
+    if key.is_empty() || key.len() > 64 || key.starts_with('.') || !key.chars().all(allowed) {
+        return Err(format!(
+            "--device-family `{key}` cannot name a snapshot set: use 1 to 64 lowercase letters, digits, '.', '_' or '-', not starting with '.' (e.g. `gha-macos-14`)"
+        ));
+    }
+    Ok(())
+}
+
 /// Whether a recorded set exists: the directory holds at least one
 /// `.snap` file.
 pub fn set_exists(dir: &Path) -> bool {
@@ -491,6 +504,16 @@ mod tests {
         assert!(orphans[0].ends_with("gone__case.snap"));
         let (_, orphans) = gate(&dir, &[r], Mode::Check, &provenance(), false);
         assert!(orphans.is_empty());
+    }
+
+    #[test]
+    fn declared_keys_must_be_plain_names() {
+        assert!(check_device_key("gha-macos-14").is_ok());
+        assert!(check_device_key("nvidia-h200_sxm.1").is_ok());
+        for bad in ["", "../../etc", "a/b", "UPPER", ".hidden", &"x".repeat(65)] {
+            let err = check_device_key(bad).unwrap_err();
+            assert!(err.contains("--device-family"), "{err}");
+        }
     }
 
     #[test]

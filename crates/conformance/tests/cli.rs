@@ -49,8 +49,10 @@ fn a_missing_set_is_one_line_naming_set_place_and_command_and_exits_2() {
         "cpu-no-such-runner-mlx{}",
         mlx_version(&out_dir.join("report.json"))
     );
-    let lines: Vec<&str> = all.lines().filter(|l| l.contains(&set)).collect();
-    // The diagnosis line, plus the closing environment line naming the set.
+    // On stdout (the report), the diagnosis is one line; stderr may say it
+    // once more as an early note before the cases run.
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.contains(&set)).collect();
     let diagnosis: Vec<&&str> = lines.iter().filter(|l| l.contains("missing")).collect();
     assert_eq!(diagnosis.len(), 1, "{all}");
     let line = diagnosis[0];

@@ -229,6 +229,25 @@ impl Report {
     }
 }
 
+/// Checks before a run that `dir` is (or can be made) a writable directory,
+/// so a run never ends with reports it cannot write.
+pub fn check_writable(dir: &Path) -> Result<(), String> {
+    let fail = |why: String| {
+        format!(
+            "--out {}: {why}; choose a writable directory with --out",
+            dir.display()
+        )
+    };
+    if dir.exists() && !dir.is_dir() {
+        return Err(fail("exists and is not a directory".into()));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| fail(format!("cannot be created ({e})")))?;
+    let probe = dir.join(format!(".write-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(|e| fail(format!("is not writable ({e})")))?;
+    let _ = std::fs::remove_file(probe);
+    Ok(())
+}
+
 /// Removes the reports of a previous run.
 pub fn clear(dir: &Path) {
     for f in ["report.json", "junit.xml", "report.md"] {
