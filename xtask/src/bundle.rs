@@ -31,7 +31,6 @@
 //! (`<dir>.tar.zst.part-00`, `-01`, …) and `<dir>.tar.zst.sha256` (one line
 //! per part, plus the joined archive), for size-limited transfers.
 
-use std::ffi::OsString;
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -40,6 +39,7 @@ use std::process::{Command, Stdio};
 use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
+use crate::env::{Backend, Layout};
 use crate::util;
 
 /// The variable the launcher sets (read by crates/conformance/src/home.rs and
@@ -83,42 +83,13 @@ pub struct Args {
     level: u32,
 }
 
-/// Where a backend's environment and build live, and the variables that
-/// select them for cargo (the contract shared with xtask/src/env.rs).
-struct BackendEnv {
-    /// The env dir, relative to the workspace root.
-    env_dir: &'static str,
-    /// The lock the env was installed from, relative to the workspace root.
-    lock: &'static str,
-    /// Cargo's target dir, absolute.
-    target_dir: PathBuf,
-    /// Extra environment of the `cargo build`.
-    vars: Vec<(&'static str, OsString)>,
-}
-
-fn backend_env(root: &Path, backend: BundleBackend) -> BackendEnv {
-    let (env_dir, lock, target) = match backend {
-        BundleBackend::Cpu => (".reference", "reference/requirements.lock", "target"),
-        BundleBackend::Cuda => (
-            ".reference-cuda",
-            "reference/cuda/requirements.lock",
-            "target/cuda",
-        ),
-    };
-    let target_dir = root.join(target);
-    let python = root.join(env_dir).join("venv/bin/python");
-    let mut vars = vec![
-        ("MLX_REFERENCE_DIR", OsString::from(env_dir)),
-        ("PYO3_PYTHON", python.into_os_string()),
-    ];
-    if backend == BundleBackend::Cuda {
-        vars.push(("CARGO_TARGET_DIR", target_dir.clone().into_os_string()));
-    }
-    BackendEnv {
-        env_dir,
-        lock,
-        target_dir,
-        vars,
+impl BundleBackend {
+    /// The environment layout shared with setup and the runner commands.
+    fn layout(self) -> Layout {
+        Layout::of(match self {
+            BundleBackend::Cpu => Backend::Cpu,
+            BundleBackend::Cuda => Backend::Cuda,
+        })
     }
 }
 
@@ -166,14 +137,11 @@ pub fn run(root: &Path, args: &Args) -> Result<i32> {
         bail!("`cargo xtask bundle` builds Linux bundles only (LD_LIBRARY_PATH launcher, ELF libpython)");
     }
     let backend = args.backend;
-    let env = backend_env(root, backend);
-    let setup = match backend {
-        BundleBackend::Cpu => "cargo xtask setup",
-        BundleBackend::Cuda => "cargo xtask setup --backend cuda",
-    };
+    let env = backend.layout();
+    let setup = env.setup_command();
     let out = absolute(&args.out)?;
     for source in [
-        root.join(env.env_dir),
+        root.join(env.dir),
         root.join("fixtures"),
         root.to_path_buf(),
     ] {
@@ -187,7 +155,7 @@ pub fn run(root: &Path, args: &Args) -> Result<i32> {
     }
 
     // 1. The environment, as `cargo xtask setup` left it.
-    let fingerprint_path = root.join(env.env_dir).join("fingerprint.json");
+    let fingerprint_path = root.join(env.dir).join("fingerprint.json");
     let fingerprint_text = fs::read_to_string(&fingerprint_path).with_context(|| {
         format!(
             "the {} reference environment is missing ({} unreadable); run `{setup}`",
@@ -216,7 +184,7 @@ pub fn run(root: &Path, args: &Args) -> Result<i32> {
             env.lock
         );
     }
-    let venv_python = root.join(env.env_dir).join("venv/bin/python");
+    let venv_python = root.join(env.dir).join("venv/bin/python");
     let facts = python_facts(&venv_python)?;
     let site_packages = field("site_packages")
         .map(PathBuf::from)
@@ -238,8 +206,8 @@ pub fn run(root: &Path, args: &Args) -> Result<i32> {
     // 2. The runner, built against that environment.
     println!(
         "bundle: building the conformance runner against {} (target dir {})",
-        env.env_dir,
-        env.target_dir.display()
+        env.dir,
+        env.target_dir(root).display()
     );
     let binary = build_runner(root, &env)?;
 
@@ -382,21 +350,18 @@ fn python_facts(python: &Path) -> Result<PythonFacts> {
 
 /// `cargo build -p conformance` against the backend's env; the executable
 /// cargo reports.
-fn build_runner(root: &Path, env: &BackendEnv) -> Result<PathBuf> {
-    let mut cmd = util::cargo();
-    cmd.current_dir(root)
-        .args([
-            "build",
-            "-p",
-            "conformance",
-            "--bin",
-            "conformance",
-            "--message-format=json-render-diagnostics",
-        ])
-        .stdout(Stdio::piped());
-    for (key, value) in &env.vars {
-        cmd.env(key, value);
-    }
+fn build_runner(root: &Path, env: &Layout) -> Result<PathBuf> {
+    // The layout's cargo: MLX_REFERENCE_DIR, PYO3_PYTHON and its target dir.
+    let mut cmd = env.cargo(root);
+    cmd.args([
+        "build",
+        "-p",
+        "conformance",
+        "--bin",
+        "conformance",
+        "--message-format=json-render-diagnostics",
+    ])
+    .stdout(Stdio::piped());
     let mut child = cmd.spawn().context("could not run cargo build")?;
     let mut executable = None;
     for line in BufReader::new(child.stdout.take().expect("piped")).lines() {

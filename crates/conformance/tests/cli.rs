@@ -30,19 +30,24 @@ fn text(out: &Output) -> String {
 
 const SMOKE: &str = "smoke/quantized-matmul";
 
-#[test]
-fn a_missing_set_is_one_line_naming_set_place_and_command_and_exits_2() {
-    let out_dir = scratch("missing");
-    let out = conformance(&[
+/// The smoke case on the CPU, reports to `out`, plus `extra` flags.
+fn smoke(out: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
         "--device",
         "cpu",
         "--filter",
         SMOKE,
-        "--device-family",
-        "no-such-runner",
         "--out",
-        out_dir.to_str().unwrap(),
-    ]);
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    conformance(&args)
+}
+
+#[test]
+fn a_missing_set_is_one_line_naming_set_place_and_command_and_exits_2() {
+    let out_dir = scratch("missing");
+    let out = smoke(&out_dir, &["--device-family", "no-such-runner"]);
     let all = text(&out);
     assert_eq!(out.status.code(), Some(2), "{all}");
     let set = format!(
@@ -77,15 +82,7 @@ fn a_missing_set_is_one_line_naming_set_place_and_command_and_exits_2() {
 #[test]
 #[cfg(all(target_os = "linux", target_arch = "x86_64"))] // the committed CPU set's key
 fn the_committed_cpu_set_is_found_with_the_derived_key() {
-    let out_dir = scratch("found");
-    let out = conformance(&[
-        "--device",
-        "cpu",
-        "--filter",
-        SMOKE,
-        "--out",
-        out_dir.to_str().unwrap(),
-    ]);
+    let out = smoke(&scratch("found"), &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
 }
 
@@ -94,14 +91,7 @@ fn two_out_directories_keep_both_report_sets() {
     let first = scratch("out-a");
     let second = scratch("out-b");
     for dir in [&first, &second] {
-        let out = conformance(&[
-            "--device",
-            "cpu",
-            "--filter",
-            SMOKE,
-            "--out",
-            dir.to_str().unwrap(),
-        ]);
+        let out = smoke(dir, &[]);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     }
     for dir in [&first, &second] {
@@ -119,4 +109,36 @@ fn mlx_version(report: &Path) -> String {
         .as_str()
         .unwrap()
         .to_owned()
+}
+
+#[test]
+fn usage_problems_exit_3_before_any_case_runs() {
+    let dir = scratch("usage");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("a-file");
+    std::fs::write(&file, "x").unwrap();
+    let cases: [(&Path, &[&str], &str); 4] = [
+        (&file, &[], "is not a directory"),
+        (
+            &dir,
+            &["--device-family", "../../etc"],
+            "cannot name a snapshot set",
+        ),
+        (
+            &dir,
+            &["--device-family", "UPPER"],
+            "cannot name a snapshot set",
+        ),
+        (&dir, &["--jobs", "0"], "--jobs"),
+    ];
+    for (out_dir, extra, says) in cases {
+        let out = smoke(out_dir, extra);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(3), "{extra:?}: {all}");
+        assert!(all.contains(says), "{extra:?}: {all}");
+        assert!(
+            !all.contains("smoke/quantized-matmul/"),
+            "no case ran: {all}"
+        );
+    }
 }

@@ -65,42 +65,37 @@ pub fn cases() -> Vec<Case> {
             REFERENCE_M1,
             move |ctx| run_m1(ctx, start, end),
         ));
-        cases.push(
-            Case::finding(
-                format!("attention/append/{GRAPH}/policy-cpu/{window}"),
-                "attention/append",
-                REFERENCE_APPEND,
-                move |ctx| run_policy(ctx, start, end, RegimeTable::cpu()),
-            )
-            .only_on(
-                &[Backend::Cpu],
+        // One policy case per backend: its shipped regime table, checked
+        // only where that table applies.
+        for (backend, reason) in [
+            (
+                Backend::Cpu,
                 "the measured CPU regime table applies to the CPU backend only",
             ),
-        );
-        cases.push(
-            Case::finding(
-                format!("attention/append/{GRAPH}/policy-metal/{window}"),
-                "attention/append",
-                REFERENCE_APPEND,
-                move |ctx| run_policy(ctx, start, end, RegimeTable::metal()),
-            )
-            .only_on(
-                &[Backend::Metal],
+            (
+                Backend::Metal,
                 "the seed's Metal regime table applies to the Metal backend only",
             ),
-        );
-        cases.push(
-            Case::finding(
-                format!("attention/append/{GRAPH}/policy-cuda/{window}"),
-                "attention/append",
-                REFERENCE_APPEND,
-                move |ctx| run_policy(ctx, start, end, RegimeTable::cuda()),
-            )
-            .only_on(
-                &[Backend::Cuda],
+            (
+                Backend::Cuda,
                 "the measured CUDA regime table applies to the CUDA backend only",
             ),
-        );
+        ] {
+            let backends: &'static [Backend] = match backend {
+                Backend::Cpu => &[Backend::Cpu],
+                Backend::Metal => &[Backend::Metal],
+                Backend::Cuda => &[Backend::Cuda],
+            };
+            cases.push(
+                Case::finding(
+                    format!("attention/append/{GRAPH}/policy-{backend}/{window}"),
+                    "attention/append",
+                    REFERENCE_APPEND,
+                    move |ctx| run_policy(ctx, start, end, shipped_table(backend)),
+                )
+                .only_on(backends, reason),
+            );
+        }
         cases.push(Case::finding(
             format!("attention/append/{GRAPH}/crossing/{window}"),
             "attention/append",
@@ -305,12 +300,12 @@ fn candidates(backend: Backend) -> Vec<usize> {
     }
 }
 
-/// The regime table `layers` ships for a backend (`None`: not measured yet).
-fn shipped_table(backend: Backend) -> Option<RegimeTable> {
+/// The regime table `layers` ships for a backend.
+fn shipped_table(backend: Backend) -> RegimeTable {
     match backend {
-        Backend::Cpu => Some(RegimeTable::cpu()),
-        Backend::Metal => Some(RegimeTable::metal()),
-        Backend::Cuda => Some(RegimeTable::cuda()),
+        Backend::Cpu => RegimeTable::cpu(),
+        Backend::Metal => RegimeTable::metal(),
+        Backend::Cuda => RegimeTable::cuda(),
     }
 }
 
@@ -344,13 +339,13 @@ fn run_finder(ctx: &Ctx) -> Result<CaseOutput, CaseError> {
         "boundaries": search.boundaries,
         "unresolved": search.unresolved,
         "never_matches": search.never_matches,
-        "shipped_table": table.as_ref().map(RegimeTable::boundaries),
-        "shipped_max_chunk": table.as_ref().map(RegimeTable::max_chunk),
+        "shipped_table": table.boundaries(),
+        "shipped_max_chunk": table.max_chunk(),
         // A one-token table is right exactly when chunking is not exact.
-        "shipped_table_agrees": table.map(|t| if t.max_chunk() == 1 {
+        "shipped_table_agrees": if table.max_chunk() == 1 {
             search.pattern(candidates(ctx.backend).len()) != "no boundaries"
         } else {
-            search.boundaries == t.boundaries()
-        }),
+            search.boundaries == table.boundaries()
+        },
     })))
 }
