@@ -15,6 +15,8 @@
 //!                                 the reference venv's site-packages (mlx +
 //!                                 libmlx, mlx_lm, mlx_vlm, optiq, numpy, PIL, rich…)
 //! fixtures/                       snapshot sets and small checkpoints
+//! kernel-cache/ptx/, TARGET       (cuda, `--kernel-cache DIR`) MLX's PTX
+//!                                 kernel cache and its `.target` (sm_90a)
 //! fingerprint.json                the environment's fingerprint (provenance)
 //! requirements.lock               the lock the environment was installed from
 //! BUNDLE.json, README.txt         what this is, from which commit, requirements
@@ -81,6 +83,11 @@ pub struct Args {
     /// zstd compression level of the archive (1-19).
     #[arg(long, default_value_t = 19, value_parser = clap::value_parser!(u32).range(1..=19))]
     level: u32,
+    /// (cuda) An MLX PTX kernel cache directory (what `MLX_PTX_CACHE_DIR`
+    /// held after a run on a GPU) to carry in the bundle, so that a run on a
+    /// GPU of the same architecture skips NVRTC compilation.
+    #[arg(long, value_name = "DIR")]
+    kernel_cache: Option<PathBuf>,
 }
 
 impl BundleBackend {
@@ -203,6 +210,14 @@ pub fn run(root: &Path, args: &Args) -> Result<i32> {
         }
     }
 
+    let kernel_cache = match (&args.kernel_cache, backend) {
+        (None, _) => None,
+        (Some(_), BundleBackend::Cpu) => {
+            bail!("--kernel-cache is MLX's CUDA PTX cache: it goes with --backend cuda only")
+        }
+        (Some(dir), BundleBackend::Cuda) => Some((dir.clone(), ptx_target(dir)?)),
+    };
+
     // 2. The runner, built against that environment.
     println!(
         "bundle: building the conformance runner against {} (target dir {})",
@@ -234,6 +249,11 @@ pub fn run(root: &Path, args: &Args) -> Result<i32> {
     );
     copy_tree(&site_packages, &bundled_site, &|_| false)?;
     copy_tree(&root.join("fixtures"), &out.join("fixtures"), &|_| false)?;
+    if let Some((dir, target)) = &kernel_cache {
+        copy_tree(dir, &out.join("kernel-cache/ptx"), &|_| false)?;
+        fs::write(out.join("kernel-cache/TARGET"), format!("{target}\n"))?;
+        println!("bundle: kernel cache for {target} from {}", dir.display());
+    }
     fs::write(out.join("fingerprint.json"), &fingerprint_text)?;
     copy_file(&lock_path, &out.join("requirements.lock"))?;
 
@@ -278,6 +298,7 @@ pub fn run(root: &Path, args: &Args) -> Result<i32> {
         "platform": format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH),
         "requires": requires,
         "home_variable": HOME_ENV,
+        "kernel_cache_target": kernel_cache.as_ref().map(|(_, target)| target),
     });
     fs::write(
         out.join("BUNDLE.json"),
@@ -323,6 +344,53 @@ pub fn run(root: &Path, args: &Args) -> Result<i32> {
         }
     );
     Ok(0)
+}
+
+/// The one GPU architecture (`sm_90a`) of the modules in an MLX kernel
+/// cache. MLX names cached modules without the architecture, so the bundle
+/// records it and the launcher uses the cache only on a matching GPU. The
+/// `.ptx` files hold PTX text (`.target sm_90a`) or, as NVRTC writes them
+/// for a known GPU, a cubin whose tool note says `-arch sm_90a`.
+fn ptx_target(dir: &Path) -> Result<String> {
+    let mut files = Vec::new();
+    collect_files(dir, &mut files)
+        .with_context(|| format!("--kernel-cache {}: not a readable directory", dir.display()))?;
+    let mut targets = std::collections::BTreeSet::new();
+    for file in files
+        .iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "ptx"))
+    {
+        let bytes = fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+        let at = [&b".target "[..], &b"-arch "[..]]
+            .iter()
+            .find_map(|key| find(&bytes, key).map(|i| i + key.len()));
+        let target = at.map(|i| {
+            let rest = &bytes[i..];
+            let end = rest
+                .iter()
+                .position(|b| !(b.is_ascii_alphanumeric() || *b == b'_'))
+                .unwrap_or(rest.len());
+            String::from_utf8_lossy(&rest[..end]).into_owned()
+        });
+        match target {
+            Some(t) if t.starts_with("sm_") => targets.insert(t),
+            _ => bail!(
+                "--kernel-cache: {} names no `sm_` target; is this an MLX PTX cache?",
+                file.display()
+            ),
+        };
+    }
+    match targets.len() {
+        0 => bail!(
+            "--kernel-cache {} holds no .ptx files; point it at the MLX_PTX_CACHE_DIR of a CUDA run",
+            dir.display()
+        ),
+        1 => Ok(targets.into_iter().next().unwrap_or_default()),
+        _ => bail!(
+            "--kernel-cache {} mixes GPU architectures {targets:?}; keep one per cache",
+            dir.display()
+        ),
+    }
 }
 
 fn absolute(path: &Path) -> Result<PathBuf> {
@@ -780,6 +848,9 @@ const LAUNCHER: &str = r#"#!/bin/sh
 #       with the NVIDIA libraries libmlx needs (CUDA runtime, cuBLAS, cuDNN,
 #       NCCL, cuFFT, NVRTC); default: every nvidia/*/lib directory in the
 #       site-packages of the `python3` first on PATH, if any.
+#   MLX_PTX_CACHE_DIR  (cuda bundle) MLX's kernel cache; when unset and the
+#       bundle carries kernel-cache/ for this GPU's architecture, a writable
+#       copy of it under ${TMPDIR:-/tmp} (MLX adds the kernels it compiles).
 # PYTHONHOME, PYTHONPATH and the other PYTHON* variables are ignored.
 set -u
 self=$0
@@ -855,6 +926,25 @@ if [ "$backend" = cuda ] && command -v ldd >/dev/null 2>&1; then
     fi
 fi
 
+# The carried kernel cache: MLX compiles each CUDA kernel with NVRTC at first
+# use (minutes for the whole suite); its cache names do not say the GPU
+# architecture, so it is used only on a GPU of the one it was recorded on.
+if [ "$backend" = cuda ] && [ -z "${MLX_PTX_CACHE_DIR:-}" ] && [ -f "$here/kernel-cache/TARGET" ]; then
+    target=$(cat "$here/kernel-cache/TARGET")
+    cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
+    if [ "sm_$cap" = "${target%a}" ]; then
+        cache="${TMPDIR:-/tmp}/mlx-conformance-ptx-$(id -u)/$(cksum < "$here/BUNDLE.json" | cut -d ' ' -f 1)"
+        if mkdir -p "$cache" && cp -Rn "$here/kernel-cache/ptx/." "$cache/" 2>/dev/null; then
+            MLX_PTX_CACHE_DIR=$cache
+            export MLX_PTX_CACHE_DIR
+        else
+            echo "conformance bundle: note: could not copy the kernel cache to $cache; kernels compile at first use" >&2
+        fi
+    else
+        echo "conformance bundle: note: the carried kernel cache is for $target, this GPU is ${cap:+sm_}${cap:-unknown (no nvidia-smi)}; kernels compile at first use" >&2
+    fi
+fi
+
 prev=
 for arg in "$@"; do
     case "$prev $arg" in
@@ -895,6 +985,67 @@ CUDA bundles need the host's NVIDIA libraries (CUDA 13 runtime, cuBLAS,
 cuDNN, NCCL, cuFFT, NVRTC): set MLX_CONFORMANCE_NVIDIA_LIBS to their
 directories, or put the python3 of an environment with the NVIDIA pip
 packages first on PATH (its site-packages' nvidia/*/lib are used).
+MLX compiles each CUDA kernel at first use (minutes for a whole cold run);
+a bundle written with `--kernel-cache DIR` carries MLX's PTX cache in
+kernel-cache/ and, on a GPU of the architecture in kernel-cache/TARGET,
+the launcher points MLX_PTX_CACHE_DIR at a writable copy of it.
 
 BUNDLE.json records the commit, backend, versions and lock hash.
 "#;
+
+#[cfg(test)]
+mod kernel_cache_tests {
+    use super::ptx_target;
+    use std::fs;
+
+    fn cache(files: &[(&str, &str)]) -> std::path::PathBuf {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("xtask-ptx-{}-{n}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        for (name, text) in files {
+            let path = dir.join(name);
+            fs::create_dir_all(path.parent().unwrap()).unwrap();
+            fs::write(path, text).unwrap();
+        }
+        dir
+    }
+
+    const PTX: &str = "//\n.version 9.0\n.target sm_90a\n.address_size 64\n";
+
+    #[test]
+    fn one_target_is_read_from_the_ptx_files() {
+        // NVRTC's cubin for a known GPU: an ELF whose tool note names the arch.
+        let cubin = "\x7fELF\x02\x01\x01A .note.nv.tkinfo ptxas -arch sm_90a -m64\0";
+        let dir = cache(&[("a.ptx", PTX), ("a.txt", "k\tm\n"), ("long/b.ptx", cubin)]);
+        assert_eq!(ptx_target(&dir).unwrap(), "sm_90a");
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn mixed_missing_or_empty_caches_are_refused() {
+        let mixed = cache(&[("a.ptx", PTX), ("b.ptx", ".target sm_80\n")]);
+        assert!(ptx_target(&mixed)
+            .unwrap_err()
+            .to_string()
+            .contains("mixes GPU architectures"));
+        let empty = cache(&[("a.txt", "")]);
+        assert!(ptx_target(&empty)
+            .unwrap_err()
+            .to_string()
+            .contains("no .ptx files"));
+        let odd = cache(&[("a.ptx", "not ptx")]);
+        assert!(ptx_target(&odd)
+            .unwrap_err()
+            .to_string()
+            .contains("names no `sm_` target"));
+        let missing = std::env::temp_dir().join("xtask-ptx-does-not-exist");
+        assert!(ptx_target(&missing)
+            .unwrap_err()
+            .to_string()
+            .contains("not a readable directory"));
+        for dir in [mixed, empty, odd] {
+            fs::remove_dir_all(dir).unwrap();
+        }
+    }
+}

@@ -291,15 +291,15 @@ def quantized_lora(x, weight, scales, biases, bias, lora_a, lora_b, lora_scales,
     return _q_lora_layer(base, lora_a, lora_b, lora_scales)(x)
 
 
-def _q_switch(weight, scales, biases, bias, mode, bits, group_size, broadcast_experts=None):
+def _q_switch(weight, scales, biases, bias, mode, bits, group_size, expert0_views=False):
     """`QuantizedSwitchLinear` (mlx-lm 0.32.2) holding these tensors. With
-    `broadcast_experts=E`, the tensors hold one expert and the layer gets
-    stride-0 views `broadcast_to(t, (E, ...))`."""
+    `expert0_views`, the layer gets stride-0 views `broadcast_to(t[:1],
+    t.shape)` of expert 0 that share each tensor's buffer."""
     sw = _q_switch_layers()
-    if broadcast_experts is not None:
-        def widen(t):
-            return None if t is None else mx.broadcast_to(t, (broadcast_experts, *t.shape[1:]))
-        weight, scales, biases, bias = widen(weight), widen(scales), widen(biases), widen(bias)
+    if expert0_views:
+        def view(t):
+            return None if t is None else mx.broadcast_to(t[:1], t.shape)
+        weight, scales, biases, bias = view(weight), view(scales), view(biases), view(bias)
     experts, out_dims, _ = weight.shape
     in_dims = scales.shape[2] * group_size
     layer = sw.QuantizedSwitchLinear(in_dims, out_dims, experts, bias=bias is not None,
@@ -346,9 +346,9 @@ class _QNoGlobalScale:
 
 
 def quantized_switch(x, indices, weight, scales, biases, bias, mode, bits, group_size, sort,
-                     broadcast_experts=None):
+                     expert0_views=False):
     """`QuantizedSwitchLinear.__call__` with `global_scale=None` dropped."""
-    layer = _q_switch(weight, scales, biases, bias, mode, bits, group_size, broadcast_experts)
+    layer = _q_switch(weight, scales, biases, bias, mode, bits, group_size, expert0_views)
     with _QNoGlobalScale():
         y = _q_switch_apply(layer, x, indices, sort)
     mx.eval(y)

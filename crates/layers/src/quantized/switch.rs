@@ -68,7 +68,10 @@ impl QuantizedSwitchLinear {
                 .into());
             }
         }
-        Ok(QuantizedSwitchLinear { payload, bias })
+        Ok(QuantizedSwitchLinear {
+            payload: row_contiguous(payload)?,
+            bias,
+        })
     }
 
     /// [`QuantizedPayload::new`] then [`QuantizedSwitchLinear::new`].
@@ -217,6 +220,29 @@ impl QuantizedSwitchLinear {
             }
         }
     }
+}
+
+/// The payload with every tensor row-contiguous: views that are not (a
+/// stride-0 `broadcast_to` of one expert, a transposed or sliced view) are
+/// copied, lazily; every other buffer is shared, so loaded checkpoints cost
+/// nothing.
+///
+/// Why: MLX 0.32.2's CUDA `GatherQMM` kernels address expert `e` at
+/// `e * out * packed` whatever the weight's strides (its `supports_*` checks
+/// look at the last two dimensions only), so a stride-0 expert view reads
+/// past its buffer there; the CPU kernel honours the strides. Copying gives
+/// the broadcast's defined meaning on every backend, bit-identical to the
+/// reference on contiguous tensors. The reference's own stride-0 call is
+/// the finding `quantized/switch/<spec>/.../broadcast-reference-vs-contiguous`.
+fn row_contiguous(payload: QuantizedPayload) -> Result<QuantizedPayload, LayerError> {
+    let (weight, scales, biases, spec) = payload.into_parts();
+    let biases = biases.map(|b| b.contiguous()).transpose()?;
+    Ok(QuantizedPayload::new(
+        weight.contiguous()?,
+        scales.contiguous()?,
+        biases,
+        spec,
+    )?)
 }
 
 /// Every index in `0..num_experts`, checked on the host.

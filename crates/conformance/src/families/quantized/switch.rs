@@ -15,7 +15,9 @@
 //! cases are that size), which the port side mirrors op for op; the result
 //! is squeezed to `(B, L, K, out)`.
 //!
-//! Also: stride-0 (broadcast) expert tensors against a contiguous copy,
+//! Also: stride-0 (broadcast) expert tensors against their meaning
+//! materialised, and the reference's own stride-0 call as a finding (on
+//! CUDA its `gather_qmm` ignores the expert stride),
 //! expert weights served from a page-aligned memory map (`ExpertOffload`)
 //! against resident ones, and two findings: one call versus row chunks, and
 //! sorted versus unsorted.
@@ -24,6 +26,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use layers::checkpoint::{Checkpoint, ExpertOffload};
 use layers::quantized::{Mode, QuantSpec, QuantizedPayload, QuantizedSwitchLinear};
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 use oracle::{Arg, DType, HostTensor, Value};
 
@@ -183,11 +186,11 @@ pub(super) fn cases() -> Vec<Case> {
         let name = format!("{}/broadcast-weight", s.stem());
         let t = s.clone();
         cases.push(Case::must_equal(name, FAMILY, REFERENCE, move |ctx| {
-            broadcast(ctx, &t, false)
+            broadcast(ctx, &t)
         }));
-        let name = format!("{}/broadcast-vs-contiguous", s.stem());
+        let name = format!("{}/broadcast-reference-vs-contiguous", s.stem());
         cases.push(Case::finding(name, FAMILY, REFERENCE, move |ctx| {
-            broadcast(ctx, &s, true)
+            broadcast_reference(ctx, &s)
         }));
     }
 
@@ -390,83 +393,131 @@ fn as_pinned(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
     Ok(out.with_finding(finding))
 }
 
-/// Expert tensors of one expert broadcast (stride 0) to `experts`, against
-/// their contiguous copy: must-equal with the reference for both
-/// (`finding = false`), or the port's broadcast result against its
-/// contiguous one (`finding = true`).
-fn broadcast(ctx: &Ctx, s: &Shape, finding: bool) -> Result<CaseOutput, CaseError> {
-    let setup = setup(ctx, s, 1)?;
-    let e = s.experts as i32;
-    let widen = |a: &Array| -> Result<Array, CaseError> {
-        let mut shape = a.shape().to_vec();
-        shape[0] = e;
-        Ok(ops::broadcast_to(a, &shape)?)
-    };
+/// Stride-0 expert tensors, as a model with one shared expert might build
+/// them: every tensor of the layer is `broadcast_to(t[:1], t.shape)`, a
+/// view of expert 0 over a buffer that holds all E (different) experts.
+struct Broadcast {
+    setup: Setup,
+    /// The broadcast's meaning, materialised: expert 0 copied E times.
+    meaning: QuantizedPayload,
+    meaning_bias: Option<HostTensor>,
+}
+
+fn broadcast_setup(ctx: &Ctx, s: &Shape) -> Result<Broadcast, CaseError> {
+    let setup = setup(ctx, s, s.experts)?;
     let p = &setup.payload;
-    let (weight, scales) = (widen(p.weight())?, widen(p.scales())?);
-    let biases = p.biases().map(widen).transpose()?;
-    let bias = setup
+    let copy = |a: &Array| -> Result<Array, CaseError> { Ok(expert0_view(a)?.contiguous()?) };
+    let meaning = QuantizedPayload::new(
+        copy(p.weight())?,
+        copy(p.scales())?,
+        p.biases().map(copy).transpose()?,
+        p.spec(),
+    )
+    .map_err(port)?;
+    let meaning_bias = setup
         .bias
         .as_ref()
-        .map(|b| widen(&b.to_array()))
+        .map(|b| host(&copy(&b.to_array())?))
         .transpose()?;
-    let view = QuantizedSwitchLinear::from_arrays(
-        weight.clone(),
-        scales.clone(),
-        biases.clone(),
-        p.spec(),
-        bias.clone(),
-    )
-    .map_err(port)?;
-    let copy = |a: &Array| a.contiguous();
-    let copied = QuantizedSwitchLinear::from_arrays(
-        copy(&weight)?,
-        copy(&scales)?,
-        biases.as_ref().map(copy).transpose()?,
-        p.spec(),
-        bias.as_ref().map(copy).transpose()?,
-    )
-    .map_err(port)?;
-    let (x, indices) = (setup.x.to_array(), setup.indices.to_array());
-    let y_view = host(&port_apply(&view, &x, &indices, s.sorted)?)?;
-    let y_copy = host(&port_apply(&copied, &x, &indices, s.sorted)?)?;
-    let mut out = CaseOutput::new("mlx.core");
-    if finding {
-        out.digest_tensor(&y_view);
-        out.digest_tensor(&y_copy);
-        return Ok(out.with_finding(relation(&y_view, &y_copy)));
-    }
-    // The reference: the same one-expert tensors broadcast in the glue...
-    let mut args = reference_args(&setup, s)?;
-    args.push(Arg::from(s.sorted));
-    let reference_view = ctx.reference_tensor(
-        "quantized_switch",
-        &args,
-        &[("broadcast_experts", Arg::from(s.experts))],
-    )?;
-    // ...and the contiguous copy sent as it is.
-    let mut args = vec![Arg::from(setup.x.clone()), Arg::from(setup.indices.clone())];
-    args.extend([
-        Arg::from(host(copied.payload().weight())?),
-        Arg::from(host(copied.payload().scales())?),
-        copied
-            .payload()
-            .biases()
-            .map(host)
-            .transpose()?
-            .map_or(Arg::None, Arg::from),
-        copied
-            .bias()
-            .map(host)
-            .transpose()?
-            .map_or(Arg::None, Arg::from),
-    ]);
+    Ok(Broadcast {
+        setup,
+        meaning,
+        meaning_bias,
+    })
+}
+
+/// `broadcast_to(a[:1], a.shape)`: a stride-0 view of expert 0 that shares
+/// `a`'s buffer (the glue's `expert0_views` builds the same).
+fn expert0_view(a: &Array) -> Result<Array, CaseError> {
+    Ok(ops::broadcast_to(a.index(..1), a.shape())?)
+}
+
+/// Reference arguments with the payload and bias replaced.
+fn args_with(
+    b: &Broadcast,
+    s: &Shape,
+    payload: &QuantizedPayload,
+    bias: &Option<HostTensor>,
+) -> Result<Vec<Arg>, CaseError> {
+    let mut args = vec![
+        Arg::from(b.setup.x.clone()),
+        Arg::from(b.setup.indices.clone()),
+    ];
+    args.extend(payload_args(payload)?);
+    args.push(opt_arg(bias));
     args.extend(spec_args(s.spec));
     args.push(Arg::from(s.sorted));
-    let reference_copy = ctx.reference_tensor("quantized_switch", &args, &[])?;
-    out.compare("y (stride-0 experts)", &y_view, &reference_view);
-    out.compare("y (contiguous experts)", &y_copy, &reference_copy);
+    Ok(args)
+}
+
+/// Must-equal: the port's layer over the stride-0 views, and over their
+/// contiguous copies, against the reference layer holding the broadcast's
+/// meaning (expert 0 copied E times). The port copies such views when the
+/// layer is built (see `QuantizedSwitchLinear::new`); without that copy its
+/// CUDA `gather_qmm` reads the buffer's other experts and this case fails.
+fn broadcast(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
+    let b = broadcast_setup(ctx, s)?;
+    let p = &b.setup.payload;
+    let view = QuantizedSwitchLinear::from_arrays(
+        expert0_view(p.weight())?,
+        expert0_view(p.scales())?,
+        p.biases().map(expert0_view).transpose()?,
+        p.spec(),
+        b.setup
+            .bias
+            .as_ref()
+            .map(|t| expert0_view(&t.to_array()))
+            .transpose()?,
+    )
+    .map_err(port)?;
+    let copied = port_layer(b.meaning.clone(), &b.meaning_bias)?;
+    let (x, indices) = (b.setup.x.to_array(), b.setup.indices.to_array());
+    let y_view = host(&port_apply(&view, &x, &indices, s.sorted)?)?;
+    let y_copy = host(&port_apply(&copied, &x, &indices, s.sorted)?)?;
+    let args = args_with(&b, s, &b.meaning, &b.meaning_bias)?;
+    let reference = ctx.reference_tensor("quantized_switch", &args, &[])?;
+    let mut out = CaseOutput::new("mlx.core");
+    out.compare("y (stride-0 experts)", &y_view, &reference);
+    out.compare("y (contiguous experts)", &y_copy, &reference);
     Ok(out)
+}
+
+/// Finding, the reference against itself: its layer over the stride-0
+/// views against (a) the broadcast's meaning and (b) what a kernel that
+/// indexes experts as if row-contiguous reads: the underlying buffer's own
+/// experts for `gather_qmm` (weight, scales, biases) and the broadcast bias
+/// (`bias[indices]` is a gather, which honours strides). The memory (b)
+/// reads is the case's own buffer, so the finding is deterministic.
+fn broadcast_reference(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
+    let b = broadcast_setup(ctx, s)?;
+    let full = args_with(&b, s, &b.setup.payload, &b.setup.bias)?;
+    let views = ctx.reference_tensor(
+        "quantized_switch",
+        &full,
+        &[("expert0_views", Arg::from(true))],
+    )?;
+    let meaning = ctx.reference_tensor(
+        "quantized_switch",
+        &args_with(&b, s, &b.meaning, &b.meaning_bias)?,
+        &[],
+    )?;
+    let buffer = ctx.reference_tensor(
+        "quantized_switch",
+        &args_with(&b, s, &b.setup.payload, &b.meaning_bias)?,
+        &[],
+    )?;
+    let reads = match (views == meaning, views == buffer) {
+        (true, _) => "the broadcast (strides honoured)",
+        (false, true) => "past expert 0 into the buffer (strides ignored)",
+        (false, false) => "neither the broadcast nor the buffer",
+    };
+    let mut out = CaseOutput::new("mlx.core");
+    out.digest_tensor(&views);
+    Ok(out.with_finding(serde_json::json!({
+        "gather_qmm_over_stride0_experts_reads": reads,
+        "vs_broadcast_meaning": relation(&views, &meaning),
+        "vs_underlying_buffer": relation(&views, &buffer),
+    })))
 }
 
 /// One call over all tokens against calls over chunks of `chunk` tokens
