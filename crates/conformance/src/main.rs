@@ -28,7 +28,8 @@ struct Cli {
     /// device's own architecture is still recorded as provenance.
     #[arg(long, env = "MLX_CONFORMANCE_DEVICE_FAMILY", value_name = "KEY")]
     device_family: Option<String>,
-    /// Run only cases whose name contains this text.
+    /// Run only cases whose name contains this text (with `--list`, list
+    /// only those; an empty text selects every case).
     #[arg(long)]
     filter: Option<String>,
     /// Print the registered cases and exit.
@@ -116,7 +117,11 @@ fn main() -> ExitCode {
         ));
     }
     if cli.list {
-        for c in &cases {
+        let listed = match runner::select(&cases, cli.filter.as_deref()) {
+            Ok(s) => s,
+            Err(e) => return fail(e),
+        };
+        for c in listed {
             println!(
                 "{:<64} {:<11} {}",
                 c.name,
@@ -263,12 +268,7 @@ fn main() -> ExitCode {
             bar.set_message(r.name.clone());
             bar.inc(1);
         } else if human {
-            println!(
-                "{:<7} {} ({:.1} ms)",
-                format!("{:?}", r.verdict).to_lowercase(),
-                r.name,
-                r.time_ms
-            );
+            println!("{:<7} {} ({:.1} ms)", r.verdict.word(), r.name, r.time_ms);
         }
     });
     bar.finish_and_clear();
@@ -300,7 +300,7 @@ fn main() -> ExitCode {
         lock_sha256: fingerprint.lock_sha256.clone(),
         date: today(),
     };
-    let complete = cli.filter.is_none() && !cli.perturb;
+    let complete = runner::is_complete_selection(cli.filter.as_deref()) && !cli.perturb;
     // Snapshots pin the default seed's outputs; other seeds explore inputs
     // and are judged by their verdicts alone.
     if cli.seed != 0 && !cli.perturb {

@@ -30,8 +30,7 @@ pub enum Verdict {
     Fail,
     /// A finding was measured (whether it matches the record is the
     /// snapshot gate's business).
-    #[serde(rename = "finding")]
-    Measured,
+    Finding,
     /// Cannot run on this backend.
     Skip,
     /// The case could not be evaluated (exception, panic, bad setup).
@@ -44,7 +43,7 @@ impl Verdict {
         match self {
             Verdict::Pass => "pass",
             Verdict::Fail => "FAIL",
-            Verdict::Measured => "finding",
+            Verdict::Finding => "finding",
             Verdict::Skip => "skip",
             Verdict::Error => "ERROR",
         }
@@ -69,8 +68,10 @@ pub struct CaseResult {
 
 /// Selects cases whose name contains `filter` (all when `None`). An unknown
 /// filter is an error listing the closest case names.
+/// An empty filter is no filter: every case, and the run counts as complete
+/// (orphan detection on), as [`is_complete_selection`] says.
 pub fn select<'a>(cases: &'a [Case], filter: Option<&str>) -> Result<Vec<&'a Case>, String> {
-    let Some(filter) = filter else {
+    let Some(filter) = filter.filter(|f| !f.is_empty()) else {
         return Ok(cases.iter().collect());
     };
     let chosen: Vec<&Case> = cases.iter().filter(|c| c.name.contains(filter)).collect();
@@ -87,6 +88,12 @@ pub fn select<'a>(cases: &'a [Case], filter: Option<&str>) -> Result<Vec<&'a Cas
         "--filter `{filter}` matches no case. Closest names:\n  {}\n(`--list` prints every case)",
         closest.join("\n  ")
     ))
+}
+
+/// Whether a `--filter` value selects the whole registry (absent or empty),
+/// so that snapshots no case recorded are judged orphans.
+pub fn is_complete_selection(filter: Option<&str>) -> bool {
+    filter.is_none_or(str::is_empty)
 }
 
 /// Runs `cases`, calling `progress` after each. Results keep the input order.
@@ -163,7 +170,7 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
             result.verdict = match case.expect {
                 Expect::MustEqual if output.all_equal() => Verdict::Pass,
                 Expect::MustEqual => Verdict::Fail,
-                Expect::Finding => Verdict::Measured,
+                Expect::Finding => Verdict::Finding,
             };
             result.output = Some(output);
         }
@@ -182,4 +189,18 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
         }
     }
     result
+}
+
+#[cfg(test)]
+mod selection_tests {
+    use super::is_complete_selection;
+
+    #[test]
+    fn an_empty_filter_is_a_complete_selection() {
+        // Before: `--filter ""` selected every case but turned orphan
+        // detection off (complete was `filter.is_none()`).
+        assert!(is_complete_selection(None));
+        assert!(is_complete_selection(Some("")));
+        assert!(!is_complete_selection(Some("smoke")));
+    }
 }

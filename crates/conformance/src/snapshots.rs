@@ -458,7 +458,7 @@ mod tests {
         let dir = temp_dir("finding");
         let mut r = result("f/x");
         r.expect = Expect::Finding;
-        r.verdict = Verdict::Measured;
+        r.verdict = Verdict::Finding;
         r.output.as_mut().unwrap().finding = Some(json!({"differs": 3}));
         record(&dir, &r);
         r.output.as_mut().unwrap().finding = Some(json!({"differs": 0}));

@@ -142,3 +142,41 @@ fn usage_problems_exit_3_before_any_case_runs() {
         );
     }
 }
+
+#[test]
+fn list_honours_the_filter_and_refuses_an_unknown_one() {
+    let out = conformance(&["--list", "--filter", "broadcast-reference-vs-contiguous"]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{all}");
+    assert!(lines
+        .iter()
+        .all(|l| l.contains("broadcast-reference-vs-contiguous")));
+    let unknown = conformance(&["--list", "--filter", "no-such-case-anywhere"]);
+    assert_eq!(unknown.status.code(), Some(3), "{}", text(&unknown));
+    assert!(text(&unknown).contains("matches no case"));
+}
+
+#[test]
+fn the_closing_line_counts_findings_apart_from_passes() {
+    let dir = scratch("closing");
+    let out = conformance(&[
+        "--device",
+        "cpu",
+        "--filter",
+        "E4-top2/B2-L5/broadcast-",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(
+        all.contains("conformance: 2 passed, 2 findings, 0 failed, 0 skipped"),
+        "{all}"
+    );
+    // Progress lines (off a terminal) use the tables' word.
+    assert!(!all.contains("measured "), "{all}");
+    let _ = std::fs::remove_dir_all(dir);
+}

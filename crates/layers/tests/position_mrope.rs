@@ -244,3 +244,31 @@ fn metal_kernel_agrees_with_pure_mlx_in_f32() {
         }
     }
 }
+
+#[test]
+fn a_rope_theta_that_is_not_positive_and_finite_is_refused() {
+    // Before: accepted, and every frequency came out NaN or infinite.
+    for theta in [f64::NAN, -10000.0, 0.0, f64::INFINITY, 1e300] {
+        let config = MropeConfig {
+            rope_theta: theta,
+            ..qwen_config()
+        };
+        let err = Mrope::new(config).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PositionError::RopeBase {
+                    what: "rope_theta",
+                    ..
+                }
+            ),
+            "{theta}: {err}"
+        );
+        assert!(compute_inv_freq(64, theta).is_err(), "{theta}");
+    }
+    assert!(Mrope::new(MropeConfig {
+        rope_theta: 0.5,
+        ..qwen_config()
+    })
+    .is_ok());
+}

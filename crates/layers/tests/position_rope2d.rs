@@ -107,3 +107,23 @@ fn positions_of_batch_one_broadcast() {
     let b = apply_multidimensional_rope(&x, &two, 100.0).unwrap();
     assert_eq!(bits(&a), bits(&b));
 }
+
+#[test]
+fn a_base_frequency_that_is_not_positive_and_finite_is_refused() {
+    // Before: accepted, and the tables came out NaN.
+    let x = normal(&[1, 4, 2, 8], Dtype::Float32, 3);
+    let positions = grid(&[(0, 0), (0, 1), (1, 0), (1, 1)]);
+    for base in [f64::NAN, -100.0, 0.0, f64::NEG_INFINITY] {
+        let err = apply_multidimensional_rope(&x, &positions, base).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                layers::position::PositionError::RopeBase {
+                    what: "base_frequency",
+                    ..
+                }
+            ),
+            "{base}: {err}"
+        );
+    }
+}

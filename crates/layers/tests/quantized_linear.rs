@@ -253,7 +253,14 @@ fn input_shape_error() {
 fn adapter_shape_errors() {
     let mut l = layer(16, 128, spec(Mode::Affine, 4, 64), 28);
     let err = LoraAdapter::new(normal(&[128, 4], 1), normal(&[3, 16], 2), 1.0).unwrap_err();
-    assert!(matches!(err, LayerError::AdapterShape { .. }), "{err}");
+    assert!(matches!(err, LayerError::AdapterMatrices { .. }), "{err}");
+    // Before: "LoRA adapter ``: ... do not fit a -1->-1 layer".
+    let text = err.to_string();
+    assert!(!text.contains("``") && !text.contains("-1"), "{text}");
+    assert!(
+        text.contains("[128, 4]") && text.contains("[3, 16]"),
+        "{text}"
+    );
     let wrong_out = LoraAdapter::new(normal(&[128, 4], 1), normal(&[4, 8], 2), 1.0).unwrap();
     let err = l.attach_adapter("x", wrong_out).unwrap_err();
     assert!(

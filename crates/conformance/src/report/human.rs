@@ -64,16 +64,24 @@ pub fn summary(report: &Report) -> String {
         out.push_str(line);
         out.push('\n');
     }
-    // The plain closing line CI reads, counted per case: failed = every case
-    // that makes the exit code non-zero (FAIL, ERROR, DRIFT), plus orphaned
-    // snapshots; passed = the rest that ran (pass and finding).
+    // The plain closing line CI reads, counted per case as the summary
+    // line counts them: passed = clean `pass` rows, findings = clean
+    // `finding` rows, failed = every row that makes the exit code non-zero
+    // (FAIL, ERROR, DRIFT) plus orphaned snapshots and a missing set.
+    let count = |word: &str| {
+        report
+            .cases
+            .iter()
+            .filter(|r| verdict_word(r) == word)
+            .count()
+    };
     let notable = report
         .cases
         .iter()
         .filter(|r| notable(r) && verdict_word(r) != "skip")
         .count();
     let bad = notable + s.orphaned_snapshots.len() + usize::from(s.missing_snapshot_set.is_some());
-    let good = s.total - notable - s.skipped;
+    let (passed, findings) = (count("pass"), count("finding"));
     out.push_str(&format!(
         "snapshot set {} · MLX {} · {} ({}, {})\n",
         report.environment.snapshot_set,
@@ -83,7 +91,7 @@ pub fn summary(report: &Report) -> String {
         report.environment.architecture
     ));
     out.push_str(&format!(
-        "conformance: {good} passed, {bad} failed, {} skipped\n",
+        "conformance: {passed} passed, {findings} findings, {bad} failed, {} skipped\n",
         s.skipped
     ));
     out

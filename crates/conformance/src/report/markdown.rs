@@ -112,7 +112,7 @@ pub fn render(report: &Report) -> String {
     let findings: Vec<_> = report
         .cases
         .iter()
-        .filter(|r| r.result.verdict == Verdict::Measured)
+        .filter(|r| r.result.verdict == Verdict::Finding)
         .collect();
     let _ = writeln!(md, "\n## Findings ({})\n", findings.len());
     for row in findings {

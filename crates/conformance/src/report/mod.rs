@@ -112,10 +112,7 @@ impl VsCpu {
                 .map_or_else(String::new, |n| n.to_string_lossy().into_owned()),
             ..VsCpu::default()
         };
-        for row in rows
-            .iter()
-            .filter(|r| r.result.verdict == Verdict::Measured)
-        {
+        for row in rows.iter().filter(|r| r.result.verdict == Verdict::Finding) {
             let Some(now) = row.result.output.as_ref().and_then(|o| o.finding.clone()) else {
                 continue;
             };
@@ -181,7 +178,7 @@ impl Report {
             match row.result.verdict {
                 Verdict::Pass => s.passed += 1,
                 Verdict::Fail => s.failed += 1,
-                Verdict::Measured => s.findings += 1,
+                Verdict::Finding => s.findings += 1,
                 Verdict::Skip => s.skipped += 1,
                 Verdict::Error => s.errors += 1,
             }
@@ -326,12 +323,12 @@ pub fn snapshot_note(status: &Status, commands: &crate::snapshots::SetCommands) 
 pub fn verdict_word(row: &Row) -> &'static str {
     match (&row.result.verdict, &row.snapshot) {
         (Verdict::Pass, Status::Drift { .. } | Status::Missing | Status::Invalid { .. }) => "DRIFT",
-        (Verdict::Measured, Status::Drift { .. } | Status::Missing | Status::Invalid { .. }) => {
+        (Verdict::Finding, Status::Drift { .. } | Status::Missing | Status::Invalid { .. }) => {
             "DRIFT"
         }
         (Verdict::Pass, _) => "pass",
         (Verdict::Fail, _) => "FAIL",
-        (Verdict::Measured, _) => "finding",
+        (Verdict::Finding, _) => "finding",
         (Verdict::Skip, _) => "skip",
         (Verdict::Error, _) => "ERROR",
     }

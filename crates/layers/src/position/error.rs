@@ -33,6 +33,17 @@ impl fmt::Display for VisionKind {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PositionError {
+    /// A RoPE frequency base (`rope_theta`, Gemma's `base_frequency`) that
+    /// is NaN, infinite, zero, negative, or beyond f32 (the reference
+    /// computes in f32). Stricter than the reference, which accepts it and
+    /// yields NaN or infinite frequencies.
+    #[error("{what} {value} is not a positive finite f32 number: RoPE frequencies would be NaN or infinite; use the model config's value (e.g. 10000.0)")]
+    RopeBase {
+        /// `rope_theta` or `base_frequency`.
+        what: &'static str,
+        /// The value given.
+        value: f64,
+    },
     /// `rotary_dim` is odd. Stricter than the reference: `compute_inv_freq`
     /// yields `ceil(rotary_dim / 2)` frequencies and the CPU path then
     /// silently rotates `rotary_dim + 1` channels.
@@ -304,4 +315,14 @@ pub enum PositionError {
     /// MLX rejected an operation.
     #[error(transparent)]
     Mlx(#[from] Exception),
+}
+
+/// `value` as a RoPE frequency base: positive and finite in f32.
+pub(crate) fn check_rope_base(what: &'static str, value: f64) -> Result<(), PositionError> {
+    let as_f32 = value as f32;
+    if value > 0.0 && as_f32.is_finite() && as_f32 > 0.0 {
+        Ok(())
+    } else {
+        Err(PositionError::RopeBase { what, value })
+    }
 }

@@ -176,6 +176,8 @@ impl MropeConfig {
     /// Checks the config.
     ///
     /// # Errors
+    /// - [`PositionError::RopeBase`] for a `rope_theta` that is NaN,
+    ///   infinite, not positive or beyond f32 (stricter than the reference).
     /// - [`PositionError::OddRotaryDim`] (stricter than the reference, which
     ///   would rotate `rotary_dim + 1` channels).
     /// - [`PositionError::MropeSectionTooShort`] (the reference raises
@@ -185,6 +187,7 @@ impl MropeConfig {
     ///   which clips). A smaller sum is accepted, as the reference does: the
     ///   rest goes to axis 0 (the class default `[11, 11, 0]` relies on it).
     pub fn validate(&self) -> Result<(), PositionError> {
+        super::error::check_rope_base("rope_theta", self.rope_theta)?;
         if self.rotary_dim % 2 == 1 {
             return Err(PositionError::OddRotaryDim {
                 rotary_dim: self.rotary_dim,
@@ -259,8 +262,11 @@ pub fn interleaved_position_selector(
 /// some entries when `dim` is not a power of two.
 ///
 /// # Errors
-/// [`PositionError::Mlx`] if MLX rejects an op (e.g. `dim` beyond `i32`).
+/// [`PositionError::RopeBase`] for a base that is not positive and finite
+/// in f32; [`PositionError::Mlx`] if MLX rejects an op (e.g. `dim` beyond
+/// `i32`).
 pub fn compute_inv_freq(dim: usize, base: f64) -> Result<Array, PositionError> {
+    super::error::check_rope_base("rope_theta", base)?;
     let stop = i32::try_from(dim).map_err(|_| {
         PositionError::Mlx(mlx_rs::error::Exception::custom(format!(
             "rotary dim {dim} does not fit in int32"

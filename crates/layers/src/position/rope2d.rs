@@ -81,7 +81,8 @@ impl Rope2dTables {
 /// `positions[..., None]`.
 ///
 /// # Errors
-/// [`PositionError::Rank`]; [`PositionError::NoPositionAxes`];
+/// [`PositionError::RopeBase`] for a base that is not positive and finite
+/// in f32; [`PositionError::Rank`]; [`PositionError::NoPositionAxes`];
 /// [`PositionError::HeadDimTooSmall`] when `head_dim < 2·A` (reference:
 /// `ZeroDivisionError`); [`PositionError::OddHeadDim`] for the 1-D form
 /// (reference: a broadcast error when applied); [`PositionError::Mlx`].
@@ -91,6 +92,7 @@ pub fn rope2d_tables(
     base_frequency: f64,
     dtype: Dtype,
 ) -> Result<Rope2dTables, PositionError> {
+    super::error::check_rope_base("base_frequency", base_frequency)?;
     let table = |angle_positions: &Array, channels: usize| -> Result<Rope2dAxis, PositionError> {
         let half = (channels / 2) as i32;
         let exponents = Array::from_f32((2.0 / channels as f64) as f32)

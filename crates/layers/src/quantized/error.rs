@@ -188,17 +188,29 @@ pub enum LayerError {
         /// The new payload's out_features.
         out_features: i32,
     },
-    /// LoRA matrices that do not fit each other or the layer.
+    /// LoRA matrices that do not fit each other: not both 2-D, or
+    /// `lora_a.shape[1] != lora_b.shape[0]` (the rank r).
+    #[error(
+        "LoRA matrices lora_a {lora_a:?} and lora_b {lora_b:?} do not fit each other: \
+         expected lora_a [in, r] and lora_b [r, out] with the same r"
+    )]
+    AdapterMatrices {
+        /// `lora_a`'s shape.
+        lora_a: Vec<i32>,
+        /// `lora_b`'s shape.
+        lora_b: Vec<i32>,
+    },
+    /// A LoRA adapter that does not fit the layer it is attached to.
     #[error(
         "LoRA adapter `{name}`: lora_a {lora_a:?} and lora_b {lora_b:?} do not fit \
-         a {in_features}->{out_features} layer (expected [in, r] and [r, out])"
+         a {in_features}->{out_features} layer (expected [{in_features}, r] and [r, {out_features}])"
     )]
     AdapterShape {
-        /// The adapter's name (empty before it is attached).
+        /// The adapter's name.
         name: String,
-        /// The layer's in_features (or `-1` when checked without a layer).
+        /// The layer's in_features.
         in_features: i32,
-        /// The layer's out_features (or `-1` when checked without a layer).
+        /// The layer's out_features.
         out_features: i32,
         /// `lora_a`'s shape.
         lora_a: Vec<i32>,

@@ -48,14 +48,11 @@ impl LoraAdapter {
     /// 20.0).
     ///
     /// # Errors
-    /// [`LayerError::AdapterShape`] unless both are 2-D with matching `r`.
+    /// [`LayerError::AdapterMatrices`] unless both are 2-D with matching `r`.
     pub fn new(lora_a: Array, lora_b: Array, scale: f32) -> Result<Self, LayerError> {
         let (a, b) = (lora_a.shape(), lora_b.shape());
         if a.len() != 2 || b.len() != 2 || a[1] != b[0] {
-            return Err(LayerError::AdapterShape {
-                name: String::new(),
-                in_features: -1,
-                out_features: -1,
+            return Err(LayerError::AdapterMatrices {
                 lora_a: a.to_vec(),
                 lora_b: b.to_vec(),
             });
