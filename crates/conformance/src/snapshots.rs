@@ -5,9 +5,11 @@
 //!
 //! Files are insta snapshots. `cargo xtask conformance` only checks
 //! (nothing is written); `cargo xtask fixtures review` prints the diffs and
-//! `cargo xtask fixtures accept` is the only writer. Each snapshot body
-//! carries a `seal` (sha256 of the rest), so a hand-edited or corrupted file
-//! is a typed error naming it rather than a silent pass.
+//! `cargo xtask fixtures accept` is the only writer. Each snapshot carries a
+//! `seal`: the sha256 of the whole file (insta's header with the provenance,
+//! and the body) with the seal's own value blanked, so a hand-edited or
+//! corrupted file, header included, is a typed error naming it rather than
+//! a silent pass.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -206,8 +208,11 @@ pub fn file_name(case: &str) -> String {
     format!("{}.snap", case.replace('/', "__"))
 }
 
+/// The seal's value while the seal is computed.
+const UNSEALED: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
 /// The body pinned for a case: output digest, reference path, outputs'
-/// verdicts, and the finding.
+/// verdicts, and the finding (the seal is added when the file is written).
 pub fn body(result: &CaseResult) -> Option<Value> {
     let out = result.output.as_ref()?;
     let outputs: serde_json::Map<String, Value> = out
@@ -215,31 +220,53 @@ pub fn body(result: &CaseResult) -> Option<Value> {
         .iter()
         .map(|o| (o.name.clone(), json!(o.comparison.summary())))
         .collect();
-    let mut body = json!({
+    Some(json!({
         "case": result.name,
         "expect": result.expect,
         "path": out.path,
         "digest": out.digest,
         "outputs": outputs,
         "finding": out.finding,
-    });
-    let seal = seal_of(&body);
-    body["seal"] = json!(seal);
-    Some(body)
+    }))
 }
 
-fn seal_of(body: &Value) -> String {
-    let mut b = body.clone();
-    if let Some(map) = b.as_object_mut() {
-        map.remove("seal");
-    }
-    format!(
-        "{:x}",
-        Sha256::digest(serde_json::to_vec(&b).expect("json"))
-    )
+/// Where the seal's value is in a snapshot file: the body's last key
+/// (serde_json sorts keys; `seal` sorts after every other top-level key).
+fn seal_span(text: &str) -> Option<std::ops::Range<usize>> {
+    const KEY: &str = "\"seal\": \"";
+    let start = text.rfind(KEY)? + KEY.len();
+    let value = text.get(start..start + UNSEALED.len())?;
+    value
+        .bytes()
+        .all(|b| b.is_ascii_hexdigit())
+        .then_some(start..start + UNSEALED.len())
 }
 
-/// Reads a recorded snapshot body, verifying its seal.
+/// The seal of a snapshot file's text: sha256 of the whole text with the
+/// seal's value replaced by [`UNSEALED`].
+fn seal_of_text(text: &str, span: std::ops::Range<usize>) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(&text.as_bytes()[..span.start]);
+    hasher.update(UNSEALED.as_bytes());
+    hasher.update(&text.as_bytes()[span.end..]);
+    format!("{:x}", hasher.finalize())
+}
+
+/// Seals a file insta has just written with [`UNSEALED`] (temp file +
+/// rename, so a reader never sees half a file).
+fn seal_file(file: &Path) -> Result<(), String> {
+    let fail = |e: String| format!("cannot seal {}: {e}", file.display());
+    let text = std::fs::read_to_string(file).map_err(|e| fail(e.to_string()))?;
+    let span = seal_span(&text).ok_or_else(|| fail("no seal field".into()))?;
+    let mut sealed = text.clone();
+    sealed.replace_range(span.clone(), &seal_of_text(&text, span));
+    let tmp = file.with_extension(format!("snap.sealing-{}", std::process::id()));
+    std::fs::write(&tmp, sealed).map_err(|e| fail(e.to_string()))?;
+    std::fs::rename(&tmp, file).map_err(|e| fail(e.to_string()))
+}
+
+/// Reads a recorded snapshot body (without its seal), verifying the seal
+/// over the whole file.
 pub fn read(file: &Path) -> Result<Option<Value>, SnapshotError> {
     let text = match std::fs::read_to_string(file) {
         Ok(t) => t,
@@ -261,13 +288,16 @@ pub fn read(file: &Path) -> Result<Option<Value>, SnapshotError> {
     let end = rest
         .find("\n---\n")
         .ok_or_else(|| corrupt("header is not closed by `---`"))?;
-    let body: Value = serde_json::from_str(&rest[end + 5..])
+    let mut body: Value = serde_json::from_str(&rest[end + 5..])
         .map_err(|e| corrupt(&format!("body is not JSON ({e})")))?;
-    let seal = body
-        .get("seal")
-        .and_then(Value::as_str)
-        .ok_or_else(|| corrupt("no seal"))?;
-    if seal != seal_of(&body) {
+    let span = seal_span(&text).ok_or_else(|| corrupt("no seal"))?;
+    let recorded = body
+        .as_object_mut()
+        .and_then(|map| map.remove("seal"))
+        .ok_or_else(|| corrupt("no seal in the body"))?;
+    if recorded.as_str() != Some(&text[span.clone()])
+        || text[span.clone()] != seal_of_text(&text, span)
+    {
         return Err(SnapshotError::HandEdited { file: file.into() });
     }
     Ok(Some(body))
@@ -344,10 +374,7 @@ fn gate_one(dir: &Path, result: &CaseResult, mode: Mode, provenance: &Provenance
         },
         Mode::Check | Mode::Review => {
             if mode == Mode::Review {
-                // insta renders the diff; nothing is written (INSTA_UPDATE=no).
-                let _ = catch_unwind(AssertUnwindSafe(|| {
-                    assert_with_insta(dir, &result.name, &now, provenance)
-                }));
+                eprint!("{}", review_diff(&file, recorded.as_ref(), &now));
             }
             match recorded {
                 None => Status::Missing,
@@ -360,6 +387,32 @@ fn gate_one(dir: &Path, result: &CaseResult, mode: Mode, provenance: &Provenance
     }
 }
 
+/// A drift as `fixtures review` prints it: a unified diff of the recorded
+/// body against this run's (nothing is written).
+pub fn review_diff(file: &Path, recorded: Option<&Value>, now: &Value) -> String {
+    let pretty = |v: &Value| serde_json::to_string_pretty(v).expect("json") + "\n";
+    let old = recorded.map(pretty).unwrap_or_default();
+    let new = pretty(now);
+    let label = file.display().to_string();
+    let diff = similar::TextDiff::from_lines(&old, &new);
+    let mut out = format!(
+        "-- {} {label}\n",
+        if recorded.is_some() {
+            "drift:"
+        } else {
+            "new (no snapshot recorded):"
+        }
+    );
+    out.push_str(
+        &diff
+            .unified_diff()
+            .context_radius(3)
+            .header("recorded", "this run")
+            .to_string(),
+    );
+    out
+}
+
 fn assert_with_insta(dir: &Path, case: &str, body: &Value, provenance: &Provenance) {
     let mut settings = insta::Settings::clone_current();
     settings.set_snapshot_path(dir);
@@ -368,7 +421,9 @@ fn assert_with_insta(dir: &Path, case: &str, body: &Value, provenance: &Provenan
     settings.set_input_file(case);
     settings.set_info(provenance);
     let name = case.replace('/', "__");
-    let text = serde_json::to_string_pretty(body).expect("json");
+    let mut body = body.clone();
+    body["seal"] = json!(UNSEALED);
+    let text = serde_json::to_string_pretty(&body).expect("json");
     settings.bind(|| insta::assert_snapshot!(name, text));
 }
 
@@ -380,10 +435,19 @@ fn write(
     provenance: &Provenance,
 ) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    // INSTA_UPDATE=always (set by the accept command) makes insta write the file.
-    assert_with_insta(dir, case, body, provenance);
+    // INSTA_UPDATE=always (set by the accept command) makes insta write the
+    // file, with the seal blanked; then the seal is computed over it all.
+    catch_unwind(AssertUnwindSafe(|| {
+        assert_with_insta(dir, case, body, provenance)
+    }))
+    .map_err(|_| {
+        format!(
+            "insta could not write the snapshot of {case} in {}",
+            dir.display()
+        )
+    })?;
     let _ = expect;
-    Ok(())
+    seal_file(&dir.join(file_name(case)))
 }
 
 #[cfg(test)]
@@ -426,10 +490,18 @@ mod tests {
         d
     }
 
+    /// A snapshot file as accept leaves it: insta's shape, then sealed.
     fn record(dir: &Path, r: &CaseResult) -> PathBuf {
         let file = dir.join(file_name(&r.name));
-        let text = serde_json::to_string_pretty(&body(r).unwrap()).unwrap();
-        std::fs::write(&file, format!("---\nsource: test\n---\n{text}\n")).unwrap();
+        let mut b = body(r).unwrap();
+        b["seal"] = json!(UNSEALED);
+        let text = serde_json::to_string_pretty(&b).unwrap();
+        std::fs::write(
+            &file,
+            format!("---\nsource: test\ninfo:\n  mlx_version: 0.32.2\n  date: 2026-12-01\n---\n{text}\n"),
+        )
+        .unwrap();
+        seal_file(&file).unwrap();
         file
     }
 
@@ -478,6 +550,23 @@ mod tests {
         let err = read(&file).unwrap_err();
         assert!(matches!(err, SnapshotError::HandEdited { .. }));
         assert!(err.to_string().contains(&file.display().to_string()));
+        // The provenance header is sealed too (before: only the body was).
+        let file = record(&dir, &r);
+        assert!(read(&file).is_ok());
+        for (from, to) in [
+            ("mlx_version: 0.32.2", "mlx_version: 0.32.3"),
+            ("date: 2026-12-01", "date: 2027-01-01"),
+        ] {
+            let text = std::fs::read_to_string(&file).unwrap();
+            std::fs::write(&file, text.replace(from, to)).unwrap();
+            assert!(
+                matches!(read(&file).unwrap_err(), SnapshotError::HandEdited { .. }),
+                "{to}"
+            );
+            let text = std::fs::read_to_string(&file).unwrap();
+            std::fs::write(&file, text.replace(to, from)).unwrap();
+            assert!(read(&file).is_ok());
+        }
         std::fs::write(&file, "not a snapshot").unwrap();
         assert!(matches!(
             read(&file).unwrap_err(),
@@ -547,6 +636,30 @@ mod tests {
         assert!(!line.contains('\n'));
         assert!(line.contains("metal-x-mlx0"));
         assert!(line.contains("cargo xtask fixtures accept --device gpu"));
+    }
+
+    #[test]
+    fn review_prints_a_plain_diff_without_panic_text() {
+        let dir = temp_dir("review");
+        let r = result("a/b");
+        record(&dir, &r);
+        let mut moved = r.clone();
+        moved.output.as_mut().unwrap().digest = "abd".into();
+        let now = body(&moved).unwrap();
+        let recorded = read(&dir.join(file_name("a/b"))).unwrap();
+        let diff = review_diff(&dir.join("a__b.snap"), recorded.as_ref(), &now);
+        assert!(
+            diff.contains("-  \"digest\": \"abc\"") && diff.contains("+  \"digest\": \"abd\""),
+            "{diff}"
+        );
+        assert!(
+            !diff.contains("panicked") && !diff.contains("insta"),
+            "{diff}"
+        );
+        // Review mode gates as check does and writes nothing.
+        let (s, _) = gate(&dir, &[moved], Mode::Review, &provenance(), true);
+        assert!(matches!(s[0], Status::Drift { .. }));
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
     }
 
     #[test]

@@ -180,3 +180,41 @@ fn the_closing_line_counts_findings_apart_from_passes() {
     assert!(!all.contains("measured "), "{all}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn concurrent_runs_into_one_out_leave_one_runs_complete_reports() {
+    // Before: both runs wrote `report.json.partial` (one name): one run's
+    // rename could fail (exit 3) or the files could mix two runs.
+    let dir = scratch("concurrent");
+    for _ in 0..3 {
+        let runs: Vec<_> = ["1", "2"]
+            .iter()
+            .map(|seed| {
+                let dir = dir.clone();
+                let seed = seed.to_string();
+                std::thread::spawn(move || smoke(&dir, &["--seed", &seed]))
+            })
+            .collect();
+        for run in runs {
+            let out = run.join().unwrap();
+            assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        }
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap())
+                .unwrap();
+        let seed = json["environment"]["seed"].as_u64().unwrap();
+        let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+        assert!(
+            md.contains(&format!("seed {seed}")),
+            "report.md is from another run than report.json (seed {seed})"
+        );
+        let leftovers: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".partial"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -245,14 +245,30 @@ pub fn check_writable(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The report directory's lock, held while its files are removed or
+/// replaced, so that runs sharing one `--out` never leave a mix of two
+/// runs' files: the directory holds one run's complete reports, those of
+/// the run that finished last (README "Reading a report").
+fn lock_dir(dir: &Path) -> std::io::Result<std::fs::File> {
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(".conformance-reports.lock"))?;
+    lock.lock()?;
+    Ok(lock)
+}
+
 /// Removes the reports of a previous run.
 pub fn clear(dir: &Path) {
+    let Ok(_lock) = lock_dir(dir) else { return };
     for f in ["report.json", "junit.xml", "report.md"] {
         let _ = std::fs::remove_file(dir.join(f));
     }
 }
 
-/// Writes all three report files atomically (temp file + rename each).
+/// Writes all three report files: each to a temporary name unique to this
+/// run, then, under the directory's lock, renamed into place together.
 pub fn write_all(dir: &Path, report: &Report) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
     let files = [
@@ -263,11 +279,22 @@ pub fn write_all(dir: &Path, report: &Report) -> std::io::Result<()> {
         ("junit.xml", junit::render(report)),
         ("report.md", markdown::render(report)),
     ];
-    for (name, text) in &files {
-        std::fs::write(dir.join(format!("{name}.partial")), text)?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let partial = |name: &str| dir.join(format!(".{name}.{}-{nanos}.partial", std::process::id()));
+    let written: std::io::Result<()> = files
+        .iter()
+        .try_for_each(|(name, text)| std::fs::write(partial(name), text));
+    if let Err(e) = written {
+        for (name, _) in &files {
+            let _ = std::fs::remove_file(partial(name));
+        }
+        return Err(e);
     }
+    let _lock = lock_dir(dir)?;
     for (name, _) in &files {
-        std::fs::rename(dir.join(format!("{name}.partial")), dir.join(name))?;
+        std::fs::rename(partial(name), dir.join(name))?;
     }
     Ok(())
 }
