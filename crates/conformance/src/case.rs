@@ -31,7 +31,7 @@ impl Device {
 pub const GPU_BACKENDS: &[Backend] = &[Backend::Metal, Backend::Cuda];
 
 /// What a case promises.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Expect {
     /// Port and reference must produce identical bits: a verdict.
@@ -132,14 +132,14 @@ impl From<oracle::TensorError> for CaseError {
 }
 
 /// One compared output.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Output {
     pub name: String,
     pub comparison: Comparison,
 }
 
 /// What a case produced.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
 pub struct CaseOutput {
     /// The reference path that ran (e.g. `pure-mlx`, `metal-kernel`).
     pub path: String,

@@ -39,9 +39,21 @@ struct Cli {
     /// Snapshots pin seed 0; with another seed they are not checked.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Cases run concurrently (they share one interpreter).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
-    jobs: u16,
+    /// Cases run concurrently: worker processes (default: the machine's
+    /// CPU count, at most 4). Never changes a bit: each case's inputs come
+    /// from its own seed.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    jobs: Option<u16>,
+    /// Run the cases in this process instead of worker processes: no crash
+    /// isolation (a crash in native code ends the run); for debuggers.
+    #[arg(long)]
+    in_process: bool,
+    /// (internal) Serve cases to a parent run on stdin/stdout.
+    #[arg(long, hide = true)]
+    worker: bool,
+    /// (internal) The worker's backend.
+    #[arg(long, hide = true, requires = "worker")]
+    worker_backend: Option<String>,
     /// What to print on stdout (all report files are written regardless).
     #[arg(long, value_enum, default_value_t = Format::Human)]
     format: Format,
@@ -91,6 +103,9 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::ENVIRONMENT as u8);
         }
     };
+    if cli.worker {
+        return worker_main(&cli);
+    }
     // Where fixtures, fingerprint, lock and default reports are: the
     // workspace, or a bundle (`MLX_CONFORMANCE_HOME`, see home.rs).
     let home = Home::get();
@@ -244,8 +259,20 @@ fn main() -> ExitCode {
     let options = RunOptions {
         backend,
         seed: cli.seed,
-        jobs: usize::from(cli.jobs),
+        jobs: cli.jobs.map_or_else(default_jobs, usize::from),
         perturb: cli.perturb,
+    };
+    let workers = if cli.in_process {
+        None
+    } else {
+        match runner::worker::WorkerCommand::for_run(&options) {
+            Ok(command) => Some(command),
+            Err(e) => {
+                return fail(format!(
+                    "cannot find this executable to start workers: {e}; use --in-process"
+                ))
+            }
+        }
     };
     let started = Instant::now();
     let terminal = std::io::stderr().is_terminal();
@@ -263,14 +290,18 @@ fn main() -> ExitCode {
     // message) in the report; the default hook's backtrace would only be noise.
     let default_hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
-    let results = runner::run(&selected, &oracle, &options, &|r| {
+    let progress = |r: &runner::CaseResult| {
         if terminal {
             bar.set_message(r.name.clone());
             bar.inc(1);
         } else if human {
             println!("{:<7} {} ({:.1} ms)", r.verdict.word(), r.name, r.time_ms);
         }
-    });
+    };
+    let results = match &workers {
+        Some(command) => runner::worker::run(&selected, command, &options, &progress),
+        None => runner::run(&selected, &oracle, &options, &progress),
+    };
     bar.finish_and_clear();
     std::panic::set_hook(default_hook);
 
@@ -384,6 +415,41 @@ fn main() -> ExitCode {
         Format::Markdown => println!("{}", report::markdown::render(&report)),
     }
     ExitCode::from(report.summary.exit_code as u8)
+}
+
+/// The default `--jobs`: the CPUs this process may use, at most 4 (more
+/// workers than that mostly add interpreter start-ups and memory).
+fn default_jobs() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
+}
+
+/// `--worker`: one interpreter serving the parent's cases (runner/worker.rs).
+fn worker_main(cli: &Cli) -> ExitCode {
+    let Some(backend) = cli
+        .worker_backend
+        .as_deref()
+        .and_then(runner::worker::parse_backend)
+    else {
+        return fail("--worker needs --worker-backend cpu|metal|cuda");
+    };
+    let cases = families::all();
+    let oracle = match Oracle::start() {
+        Ok(o) => o,
+        Err(e) => return fail(format!("worker: {e}")),
+    };
+    runner::set_device(backend);
+    if let Err(e) = oracle.set_device(backend) {
+        return fail(format!("worker: {e}"));
+    }
+    let options = RunOptions {
+        backend,
+        seed: cli.seed,
+        jobs: 1,
+        perturb: cli.perturb,
+    };
+    // A panic inside a case is that case's harness error (runner::run_one).
+    std::panic::set_hook(Box::new(|_| {}));
+    ExitCode::from(runner::worker::serve(&cases, &oracle, &options) as u8)
 }
 
 fn unique_names(cases: &[conformance::case::Case]) -> Result<(), String> {

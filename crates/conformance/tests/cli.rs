@@ -218,3 +218,50 @@ fn concurrent_runs_into_one_out_leave_one_runs_complete_reports() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[test]
+fn a_crash_in_one_case_is_an_error_row_naming_the_signal_and_the_run_goes_on() {
+    // Before: cases ran in the runner's own process, and a signal in
+    // native code ended the whole run with no report.
+    for signal in ["SIGSEGV", "SIGABRT", "SIGFPE", "SIGBUS"] {
+        let dir = scratch(&format!("crash-{signal}"));
+        let crashing = "mxfp4-4b-gs32/bf16/E4-top2/B2-L5/broadcast-weight";
+        let out = Command::new(env!("CARGO_BIN_EXE_conformance"))
+            .args([
+                "--device",
+                "cpu",
+                "--jobs",
+                "1",
+                "--filter",
+                "E4-top2/B2-L5/broadcast-",
+            ])
+            .arg("--out")
+            .arg(&dir)
+            .env("CI", "true")
+            .env("MLX_CONFORMANCE_FAULT", format!("{signal}@{crashing}"))
+            .output()
+            .unwrap();
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(3), "{signal}: {all}");
+        assert!(
+            all.contains(&format!("was killed by {signal}")),
+            "{signal}: {all}"
+        );
+        assert!(
+            all.contains("conformance: 1 passed, 2 findings, 1 failed, 0 skipped"),
+            "{signal}: the other cases ran: {all}"
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap())
+                .unwrap();
+        let row = json["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"].as_str().unwrap().contains(crashing))
+            .unwrap();
+        assert_eq!(row["verdict"], "error", "{row}");
+        assert!(row["message"].as_str().unwrap().contains(signal), "{row}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,4 +1,8 @@
-//! Runs cases: applicability, timing, panics as harness errors, verdicts.
+//! Runs cases: applicability, timing, panics as harness errors, verdicts;
+//! in worker processes by default ([`worker`]: a crash ends one case, not
+//! the run), or in this process.
+
+pub mod worker;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -6,7 +10,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use oracle::Oracle;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::case::{Backend, Case, CaseOutput, Ctx, Expect};
 
@@ -21,7 +25,7 @@ pub struct RunOptions {
 }
 
 /// A case's verdict.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     /// Must-equal and every output bit-identical.
@@ -51,7 +55,7 @@ impl Verdict {
 }
 
 /// The result of one case.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct CaseResult {
     pub name: String,
     pub family: String,
@@ -140,8 +144,9 @@ pub fn set_device(backend: Backend) {
     mlx_rs::Device::set_default(&backend.device());
 }
 
-fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
-    let mut result = CaseResult {
+/// A result for `case` with no verdict yet (a skip until run).
+fn blank(case: &Case) -> CaseResult {
+    CaseResult {
         name: case.name.clone(),
         family: case.family.to_owned(),
         reference: case.reference.to_owned(),
@@ -150,11 +155,22 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
         output: None,
         message: None,
         time_ms: 0.0,
-    };
-    if let Err(reason) = case.applies.on(options.backend) {
-        result.message = Some(reason.to_owned());
-        return result;
     }
+}
+
+/// The skip result when `case` does not apply on `backend`.
+fn skipped(case: &Case, backend: Backend) -> Option<CaseResult> {
+    let reason = case.applies.on(backend).err()?;
+    let mut result = blank(case);
+    result.message = Some(reason.to_owned());
+    Some(result)
+}
+
+fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
+    if let Some(skip) = skipped(case, options.backend) {
+        return skip;
+    }
+    let mut result = blank(case);
     let ctx = Ctx {
         oracle,
         backend: options.backend,

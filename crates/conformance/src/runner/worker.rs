@@ -1,0 +1,378 @@
+//! Per-case crash isolation: cases run in worker processes (this binary
+//! re-executed with [`WORKER_FLAG`]), so a segfault, abort, SIGFPE or SIGBUS
+//! inside native code (libmlx, CPython, the port) ends one case as an ERROR
+//! row naming the signal, and the run goes on in a fresh worker.
+//!
+//! Protocol, one worker = one process = one interpreter: the parent writes
+//! one case name per line on the worker's stdin; the worker answers each
+//! with one line, [`RESULT_PREFIX`] then the `CaseResult` as JSON, on a
+//! private copy of its stdout. The worker points its own fd 1 at stderr
+//! first, so whatever Python or MLX print cannot corrupt the protocol; its
+//! stderr is passed through to the parent's, and the last lines of it are
+//! kept for the crash message. Each worker starts its own [`Oracle`], whose
+//! start runs the one-libmlx and version guards.
+//!
+//! Testing hook: `MLX_CONFORMANCE_FAULT=<signal>@<text>` makes a worker
+//! raise `<signal>` (`SIGSEGV`, `SIGABRT`, `SIGFPE`, `SIGBUS`) just before
+//! running a case whose name contains `<text>`, as a crash in native code
+//! would (used by `tests/cli.rs`; ignored outside workers).
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsFd;
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use oracle::Oracle;
+
+use super::{blank, run_one, skipped, CaseResult, RunOptions, Verdict};
+use crate::case::{Backend, Case};
+
+/// The hidden flag that makes the binary a worker.
+pub const WORKER_FLAG: &str = "--worker";
+/// Starts each result line on the worker's protocol channel.
+const RESULT_PREFIX: &str = "@@conformance-result ";
+/// The variable of the fault-injection hook (see the module docs).
+pub const FAULT_ENV: &str = "MLX_CONFORMANCE_FAULT";
+/// How many of a worker's last stderr lines a crash message quotes.
+const STDERR_TAIL: usize = 12;
+
+/// The worker's side: answers case names read on stdin until EOF. Returns
+/// the process exit code (0; 3 when the protocol channel cannot be set up).
+pub fn serve(cases: &[Case], oracle: &Oracle, options: &RunOptions) -> i32 {
+    // The protocol gets a private copy of fd 1; fd 1 itself then goes to
+    // stderr, so stray prints from Python or MLX land there.
+    let channel = match std::io::stdout().as_fd().try_clone_to_owned() {
+        Ok(fd) => std::fs::File::from(fd),
+        Err(e) => {
+            eprintln!("error: worker: cannot duplicate stdout: {e}");
+            return 3;
+        }
+    };
+    // SAFETY: dup2 on the process's own standard descriptors; nothing else
+    // in this process holds fd 1 open as a Rust object at this point.
+    if unsafe { libc::dup2(2, 1) } < 0 {
+        eprintln!("error: worker: cannot point stdout at stderr");
+        return 3;
+    }
+    let mut channel = std::io::BufWriter::new(channel);
+    let fault = std::env::var(FAULT_ENV).ok();
+    for line in std::io::stdin().lock().lines() {
+        let Ok(name) = line else { break };
+        let result = match cases.iter().find(|c| c.name == name) {
+            Some(case) => {
+                if let Some(fault) = &fault {
+                    inject_fault(fault, &name);
+                }
+                run_one(case, oracle, options)
+            }
+            None => unknown_case(&name),
+        };
+        let json = serde_json::to_string(&result).expect("a case result serialises");
+        if writeln!(channel, "{RESULT_PREFIX}{json}")
+            .and_then(|()| channel.flush())
+            .is_err()
+        {
+            break; // the parent is gone
+        }
+    }
+    0
+}
+
+fn unknown_case(name: &str) -> CaseResult {
+    CaseResult {
+        name: name.to_owned(),
+        family: String::new(),
+        reference: String::new(),
+        expect: crate::case::Expect::MustEqual,
+        verdict: Verdict::Error,
+        output: None,
+        message: Some(format!(
+            "harness error: the worker has no case named `{name}` (parent and worker binaries differ?)"
+        )),
+        time_ms: 0.0,
+    }
+}
+
+/// `MLX_CONFORMANCE_FAULT=<signal>@<text>`: raise the signal if `name`
+/// contains `<text>`.
+fn inject_fault(spec: &str, name: &str) {
+    let Some((signal, text)) = spec.split_once('@') else {
+        return;
+    };
+    if text.is_empty() || !name.contains(text) {
+        return;
+    }
+    let number = match signal {
+        "SIGSEGV" => libc::SIGSEGV,
+        "SIGABRT" => libc::SIGABRT,
+        "SIGFPE" => libc::SIGFPE,
+        "SIGBUS" => libc::SIGBUS,
+        _ => return,
+    };
+    // SAFETY: raising a signal in this process; with the default action it
+    // terminates the worker, which is what the hook is for.
+    unsafe {
+        libc::signal(number, libc::SIG_DFL);
+        libc::raise(number);
+    }
+}
+
+/// How the parent starts a worker: the current executable with
+/// [`WORKER_FLAG`] and the run's options.
+#[derive(Debug, Clone)]
+pub struct WorkerCommand {
+    pub program: std::path::PathBuf,
+    pub args: Vec<String>,
+}
+
+impl WorkerCommand {
+    /// This executable as a worker for `options` on `backend`.
+    pub fn for_run(options: &RunOptions) -> std::io::Result<Self> {
+        let mut args = vec![
+            WORKER_FLAG.to_owned(),
+            "--worker-backend".to_owned(),
+            options.backend.as_str().to_owned(),
+            "--seed".to_owned(),
+            options.seed.to_string(),
+        ];
+        if options.perturb {
+            args.push("--perturb".to_owned());
+        }
+        Ok(WorkerCommand {
+            program: std::env::current_exe()?,
+            args,
+        })
+    }
+}
+
+/// One live worker process, seen from the parent.
+struct Worker {
+    child: Child,
+    /// `None` once closed (dropping it ends the worker's loop).
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    passthrough: Option<std::thread::JoinHandle<()>>,
+}
+
+/// How a worker ended while running a case.
+struct Crash {
+    status: Option<ExitStatus>,
+    stderr_tail: Vec<String>,
+    detail: String,
+}
+
+impl Worker {
+    fn spawn(command: &WorkerCommand) -> std::io::Result<Worker> {
+        let mut child = Command::new(&command.program)
+            .args(&command.args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let stdin = child.stdin.take().expect("piped");
+        let stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let stderr = child.stderr.take().expect("piped");
+        let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
+        let tail = Arc::clone(&stderr_tail);
+        // Passes the worker's stderr through, keeping its last lines.
+        let passthrough = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                eprintln!("{line}");
+                let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
+                if tail.len() == STDERR_TAIL {
+                    tail.pop_front();
+                }
+                tail.push_back(line);
+            }
+        });
+        Ok(Worker {
+            child,
+            stdin: Some(stdin),
+            stdout,
+            stderr_tail,
+            passthrough: Some(passthrough),
+        })
+    }
+
+    /// Runs one case; `Err` when the worker ended without answering.
+    fn run(&mut self, name: &str) -> Result<CaseResult, Crash> {
+        let sent = match self.stdin.as_mut() {
+            Some(stdin) => writeln!(stdin, "{name}").and_then(|()| stdin.flush()),
+            None => Err(std::io::Error::other("stdin already closed")),
+        };
+        let mut detail = match sent {
+            Ok(()) => String::new(),
+            Err(e) => format!("could not send the case to the worker ({e})"),
+        };
+        if detail.is_empty() {
+            let mut line = String::new();
+            loop {
+                line.clear();
+                match self.stdout.read_line(&mut line) {
+                    Ok(0) => break,
+                    Ok(_) => {
+                        if let Some(json) = line.trim_end().strip_prefix(RESULT_PREFIX) {
+                            match serde_json::from_str::<CaseResult>(json) {
+                                Ok(result) => return Ok(result),
+                                Err(e) => {
+                                    detail = format!("unreadable answer from the worker ({e})");
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        detail = format!("reading from the worker failed ({e})");
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = self.child.kill();
+        let status = self.child.wait().ok();
+        if let Some(t) = self.passthrough.take() {
+            let _ = t.join();
+        }
+        let stderr_tail = self
+            .stderr_tail
+            .lock()
+            .map(|t| t.iter().cloned().collect())
+            .unwrap_or_default();
+        Err(Crash {
+            status,
+            stderr_tail,
+            detail,
+        })
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Closing stdin ends the worker's loop; reap it.
+        drop(self.stdin.take());
+        let _ = self.child.wait();
+        if let Some(t) = self.passthrough.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The signal's conventional name.
+fn signal_name(signal: i32) -> String {
+    let name = match signal {
+        libc::SIGSEGV => "SIGSEGV (segmentation fault)",
+        libc::SIGABRT => "SIGABRT (abort)",
+        libc::SIGFPE => "SIGFPE (arithmetic exception)",
+        libc::SIGBUS => "SIGBUS (bus error)",
+        libc::SIGILL => "SIGILL (illegal instruction)",
+        libc::SIGKILL => "SIGKILL (killed, e.g. out of memory)",
+        libc::SIGTERM => "SIGTERM",
+        _ => return format!("signal {signal}"),
+    };
+    format!("{name}, signal {signal}")
+}
+
+fn crash_result(case: &Case, crash: Crash, time_ms: f64) -> CaseResult {
+    use std::os::unix::process::ExitStatusExt;
+    let how = match crash.status {
+        Some(status) => match status.signal() {
+            Some(signal) => format!("was killed by {}", signal_name(signal)),
+            None => format!(
+                "exited with status {} before answering",
+                status.code().unwrap_or(-1)
+            ),
+        },
+        None => "ended before answering".to_owned(),
+    };
+    let mut message = format!(
+        "crashed: the worker process running this case {how}{}; the run continued in a new worker",
+        if crash.detail.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", crash.detail)
+        }
+    );
+    if !crash.stderr_tail.is_empty() {
+        message.push_str("\nlast lines of the worker's stderr:\n  ");
+        message.push_str(&crash.stderr_tail.join("\n  "));
+    }
+    let mut result = blank(case);
+    result.verdict = Verdict::Error;
+    result.message = Some(message);
+    result.time_ms = time_ms;
+    result
+}
+
+/// Runs `cases` in `options.jobs` worker processes, calling `progress`
+/// after each; results keep the input order. A worker that crashes is
+/// replaced; a worker that cannot be started makes every case it was given
+/// an ERROR saying why.
+pub fn run(
+    cases: &[&Case],
+    command: &WorkerCommand,
+    options: &RunOptions,
+    progress: &(dyn Fn(&CaseResult) + Sync),
+) -> Vec<CaseResult> {
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<Option<CaseResult>>> = Mutex::new(vec![None; cases.len()]);
+    let jobs = options.jobs.clamp(1, cases.len().max(1));
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| {
+                let mut worker: Option<Worker> = None;
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(case) = cases.get(i) else { break };
+                    let result = match skipped(case, options.backend) {
+                        Some(skip) => skip,
+                        None => run_in_worker(case, command, &mut worker),
+                    };
+                    progress(&result);
+                    results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(result);
+                }
+            });
+        }
+    });
+    results
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+        .into_iter()
+        .map(|r| r.expect("every case ran"))
+        .collect()
+}
+
+fn run_in_worker(case: &Case, command: &WorkerCommand, worker: &mut Option<Worker>) -> CaseResult {
+    let start = Instant::now();
+    if worker.is_none() {
+        match Worker::spawn(command) {
+            Ok(w) => *worker = Some(w),
+            Err(e) => {
+                let mut result = blank(case);
+                result.verdict = Verdict::Error;
+                result.message = Some(format!(
+                    "harness error: cannot start a worker process ({}): {e}",
+                    command.program.display()
+                ));
+                return result;
+            }
+        }
+    }
+    let w = worker.as_mut().expect("just started");
+    match w.run(&case.name) {
+        Ok(result) => result,
+        Err(crash) => {
+            *worker = None;
+            crash_result(case, crash, start.elapsed().as_secs_f64() * 1e3)
+        }
+    }
+}
+
+/// The backend named on a worker's command line.
+pub fn parse_backend(name: &str) -> Option<Backend> {
+    name.parse().ok()
+}
