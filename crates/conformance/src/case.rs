@@ -67,8 +67,11 @@ pub struct Ctx<'a> {
     pub backend: Backend,
     pub seed: u64,
     pub case: &'a str,
-    /// Proof mode: the reference receives its first tensor argument with
-    /// one bit flipped, so a sound must-equal case must fail.
+    /// Proof mode: the reference receives its first non-empty tensor
+    /// argument with one bit flipped, so a sound must-equal case must fail.
+    /// When the first tensor argument is empty (an empty batch, whose
+    /// outputs are only a shape and a dtype), it also gets another float
+    /// dtype, which must show in the output's dtype.
     pub perturb: bool,
 }
 
@@ -87,6 +90,14 @@ impl Ctx<'_> {
                 .find(|a| matches!(a, oracle::Arg::Tensor(t) if !t.is_empty()))
             {
                 *t = crate::inputs::flip_lowest_bit(t, 0);
+            }
+            if let Some(oracle::Arg::Tensor(t)) = args
+                .iter_mut()
+                .find(|a| matches!(a, oracle::Arg::Tensor(_)))
+            {
+                if t.is_empty() {
+                    *t = crate::inputs::other_float_dtype(t);
+                }
             }
             return Ok(self.oracle.call(self.case, function, &args, kwargs)?);
         }

@@ -398,3 +398,29 @@ fn from_checkpoint_equals_from_arrays() {
         assert!(err.to_string().starts_with(path), "{err}");
     }
 }
+
+#[test]
+fn an_empty_batch_gives_the_empty_result_without_touching_the_kernel() {
+    // Before: MLX's CPU quantized matmul crashed the process (SIGFPE) on a
+    // zero-size dimension (the reference crashes the same way).
+    for (mode, bits, gs) in [(Mode::Affine, 4, 64), (Mode::Mxfp4, 4, 32)] {
+        let mut l = layer(16, 128, spec(mode, bits, gs), 28);
+        let adapter = LoraAdapter::new(normal(&[128, 4], 1), normal(&[4, 16], 2), 2.0).unwrap();
+        l.attach_adapter("a", adapter).unwrap();
+        for shape in [vec![0, 128], vec![2, 0, 128], vec![0, 3, 128]] {
+            for forward in [Forward::Batched, Forward::RowsIndependent] {
+                let x = normal_as(&shape, 3, Dtype::Bfloat16);
+                let y = l.forward_as(&x, forward).unwrap();
+                let mut expected = shape.clone();
+                *expected.last_mut().unwrap() = 16;
+                assert_eq!(y.shape(), expected.as_slice(), "{mode} {shape:?}");
+                // The dtype the non-empty graph gives (bf16 + f32 LoRA).
+                let one = l
+                    .forward_as(&normal_as(&[1, 128], 3, Dtype::Bfloat16), forward)
+                    .unwrap();
+                assert_eq!(y.dtype(), one.dtype(), "{mode} {shape:?}");
+                y.eval().unwrap();
+            }
+        }
+    }
+}

@@ -279,3 +279,35 @@ fn offload_errors() {
         &ckpt.array(&format!("{P}.weight")).unwrap()
     ));
 }
+
+#[test]
+fn an_empty_batch_gives_the_empty_result_of_the_broadcast_shape() {
+    // Before: a cryptic MLX error; the reference returns an empty array of
+    // the broadcast shape (indices.shape + [M, out]).
+    for (mode, bits, gs) in SPECS {
+        let l = switch(
+            4,
+            32,
+            128,
+            spec(mode, bits, gs),
+            Some(normal_as(&[4, 32], 5, Dtype::Bfloat16)),
+        );
+        for (x_shape, idx_shape, expected) in [
+            (vec![0, 3, 1, 1, 128], vec![0, 3, 2], vec![0, 3, 2, 1, 32]),
+            (vec![2, 0, 1, 1, 128], vec![2, 0, 2], vec![2, 0, 2, 1, 32]),
+            (vec![2, 3, 1, 1, 128], vec![2, 3, 0], vec![2, 3, 0, 1, 32]),
+        ] {
+            let x = normal_as(&x_shape, 2, Dtype::Bfloat16);
+            let n: i32 = idx_shape.iter().product();
+            let idx = Array::from_slice(&vec![0u32; n as usize], &idx_shape);
+            let y = l.forward(&x, &idx, false).unwrap();
+            assert_eq!(
+                y.shape(),
+                expected.as_slice(),
+                "{mode} {x_shape:?} {idx_shape:?}"
+            );
+            assert_eq!(y.dtype(), Dtype::Bfloat16);
+            y.eval().unwrap();
+        }
+    }
+}

@@ -169,6 +169,11 @@ impl HostTensor {
     /// strides) to the host.
     pub fn from_array(array: &Array) -> Result<Self, TensorError> {
         let dtype = DType::from_mlx(array.dtype())?;
+        if array.size() == 0 {
+            // Nothing to read (MLX gives an empty array no data pointer).
+            let shape = array.shape().iter().map(|&d| d as usize).collect();
+            return Self::new(dtype, shape, Vec::new());
+        }
         // A contiguous copy makes broadcast or transposed views row-major.
         let dense = array
             .contiguous()

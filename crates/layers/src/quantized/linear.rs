@@ -324,10 +324,30 @@ impl QuantizedLinear {
                 shape: shape.to_vec(),
             });
         }
+        if x.size() == 0 {
+            return self.empty_output(x, forward);
+        }
         match forward {
             Forward::Batched => self.forward_batched(x),
             Forward::RowsIndependent => self.forward_rows(x),
         }
+    }
+
+    /// The result for an input with a zero-size dimension: `[.., out]`
+    /// zeros-of-nothing in the dtype the non-empty graph gives (read from
+    /// that graph built lazily for one row, never evaluated). MLX 0.32.2's
+    /// CPU quantized matmul dies with SIGFPE on an empty batch (the
+    /// reference does too), so the kernel is not called.
+    fn empty_output(&self, x: &Array, forward: Forward) -> Result<Array, LayerError> {
+        let probe = ops::zeros_dtype(&[1, self.in_features()], x.dtype())?;
+        let dtype = match forward {
+            Forward::Batched | Forward::RowsIndependent => self.forward_batched(&probe)?.dtype(),
+        };
+        let mut shape = x.shape().to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = self.out_features();
+        }
+        Ok(ops::zeros_dtype(&shape, dtype)?)
     }
 
     fn forward_batched(&self, x: &Array) -> Result<Array, LayerError> {

@@ -194,6 +194,9 @@ impl QuantizedSwitchLinear {
                 shape: x.shape().to_vec(),
             });
         }
+        if x.size() == 0 || indices.size() == 0 {
+            return self.empty_output(x, indices);
+        }
         check_indices(indices, self.num_experts())?;
         let p = &self.payload;
         let spec = p.spec();
@@ -243,6 +246,70 @@ fn row_contiguous(payload: QuantizedPayload) -> Result<QuantizedPayload, LayerEr
         biases,
         spec,
     )?)
+}
+
+impl QuantizedSwitchLinear {
+    /// The result when `x` or `indices` has a zero-size dimension, as the
+    /// reference gives it: an empty array of shape `broadcast(x.shape[:-2],
+    /// indices.shape) + [M, out]`, in the dtype the non-empty graph gives
+    /// (read from that graph built lazily for one row, never evaluated).
+    fn empty_output(&self, x: &Array, indices: &Array) -> Result<Array, LayerError> {
+        if !matches!(
+            indices.dtype(),
+            Dtype::Uint8
+                | Dtype::Uint16
+                | Dtype::Uint32
+                | Dtype::Uint64
+                | Dtype::Int8
+                | Dtype::Int16
+                | Dtype::Int32
+                | Dtype::Int64
+        ) {
+            return Err(LayerError::IndicesDtype {
+                dtype: indices.dtype(),
+            });
+        }
+        let shape = x.shape();
+        if shape.len() < 2 {
+            return Err(LayerError::InputShape {
+                in_features: self.in_features(),
+                shape: shape.to_vec(),
+            });
+        }
+        let batch = &shape[..shape.len() - 2];
+        let m = shape[shape.len() - 2];
+        let lead = broadcast_shapes(batch, indices.shape()).ok_or_else(|| {
+            LayerError::Mlx(ffi::MlxError {
+                op: "gather_qmm",
+                message: format!(
+                    "x batch shape {batch:?} and indices shape {:?} do not broadcast",
+                    indices.shape()
+                ),
+            })
+        })?;
+        let probe = self.forward(
+            &ops::zeros_dtype(&[1, self.in_features()], x.dtype())?,
+            &Array::from_slice(&[0u32], &[1]),
+            false,
+        )?;
+        let mut out = lead;
+        out.extend([m, self.out_features()]);
+        Ok(ops::zeros_dtype(&out, probe.dtype())?)
+    }
+}
+
+/// NumPy's broadcasting of two shapes (MLX's `broadcast_shapes`).
+fn broadcast_shapes(a: &[i32], b: &[i32]) -> Option<Vec<i32>> {
+    let n = a.len().max(b.len());
+    let at = |s: &[i32], i: usize| (i + s.len()).checked_sub(n).map_or(1, |j| s[j]);
+    (0..n)
+        .map(|i| match (at(a, i), at(b, i)) {
+            (x, y) if x == y => Some(x),
+            (1, y) => Some(y),
+            (x, 1) => Some(x),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Every index in `0..num_experts`, checked on the host.

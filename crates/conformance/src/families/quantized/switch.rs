@@ -126,6 +126,15 @@ pub(super) fn cases() -> Vec<Case> {
             ..Shape::new(a4, 8, sorted)
         });
     }
+    // An empty batch: the reference returns an empty array of the broadcast
+    // shape; the port must give the same shape and dtype (and no crash).
+    for spec in [a4, mxfp4] {
+        shapes.push(Shape {
+            batch: 0,
+            bias: true,
+            ..Shape::new(spec, 4, false)
+        });
+    }
     shapes.push(Shape {
         top: 1,
         ..Shape::new(mxfp8, 2, false)
