@@ -51,6 +51,19 @@ pub enum CheckpointError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A file that no longer holds the bytes its header promised when it
+    /// was opened (truncated or replaced while open).
+    #[error("{}: tensor `{tensor}` cannot be read: the file was {opened_len} bytes when opened and is {now_len} now (changed while open); reopen the checkpoint", .file.display())]
+    FileChanged {
+        /// The file.
+        file: PathBuf,
+        /// The tensor being read.
+        tensor: String,
+        /// Its length when opened.
+        opened_len: u64,
+        /// Its length now.
+        now_len: u64,
+    },
     /// A file shorter than the 8-byte header length.
     #[error("{}: {len} bytes is too short for a safetensors file (the header length alone takes 8)", .file.display())]
     FileTooShort {

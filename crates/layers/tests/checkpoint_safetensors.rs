@@ -371,3 +371,114 @@ fn every_dtype_round_trips_bit_exactly() {
         .unwrap();
     assert_eq!(r.as_slice::<i16>(), &[1, -1]);
 }
+
+#[test]
+fn metadata_forms_mx_load_accepts_are_read() {
+    // Before: `"__metadata__": null` (what mx.save_safetensors writes
+    // without metadata) was refused as invalid JSON structure.
+    let t = u8_entry(0, 1, 1);
+    let cases = [
+        (json!({"__metadata__": null, "a": t}), None),
+        (json!({"a": t}), None),
+        (
+            json!({"__metadata__": {"format": "mlx"}, "a": t}),
+            Some(vec![("format", "mlx")]),
+        ),
+        // MLX reads a bare string as the value of an empty key.
+        (json!({"__metadata__": "x", "a": t}), Some(vec![("", "x")])),
+        // Unknown fields in an entry, and integral float offsets, as mx.load.
+        (
+            json!({"a": {"dtype": "U8", "shape": [1], "data_offsets": [0.0, 1.0], "extra": 7}}),
+            None,
+        ),
+    ];
+    for (header, expected) in cases {
+        let parsed =
+            parse(&raw_safetensors(&header, &[9])).unwrap_or_else(|e| panic!("{header}: {e}"));
+        let expected = expected.map(|kv| {
+            kv.into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        });
+        assert_eq!(parsed.metadata, expected, "{header}");
+        assert_eq!(parsed.tensors["a"].data_offsets, (0, 1), "{header}");
+    }
+    // Still refused, as by mx.load: non-string metadata values, fractional
+    // or negative offsets.
+    for header in [
+        json!({"__metadata__": {"k": 1}, "a": t}),
+        json!({"__metadata__": [1], "a": t}),
+        json!({"a": {"dtype": "U8", "shape": [1], "data_offsets": [0.5, 1]}}),
+        json!({"a": {"dtype": "U8", "shape": [1], "data_offsets": [-1, 1]}}),
+    ] {
+        assert!(parse(&raw_safetensors(&header, &[9])).is_err(), "{header}");
+    }
+}
+
+#[test]
+fn files_written_by_the_safetensors_crate_are_read() {
+    use safetensors::tensor::{serialize_to_file, TensorView};
+    let dir = TempDir::new("crate-form");
+    let f32s: Vec<u8> = [1.0f32, -2.5, 3.25]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    let u32s: Vec<u8> = [7u32, 9].iter().flat_map(|v| v.to_le_bytes()).collect();
+    for metadata in [
+        None,
+        Some(std::collections::HashMap::from([(
+            "format".to_owned(),
+            "pt".to_owned(),
+        )])),
+    ] {
+        let path = dir.join("c.safetensors");
+        let tensors = [
+            (
+                "w",
+                TensorView::new(safetensors::Dtype::F32, vec![3], &f32s).unwrap(),
+            ),
+            (
+                "ids",
+                TensorView::new(safetensors::Dtype::U32, vec![1, 2], &u32s).unwrap(),
+            ),
+        ];
+        serialize_to_file(tensors, metadata.clone(), &path).unwrap();
+        let file = SafetensorsFile::open(&path).unwrap();
+        assert_eq!(
+            file.array("w").unwrap().as_slice::<f32>(),
+            &[1.0, -2.5, 3.25]
+        );
+        assert_eq!(file.array("ids").unwrap().shape(), &[1, 2]);
+        assert_eq!(file.metadata().map(|m| m.len()), metadata.map(|m| m.len()),);
+    }
+}
+
+#[test]
+fn a_file_truncated_while_open_is_a_typed_error_not_a_crash() {
+    // Before: the file was memory-mapped, and reading a tensor whose page
+    // was cut off killed the process with SIGBUS.
+    let dir = TempDir::new("shrink");
+    let path = dir.join("s.safetensors");
+    let big = vec![7u8; 1 << 16];
+    let header =
+        json!({"a": u8_entry(0, 1 << 16, 1 << 16), "b": u8_entry(1 << 16, (1 << 16) + 4, 4)});
+    let mut data = big.clone();
+    data.extend_from_slice(&[1, 2, 3, 4]);
+    std::fs::write(&path, raw_safetensors(&header, &data)).unwrap();
+    let file = SafetensorsFile::open(&path).unwrap();
+    assert_eq!(file.tensor("b").unwrap().data, &[1, 2, 3, 4]);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(100)
+        .unwrap();
+    for name in ["a", "b"] {
+        let err = file.array(name).unwrap_err();
+        assert!(
+            matches!(err, CheckpointError::FileChanged { opened_len, now_len: 100, .. } if opened_len > 100),
+            "{name}: {err}"
+        );
+        assert!(err.to_string().contains("changed while open"), "{err}");
+    }
+}

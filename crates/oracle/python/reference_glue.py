@@ -284,6 +284,13 @@ def _q_lora_layer(base, lora_a, lora_b, lora_scales):
     return layer
 
 
+def safetensors_load(path):
+    """`mx.load(path, return_metadata=True)` (mlx 0.32.2) of a safetensors
+    file: {"arrays": {name: array}, "metadata": {key: value}}."""
+    arrays, metadata = mx.load(path, return_metadata=True)
+    return {"arrays": dict(arrays), "metadata": dict(metadata)}
+
+
 def quantized_lora(x, weight, scales, biases, bias, lora_a, lora_b, lora_scales, mode, bits,
                    group_size):
     """`mlx_lm.tuner.lora.LoRALinear.__call__` (nested per adapter) on x."""

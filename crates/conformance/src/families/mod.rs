@@ -6,6 +6,7 @@ use crate::case::Case;
 pub mod attention;
 pub mod position;
 pub mod quantized;
+pub mod safetensors;
 pub mod smoke;
 
 /// Every registered case, in report order.
@@ -13,6 +14,7 @@ pub fn all() -> Vec<Case> {
     let mut cases = Vec::new();
     cases.extend(smoke::cases());
     cases.extend(quantized::cases());
+    cases.extend(safetensors::cases());
     cases.extend(position::cases());
     cases.extend(attention::cases());
     cases

@@ -191,7 +191,7 @@ impl ExpertOffload {
         for &name in names {
             let view = checkpoint.tensor(name)?;
             file.seek(SeekFrom::Start(offset)).map_err(io)?;
-            file.write_all(view.data).map_err(io)?;
+            file.write_all(&view.data).map_err(io)?;
             entries.insert(
                 name.to_owned(),
                 OffloadEntry {

@@ -1,4 +1,13 @@
-//! A memory-mapped safetensors file with a strict, typed header check.
+//! A safetensors file with a strict, typed header check, read with
+//! positioned reads (not memory-mapped).
+//!
+//! **Contract.** [`SafetensorsFile::open`] reads and validates the header;
+//! each tensor's bytes are read from the file when asked for. A file that
+//! is truncated or replaced while open gives a typed
+//! [`CheckpointError::FileChanged`] on the next read, never a SIGBUS (a
+//! memory map of a file that shrinks kills the process when the missing
+//! page is touched). Only the expert offload (`super::offload`) maps a
+//! file, one this crate wrote and owns.
 //!
 //! The `safetensors` crate (0.8) is used for its `Dtype` (names, bit sizes)
 //! and, in [`super::writer`], for serialization. Its reader is not used: it
@@ -13,13 +22,17 @@
 //! header past the end of the file, offsets past the data section and a size
 //! that does not match shape × dtype; gaps between tensors accepted as
 //! `mx.load` does; **overlapping** byte ranges rejected, which `mx.load`
-//! silently accepts (the format forbids them).
+//! silently accepts (the format forbids them). Accepted as `mx.load`
+//! accepts them: `__metadata__` absent, `null` (what `mx.save_safetensors`
+//! writes without metadata) or a bare string (read as `{"": string}`, as
+//! MLX does); unknown fields in a tensor entry; `data_offsets` written as
+//! integral floats (`24.0`).
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
 use mlx_rs::{Array, Dtype};
 use serde_json::Value;
 
@@ -62,26 +75,27 @@ impl SafetensorsHeader {
     /// [`CheckpointError::OffsetsOutOfRange`], [`CheckpointError::SizeMismatch`],
     /// [`CheckpointError::OverlappingTensors`].
     pub fn parse(bytes: &[u8], file: &Path) -> Result<Self, CheckpointError> {
+        let header_end = header_len(bytes, bytes.len() as u64, file)?;
+        let header = &bytes[8..8 + header_end];
+        Self::parse_header(header, (bytes.len() - 8 - header_end) as u64, file)
+    }
+
+    /// Parses the JSON header `header` of a file whose data section is
+    /// `data_len` bytes long.
+    ///
+    /// # Errors
+    /// As [`SafetensorsHeader::parse`], less the length checks.
+    pub fn parse_header(
+        header: &[u8],
+        data_len: u64,
+        file: &Path,
+    ) -> Result<Self, CheckpointError> {
         let invalid = |message: String| CheckpointError::InvalidHeaderJson {
             file: file.to_owned(),
             message,
         };
-        let Some((len_bytes, rest)) = bytes.split_first_chunk::<8>() else {
-            return Err(CheckpointError::FileTooShort {
-                file: file.to_owned(),
-                len: bytes.len(),
-            });
-        };
-        let header_len = u64::from_le_bytes(*len_bytes);
-        let header_end = usize::try_from(header_len)
-            .ok()
-            .filter(|&n| n <= rest.len())
-            .ok_or(CheckpointError::HeaderLengthPastEnd {
-                file: file.to_owned(),
-                header_len,
-                file_len: bytes.len() as u64,
-            })?;
-        let (header, data) = rest.split_at(header_end);
+        let data_len = usize::try_from(data_len).unwrap_or(usize::MAX);
+        let header_end = header.len();
         let text = std::str::from_utf8(header)
             .map_err(|e| invalid(format!("the header is not UTF-8: {e}")))?;
         let json: Value = serde_json::from_str(text).map_err(|e| invalid(e.to_string()))?;
@@ -93,10 +107,10 @@ impl SafetensorsHeader {
         let mut metadata = None;
         for (name, entry) in entries {
             if name == "__metadata__" {
-                metadata = Some(parse_metadata(entry).map_err(invalid)?);
+                metadata = parse_metadata(entry).map_err(invalid)?;
                 continue;
             }
-            let info = parse_entry(&name, entry, data.len(), file)?;
+            let info = parse_entry(&name, entry, data_len, file)?;
             tensors.insert(name, info);
         }
         check_overlaps(&tensors, file)?;
@@ -108,16 +122,57 @@ impl SafetensorsHeader {
     }
 }
 
-fn parse_metadata(entry: Value) -> Result<BTreeMap<String, String>, String> {
-    let Value::Object(map) = entry else {
-        return Err("`__metadata__` is not an object".to_owned());
+/// The header length from a file's first 8 bytes, checked against the
+/// file's length `file_len` (`first` holds at least those 8 bytes if the
+/// file has them).
+fn header_len(first: &[u8], file_len: u64, file: &Path) -> Result<usize, CheckpointError> {
+    let Some((len_bytes, _)) = first.split_first_chunk::<8>() else {
+        return Err(CheckpointError::FileTooShort {
+            file: file.to_owned(),
+            len: usize::try_from(file_len).unwrap_or(usize::MAX),
+        });
+    };
+    let header_len = u64::from_le_bytes(*len_bytes);
+    if header_len > file_len - 8 {
+        return Err(CheckpointError::HeaderLengthPastEnd {
+            file: file.to_owned(),
+            header_len,
+            file_len,
+        });
+    }
+    usize::try_from(header_len).map_err(|_| CheckpointError::HeaderLengthPastEnd {
+        file: file.to_owned(),
+        header_len,
+        file_len,
+    })
+}
+
+fn parse_metadata(entry: Value) -> Result<Option<BTreeMap<String, String>>, String> {
+    let map = match entry {
+        // `mx.save_safetensors` without metadata writes `null`.
+        Value::Null => return Ok(None),
+        // MLX reads a bare string as the value of an empty key.
+        Value::String(s) => return Ok(Some(BTreeMap::from([(String::new(), s)]))),
+        Value::Object(map) => map,
+        _ => return Err("`__metadata__` is not an object (nor null)".to_owned()),
     };
     map.into_iter()
         .map(|(k, v)| match v {
             Value::String(s) => Ok((k, s)),
             _ => Err(format!("`__metadata__.{k}` is not a string")),
         })
-        .collect()
+        .collect::<Result<_, _>>()
+        .map(Some)
+}
+
+/// A non-negative integral JSON number (`24` or `24.0`, as MLX's JSON
+/// reader converts both).
+fn offset(v: &Value) -> Option<u64> {
+    v.as_u64().or_else(|| {
+        v.as_f64()
+            .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < u64::MAX as f64)
+            .map(|f| f as u64)
+    })
 }
 
 fn parse_entry(
@@ -147,7 +202,7 @@ fn parse_entry(
     };
     let (start, end) = match fields.remove("data_offsets") {
         Some(Value::Array(offsets)) => match offsets.as_slice() {
-            [s, e] => match (s.as_u64(), e.as_u64()) {
+            [s, e] => match (offset(s), offset(e)) {
                 (Some(s), Some(e)) => (s, e),
                 _ => return Err(invalid("`data_offsets` are not non-negative integers")),
             },
@@ -228,29 +283,13 @@ fn check_overlaps(
     Ok(())
 }
 
-/// The file's bytes: a read-only memory map, or nothing for an empty file
-/// (which cannot be mapped everywhere).
-enum Bytes {
-    Mapped(Mmap),
-    Empty,
-}
-
-impl Bytes {
-    fn as_slice(&self) -> &[u8] {
-        match self {
-            Bytes::Mapped(m) => m,
-            Bytes::Empty => &[],
-        }
-    }
-}
-
-/// One memory-mapped safetensors file with a validated header.
-///
-/// The file must not be modified while it is open (the usual memory-map
-/// caveat); tensors are read from the map on request.
+/// One safetensors file with a validated header; tensor bytes are read
+/// from the file on request (positioned reads; see the module's contract).
 pub struct SafetensorsFile {
     path: PathBuf,
-    bytes: Bytes,
+    file: File,
+    /// The file's length when it was opened.
+    len: u64,
     header: SafetensorsHeader,
 }
 
@@ -264,10 +303,11 @@ impl std::fmt::Debug for SafetensorsFile {
 }
 
 impl SafetensorsFile {
-    /// Maps `path` and validates its header ([`SafetensorsHeader::parse`]).
+    /// Opens `path` and reads and validates its header
+    /// ([`SafetensorsHeader::parse`]); no tensor bytes are read yet.
     ///
     /// # Errors
-    /// [`CheckpointError::Io`] when the file cannot be opened or mapped, and
+    /// [`CheckpointError::Io`] when the file cannot be opened or read, and
     /// every error of [`SafetensorsHeader::parse`].
     pub fn open(path: impl AsRef<Path>) -> Result<Self, CheckpointError> {
         let path = path.as_ref();
@@ -277,17 +317,17 @@ impl SafetensorsFile {
         };
         let file = File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
-        let bytes = if len == 0 {
-            Bytes::Empty
-        } else {
-            // SAFETY: read-only map; the caller must not modify the file while
-            // it is open (documented on the type).
-            Bytes::Mapped(unsafe { Mmap::map(&file) }.map_err(io)?)
-        };
-        let header = SafetensorsHeader::parse(bytes.as_slice(), path)?;
+        let mut first = [0u8; 8];
+        let have = usize::try_from(len.min(8)).unwrap_or(8);
+        file.read_exact_at(&mut first[..have], 0).map_err(io)?;
+        let header_end = header_len(&first[..have], len, path)?;
+        let mut header = vec![0u8; header_end];
+        file.read_exact_at(&mut header, 8).map_err(io)?;
+        let header = SafetensorsHeader::parse_header(&header, len - 8 - header_end as u64, path)?;
         Ok(SafetensorsFile {
             path: path.to_owned(),
-            bytes,
+            file,
+            len,
             header,
         })
     }
@@ -317,24 +357,57 @@ impl SafetensorsFile {
         self.header.tensors.get(name)
     }
 
-    /// Tensor `name`: dtype, shape and its raw little-endian bytes.
+    /// Tensor `name`: dtype, shape and its raw little-endian bytes, read
+    /// from the file now.
     ///
     /// # Errors
-    /// [`CheckpointError::TensorNotFound`].
+    /// [`CheckpointError::TensorNotFound`]; [`CheckpointError::FileChanged`]
+    /// when the file no longer holds the bytes its header promised (it was
+    /// truncated or replaced since it was opened); [`CheckpointError::Io`].
     pub fn tensor(&self, name: &str) -> Result<TensorView<'_>, CheckpointError> {
         let (name, info) = self.header.tensors.get_key_value(name).ok_or_else(|| {
             CheckpointError::TensorNotFound {
                 name: name.to_owned(),
             }
         })?;
-        let base = 8 + self.header.header_len;
+        let base = 8 + self.header.header_len as u64;
         let (start, end) = info.data_offsets;
+        let changed = |now: u64| CheckpointError::FileChanged {
+            file: self.path.clone(),
+            tensor: name.to_owned(),
+            opened_len: self.len,
+            now_len: now,
+        };
+        let now = self
+            .file
+            .metadata()
+            .map_err(|source| CheckpointError::Io {
+                path: self.path.clone(),
+                source,
+            })?
+            .len();
+        if now < base + end as u64 {
+            return Err(changed(now));
+        }
+        let mut data = vec![0u8; end - start];
+        match self.file.read_exact_at(&mut data, base + start as u64) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                return Err(changed(self.file.metadata().map_or(0, |m| m.len())))
+            }
+            Err(source) => {
+                return Err(CheckpointError::Io {
+                    path: self.path.clone(),
+                    source,
+                })
+            }
+        }
         Ok(TensorView {
             file: &self.path,
             name,
             dtype: info.dtype,
             shape: &info.shape,
-            data: &self.bytes.as_slice()[base + start..base + end],
+            data,
         })
     }
 
@@ -353,8 +426,8 @@ impl SafetensorsFile {
     }
 }
 
-/// A borrowed tensor of a [`SafetensorsFile`].
-#[derive(Debug, Clone, Copy)]
+/// A tensor of a [`SafetensorsFile`]: its bytes, read from the file.
+#[derive(Debug, Clone)]
 pub struct TensorView<'a> {
     /// The file it comes from.
     pub file: &'a Path,
@@ -365,7 +438,7 @@ pub struct TensorView<'a> {
     /// Its shape.
     pub shape: &'a [usize],
     /// Its raw little-endian bytes, `prod(shape) * bitsize(dtype) / 8` long.
-    pub data: &'a [u8],
+    pub data: Vec<u8>,
 }
 
 /// The MLX dtype `mx.load` (mlx 0.32.2) gives a safetensors dtype, if any.
@@ -430,7 +503,7 @@ impl TensorView<'_> {
                 dtype: self.dtype,
             })?;
         let shape = self.mlx_shape()?;
-        ffi::array_from_bytes(self.data, &shape, dtype).map_err(|source| CheckpointError::Array {
+        ffi::array_from_bytes(&self.data, &shape, dtype).map_err(|source| CheckpointError::Array {
             file: self.file.to_owned(),
             tensor: self.name.to_owned(),
             source,
