@@ -81,5 +81,5 @@ pub use rope2d::{
     apply_multidimensional_rope, apply_rope2d, rope2d_tables, Rope2dAxis, Rope2dTables,
 };
 pub use rope_index::{
-    rope_index, GridThw, PositionLayout, RopeIndex, RopeIndexInput, VisionTokens,
+    rope_index, GridThw, PositionLayout, RopeIndex, RopeIndexInput, VisionTokens, MAX_WINDOW,
 };

@@ -612,3 +612,46 @@ fn regime_boundaries_not_increasing() {
         );
     }
 }
+
+#[test]
+fn absurd_sizes_are_refused_before_allocating() {
+    // Before: a window of usize::MAX tokens aborted on allocation, and a
+    // video grid with a huge temporal size aborted while expanding frames.
+    let text = rope_index(
+        &RopeIndexInput {
+            input_ids: &[1, 2, 3],
+            ..Default::default()
+        },
+        &TOKENS,
+    )
+    .unwrap();
+    for len in [usize::MAX, layers::position::MAX_WINDOW + 1] {
+        let err = text.window(0, len).unwrap_err();
+        assert!(matches!(err, PositionError::WindowTooLong { .. }), "{err}");
+        assert!(text.window_position_ids(5, len).is_err());
+    }
+    assert_eq!(text.window(0, 4).unwrap()[0], vec![0, 1, 2, 3]);
+    for t in [usize::MAX, 1 << 40] {
+        let grids = [GridThw::new(t, 2, 2)];
+        let err = rope_index(
+            &RopeIndexInput {
+                input_ids: &[1, 7, 8, 2],
+                video_grid_thw: Some(&grids),
+                ..Default::default()
+            },
+            &TOKENS,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PositionError::UnusedGrids {
+                    kind: VisionKind::Video,
+                    used: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+    }
+}

@@ -33,6 +33,15 @@ impl fmt::Display for VisionKind {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PositionError {
+    /// A position window longer than [`super::MAX_WINDOW`] tokens, refused
+    /// before its streams are allocated.
+    #[error("a position window of {len} tokens is longer than the maximum {max}; ask for shorter windows")]
+    WindowTooLong {
+        /// The length asked for.
+        len: usize,
+        /// [`super::MAX_WINDOW`].
+        max: usize,
+    },
     /// A RoPE frequency base (`rope_theta`, Gemma's `base_frequency`) that
     /// is NaN, infinite, zero, negative, or beyond f32 (the reference
     /// computes in f32). Stricter than the reference, which accepts it and

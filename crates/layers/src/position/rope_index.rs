@@ -169,10 +169,18 @@ impl RopeIndex {
     /// vision spans. Feed chunked prefill its prompt positions, as this does.
     ///
     /// # Errors
+    /// [`PositionError::WindowTooLong`] for `len` beyond [`MAX_WINDOW`];
     /// [`PositionError::PositionOverflow`] or
     /// [`PositionError::NegativePosition`] when a continued position leaves
     /// `0..=i32::MAX`.
     pub fn window(&self, offset: usize, len: usize) -> Result<[Vec<i32>; 3], PositionError> {
+        // Checked before allocating three `len`-long streams.
+        if len > MAX_WINDOW {
+            return Err(PositionError::WindowTooLong {
+                len,
+                max: MAX_WINDOW,
+            });
+        }
         let prompt_len = self.prompt_len();
         let delta = i64::from(self.decode_delta());
         let mut out: [Vec<i32>; 3] = std::array::from_fn(|_| Vec::with_capacity(len));
@@ -228,6 +236,11 @@ impl RopeIndex {
         Ok(Array::from_slice(&joint, &[3, 1, len_i32(len)?]))
     }
 }
+
+/// The longest position window [`RopeIndex::window`] builds: 2^24 tokens
+/// (three int32 streams of 64 MiB each). Longer windows are refused before
+/// anything is allocated; no served context comes near it.
+pub const MAX_WINDOW: usize = 1 << 24;
 
 fn len_i32(len: usize) -> Result<i32, PositionError> {
     i32::try_from(len).map_err(|_| PositionError::PositionOverflow { index: len as u64 })
@@ -297,9 +310,26 @@ pub fn rope_index(
     }
 
     let images: &[GridThw] = input.image_grid_thw.unwrap_or(&[]);
-    let videos: Vec<GridThw> = input
-        .video_grid_thw
-        .unwrap_or(&[])
+    // Each video frame becomes a grid of its own, and each needs a span of
+    // at least one token: more frames than tokens can never be used, and
+    // are refused before the expansion allocates them (a huge `t`).
+    let video_grids = input.video_grid_thw.unwrap_or(&[]);
+    let frames = video_grids
+        .iter()
+        .try_fold(0usize, |n, g| n.checked_add(g.t))
+        .unwrap_or(usize::MAX);
+    if frames > ids.len() {
+        let used = ids
+            .windows(2)
+            .filter(|w| w[0] == tokens.vision_start_token_id && w[1] == tokens.video_token_id)
+            .count();
+        return Err(PositionError::UnusedGrids {
+            kind: VisionKind::Video,
+            used,
+            provided: frames,
+        });
+    }
+    let videos: Vec<GridThw> = video_grids
         .iter()
         .flat_map(|g| std::iter::repeat_n(GridThw::new(1, g.h, g.w), g.t))
         .collect();
