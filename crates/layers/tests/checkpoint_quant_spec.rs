@@ -688,3 +688,52 @@ fn inferred_spec_follows_the_callers_in_features() {
         quantized(spec(Mode::Affine, 2, 128), SpecSource::Inferred)
     );
 }
+
+#[test]
+fn quantize_activations_is_refused_for_linear_layers_not_built_silently() {
+    // Before: `quantize_activations: true` was ignored and a weight-only
+    // layer was built where mlx-lm builds nn.QQLinear (or raises).
+    let with = |mode: &str, saved: QuantSpec, kind: LayerKind| {
+        let mut config =
+            top(json!({P: {"mode": mode, "group_size": saved.group_size, "bits": saved.bits}}));
+        config["quantize_activations"] = json!(true);
+        resolve(config, saved, kind)
+    };
+    for (mode, saved) in [
+        ("nvfp4", spec(Mode::Nvfp4, 4, 16)),
+        ("mxfp8", spec(Mode::Mxfp8, 8, 32)),
+        ("affine", spec(Mode::Affine, 4, 64)),
+    ] {
+        let err = with(mode, saved, LayerKind::Linear).unwrap_err();
+        let CheckpointError::QuantSpecUnresolvable { reason, .. } = &err else {
+            panic!("{mode}: {err}");
+        };
+        assert_eq!(
+            *reason,
+            Unresolvable::QuantizeActivations {
+                mode: saved.mode,
+                bias: false
+            },
+            "{mode}"
+        );
+        let text = err.to_string();
+        if mode == "affine" {
+            assert!(text.contains("raises ValueError"), "{text}");
+        } else {
+            assert!(text.contains("QQLinear"), "{text}");
+        }
+        // Switch layers are not QuantizedLinear: unaffected, as in mlx-lm.
+        let switch = with(mode, saved, LayerKind::Switch);
+        assert!(
+            switch.is_ok() || mode == "nvfp4" || mode == "mxfp8",
+            "{mode}: {switch:?}"
+        );
+    }
+    // Falsy values change nothing.
+    let saved = spec(Mode::Affine, 4, 64);
+    for falsy in [json!(false), json!(0), json!(null)] {
+        let mut config = top(json!({P: true}));
+        config["quantize_activations"] = falsy;
+        assert!(resolve(config, saved, LayerKind::Linear).is_ok());
+    }
+}

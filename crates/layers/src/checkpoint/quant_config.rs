@@ -28,6 +28,19 @@
 //! takes `group_size=64, bits=4`, so `{"mode": "mxfp4"}` is valid for a
 //! linear layer and rejected for a switch layer ([`LayerKind`]).
 //!
+//! **Every config key that changes which module the reference builds**
+//! (audit of `mlx_lm.utils.load_model`, mlx-lm 0.32.2), and this port:
+//!
+//! | key | reference | port |
+//! |---|---|---|
+//! | `quantization` (`group_size`, `bits`, `mode`, per-path bool/dict) | `nn.quantize` with `class_predicate` | resolved as above |
+//! | per-path `quantize_input: true` | `nn.QQLinear` | refused ([`Unresolvable::QuantizeInputUnsupported`]) |
+//! | `{path}.global_scale` tensor (switch) | `global_scale=True` | refused ([`Unresolvable::GlobalScaleUnsupported`]) |
+//! | `quantization_config.quant_method` `mxfp4`, `mxfp8`, `fp8` (ue8m0, 32×32), `compressed-tensors`, `modelopt` (NVFP4) | mapped to a `quantization` dict | mapped the same way |
+//! | `quant_method` `bitnet`, `awq`, `gptq` | `BitLinear` / weight transforms | refused ([`Unresolvable::UnsupportedQuantMethod`]) |
+//! | `text_config.quantization_config`, `hf_quant_config.json` | legacy fallbacks | read the same way |
+//! | top-level `quantize_activations` (truthy) | every `QuantizedLinear` → `nn.QQLinear`, or `ValueError` for other modes / a bias | refused for linear layers ([`Unresolvable::QuantizeActivations`]); switch layers unaffected, as in the reference |
+//!
 //! **Finding (reference):** the inferred spec is decided by the caller's
 //! in_features, and the tensor shapes cannot catch a wrong one: 4-bit,
 //! group-64 tensors of a 256-wide layer resolve to 2-bit, group-128 for a
@@ -127,6 +140,26 @@ pub enum Unresolvable {
     /// `quantize_input: true` asks for `QQLinear`, which is not ported.
     #[error("quantize_input=true (QQLinear) is not supported")]
     QuantizeInputUnsupported,
+    /// Top-level `quantize_activations: true`: the reference builds
+    /// `nn.QQLinear` (activations quantized too) for nvfp4 and mxfp8
+    /// layers without a bias, and raises `ValueError` for any other mode
+    /// or a bias. `QQLinear` is not ported, so both are refused.
+    #[error(
+        "quantize_activations=true: {}",
+        if *bias {
+            "the reference raises ValueError (\"Linear layer with bias does not support activation quantization\")".to_owned()
+        } else if matches!(mode, Mode::Nvfp4 | Mode::Mxfp8) {
+            format!("the reference builds nn.QQLinear ({mode} weights and activations), which is not ported; load without quantize_activations")
+        } else {
+            format!("the reference raises ValueError (mode {mode} does not support activation quantization)")
+        }
+    )]
+    QuantizeActivations {
+        /// The layer's mode.
+        mode: Mode,
+        /// Whether the layer has an additive bias.
+        bias: bool,
+    },
     /// A per-expert nvfp4 global scale, which `gather_qmm` of mlx 0.32.2
     /// cannot take.
     #[error("a global scale is not supported (mlx 0.32.2 gather_qmm has no global_scale)")]
@@ -366,6 +399,35 @@ fn finish(
 
 /// Resolves the spec of module `path` (see the module docs).
 pub(crate) fn resolve(
+    config: &Map<String, Value>,
+    dir: Option<&Path>,
+    tensors: &impl Tensors,
+    path: &str,
+    kind: LayerKind,
+    in_features: i32,
+) -> Result<SpecResolution, CheckpointError> {
+    let resolution = resolve_spec(config, dir, tensors, path, kind, in_features)?;
+    // `if config.get("quantize_activations", False)`: after quantization,
+    // load_model replaces every `nn.QuantizedLinear` (not switch layers)
+    // with `nn.QQLinear`, or raises for a mode or a bias QQLinear cannot
+    // take. Either way the module is not the weight-only layer this port
+    // builds, so it is refused rather than built with other numerics.
+    if kind == LayerKind::Linear && config.get("quantize_activations").is_some_and(truthy) {
+        if let SpecResolution::Quantized { spec, .. } = &resolution {
+            let bias = tensors.lookup(&format!("{path}.bias")).is_some();
+            return Err(unresolvable(
+                path,
+                Unresolvable::QuantizeActivations {
+                    mode: spec.mode,
+                    bias,
+                },
+            ));
+        }
+    }
+    Ok(resolution)
+}
+
+fn resolve_spec(
     config: &Map<String, Value>,
     dir: Option<&Path>,
     tensors: &impl Tensors,
