@@ -10,7 +10,10 @@
 //! first, so whatever Python or MLX print cannot corrupt the protocol; its
 //! stderr is passed through to the parent's, and the last lines of it are
 //! kept for the crash message. Each worker starts its own [`Oracle`], whose
-//! start runs the one-libmlx and version guards.
+//! start runs the one-libmlx and version guards. A worker whose case ended
+//! in ERROR is replaced too, so one broken case cannot poison the next
+//! (measured on CUDA: a failed kernel launch fails every later CUDA call in
+//! the process).
 //!
 //! Testing hook: `MLX_CONFORMANCE_FAULT=<signal>@<text>` makes a worker
 //! raise `<signal>` (`SIGSEGV`, `SIGABRT`, `SIGFPE`, `SIGBUS`) just before
@@ -364,7 +367,16 @@ fn run_in_worker(case: &Case, command: &WorkerCommand, worker: &mut Option<Worke
     }
     let w = worker.as_mut().expect("just started");
     match w.run(&case.name) {
-        Ok(result) => result,
+        Ok(result) => {
+            // A case that errored may have left native state broken (MLX's
+            // CUDA backend keeps a failed launch's error set, and every
+            // later CUDA call in the process fails): the next case gets a
+            // fresh worker.
+            if result.verdict == Verdict::Error {
+                *worker = None;
+            }
+            result
+        }
         Err(crash) => {
             *worker = None;
             crash_result(case, crash, start.elapsed().as_secs_f64() * 1e3)

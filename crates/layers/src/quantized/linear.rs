@@ -347,7 +347,9 @@ impl QuantizedLinear {
         if let Some(last) = shape.last_mut() {
             *last = self.out_features();
         }
-        Ok(ops::zeros_dtype(&shape, dtype)?)
+        // From (no) host data: no kernel launch, which on CUDA fails for a
+        // zero-size grid.
+        Ok(ffi::array_from_bytes(&[], &shape, dtype)?)
     }
 
     fn forward_batched(&self, x: &Array) -> Result<Array, LayerError> {
