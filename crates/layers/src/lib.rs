@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod checkpoint;
+pub mod dense;
 pub mod ffi;
 pub mod position;
 pub mod quantized;

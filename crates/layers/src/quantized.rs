@@ -19,7 +19,7 @@ mod linear;
 mod lora;
 mod payload;
 mod spec;
-mod switch;
+pub(crate) mod switch;
 
 pub use crate::ffi::Mode;
 pub use error::{LayerError, PayloadError, SpecError};

@@ -473,6 +473,37 @@ def quantized_checkpoint(x, indices, directory, paths):
     return {"specs": mx.array(specs, dtype=mx.int32), "outputs": outputs}
 
 
+def float_linear(x, weight, bias):
+    """`mlx.nn.Linear` (mlx 0.32.2) holding these tensors, on x."""
+    import mlx.nn as nn
+    out_dims, in_dims = weight.shape
+    layer = nn.Linear(in_dims, out_dims, bias=bias is not None)
+    layer.weight = weight
+    if bias is not None:
+        layer.bias = bias
+    return layer(x)
+
+
+def float_switch(x, indices, weight, bias, sort):
+    """mlx-lm's `SwitchLinear` (0.32.2) holding these tensors, driven as
+    `SwitchGLU.__call__` drives a projection (see `_q_switch_apply`)."""
+    sw = _q_switch_layers()
+    experts, out_dims, in_dims = weight.shape
+    layer = sw.SwitchLinear(in_dims, out_dims, experts, bias=bias is not None)
+    layer.weight = weight
+    if bias is not None:
+        layer.bias = bias
+    return _q_switch_apply(layer, x, indices, sort)
+
+
+def float_checkpoint(x, directory, path):
+    """The module `load_model` built at `path` (its class name) and its
+    output on `x[:, :in]`."""
+    model, _ = quantized_checkpoint_load(directory)
+    m = _q_module(model, path)
+    return {"module": type(m).__name__, "y": m(x[:, :m.weight.shape[-1]])}
+
+
 def quantized_bench(kind, x, weight, scales, biases, mode, bits, group_size, iterations,
                     lora_a=(), lora_b=(), lora_scales=(), indices=None):
     """Seconds per forward of the reference layer (time.perf_counter over

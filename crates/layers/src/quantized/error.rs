@@ -246,6 +246,24 @@ pub enum LayerError {
         /// The dtype found.
         dtype: Dtype,
     },
+    /// A float layer's weight that is not a floating-point tensor of the
+    /// layer's rank (`[out, in]` for `Linear`, `[E, out, in]` for
+    /// `SwitchLinear`).
+    #[error(
+        "{layer} weight {shape:?} {dtype:?} is not a floating-point tensor of rank {rank}{hint}"
+    )]
+    FloatWeight {
+        /// `Linear` or `SwitchLinear`.
+        layer: &'static str,
+        /// The rank expected.
+        rank: usize,
+        /// The weight's shape.
+        shape: Vec<i32>,
+        /// The weight's dtype.
+        dtype: Dtype,
+        /// How to fix it (a packed uint32 weight is a quantized layer).
+        hint: &'static str,
+    },
 }
 
 impl From<mlx_rs::error::Exception> for LayerError {

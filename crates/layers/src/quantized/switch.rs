@@ -301,7 +301,7 @@ impl QuantizedSwitchLinear {
 }
 
 /// NumPy's broadcasting of two shapes (MLX's `broadcast_shapes`).
-fn broadcast_shapes(a: &[i32], b: &[i32]) -> Option<Vec<i32>> {
+pub(crate) fn broadcast_shapes(a: &[i32], b: &[i32]) -> Option<Vec<i32>> {
     let n = a.len().max(b.len());
     let at = |s: &[i32], i: usize| (i + s.len()).checked_sub(n).map_or(1, |j| s[j]);
     (0..n)
@@ -315,7 +315,7 @@ fn broadcast_shapes(a: &[i32], b: &[i32]) -> Option<Vec<i32>> {
 }
 
 /// Every index in `0..num_experts`, checked on the host.
-fn check_indices(indices: &Array, num_experts: i32) -> Result<(), LayerError> {
+pub(crate) fn check_indices(indices: &Array, num_experts: i32) -> Result<(), LayerError> {
     let dtype = indices.dtype();
     let out_of_range = |position: usize, index: i128| LayerError::ExpertIndexOutOfRange {
         index,
@@ -323,6 +323,15 @@ fn check_indices(indices: &Array, num_experts: i32) -> Result<(), LayerError> {
         num_experts,
     };
     let e = i128::from(num_experts);
+    if indices.size() == 0 {
+        // Nothing to read (and MLX gives an empty array no data); the dtype
+        // is still checked below through the same match.
+        return match dtype {
+            Dtype::Uint8 | Dtype::Uint16 | Dtype::Uint32 | Dtype::Uint64 => Ok(()),
+            Dtype::Int8 | Dtype::Int16 | Dtype::Int32 | Dtype::Int64 => Ok(()),
+            _ => Err(LayerError::IndicesDtype { dtype }),
+        };
+    }
     match dtype {
         Dtype::Uint8 | Dtype::Uint16 | Dtype::Uint32 | Dtype::Uint64 => {
             let values = host_values::<u64>(indices)?;

@@ -30,6 +30,7 @@ use crate::case::{Case, CaseError};
 use crate::inputs::Inputs;
 
 mod checkpoint;
+mod float;
 mod linear;
 mod lora;
 mod rows;
@@ -42,6 +43,7 @@ pub fn cases() -> Vec<Case> {
     cases.extend(rows::cases());
     cases.extend(switch::cases());
     cases.extend(checkpoint::cases());
+    cases.extend(float::cases());
     cases
 }
 

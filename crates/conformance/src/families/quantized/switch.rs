@@ -304,7 +304,7 @@ pub(super) fn expert_indices(
 /// `mlx_lm.models.switch_layers._gather_sort`, op for op:
 /// `order = argsort(indices.flatten())`, `inv_order = argsort(order)`,
 /// `x.flatten(0, -3)[order // M]`, `indices[order]`.
-fn gather_sort(x: &Array, indices: &Array) -> Result<(Array, Array, Array), CaseError> {
+pub(super) fn gather_sort(x: &Array, indices: &Array) -> Result<(Array, Array, Array), CaseError> {
     let m = *indices.shape().last().expect("indices have a last axis");
     let flat = indices.flatten(None, None)?;
     let order = ops::argsort_axis(&flat, -1)?;
@@ -317,7 +317,11 @@ fn gather_sort(x: &Array, indices: &Array) -> Result<(Array, Array, Array), Case
 
 /// `mlx_lm.models.switch_layers._scatter_unsort`: `x[inv_order]`, then
 /// axis 0 unflattened to `shape`.
-fn scatter_unsort(x: &Array, inv_order: &Array, shape: &[i32]) -> Result<Array, CaseError> {
+pub(super) fn scatter_unsort(
+    x: &Array,
+    inv_order: &Array,
+    shape: &[i32],
+) -> Result<Array, CaseError> {
     Ok(ops::unflatten(x.take_axis(inv_order, 0)?, 0, shape)?)
 }
 

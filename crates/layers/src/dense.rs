@@ -1,0 +1,255 @@
+//! Unquantized layers, for the modules a quantized checkpoint leaves in
+//! float (a per-path `false`, an `lm_head` without scales, a layer whose
+//! width the group size does not divide):
+//!
+//! | here | reference (pinned) |
+//! | --- | --- |
+//! | [`Linear::forward`] | `mlx.nn.Linear.__call__` (mlx 0.32.2): `mx.addmm(bias, x, weight.T)`, or `x @ weight.T` without a bias |
+//! | [`SwitchLinear::forward`] | `mlx_lm.models.switch_layers.SwitchLinear.__call__` (mlx-lm 0.32.2): `mx.gather_mm(x, weight.swapaxes(-1, -2), rhs_indices=indices, sorted_indices=…)`, then `+ expand_dims(bias[indices], -2)` |
+//! | `from_checkpoint` | `mlx_lm.utils.load_model` leaving the module unquantized, then `load_weights` |
+//!
+//! Errors are [`LayerError`]s (shared with the quantized layers); no input
+//! panics or crashes: an empty batch gives the empty result without a
+//! kernel launch, expert indices are range-checked on the host.
+
+use mlx_rs::{ops, Array, Dtype};
+
+use crate::checkpoint::Checkpoint;
+use crate::ffi;
+use crate::quantized::switch::{broadcast_shapes, check_indices};
+use crate::quantized::{LayerError, PayloadError};
+
+fn is_float(dtype: Dtype) -> bool {
+    matches!(
+        dtype,
+        Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32 | Dtype::Float64
+    )
+}
+
+const QUANTIZED_HINT: &str =
+    " (a uint32 weight is packed: load the path with QuantizedLinear / QuantizedSwitchLinear)";
+
+fn check_weight(layer: &'static str, weight: &Array, rank: usize) -> Result<(), LayerError> {
+    if weight.ndim() != rank || !is_float(weight.dtype()) {
+        return Err(LayerError::FloatWeight {
+            layer,
+            rank,
+            shape: weight.shape().to_vec(),
+            dtype: weight.dtype(),
+            hint: if weight.dtype() == Dtype::Uint32 {
+                QUANTIZED_HINT
+            } else {
+                ""
+            },
+        });
+    }
+    Ok(())
+}
+
+fn check_bias(bias: Option<&Array>, expected: Vec<i32>) -> Result<(), LayerError> {
+    match bias {
+        Some(b) if b.shape() != expected.as_slice() => Err(PayloadError::BiasShape {
+            expected,
+            actual: b.shape().to_vec(),
+        }
+        .into()),
+        _ => Ok(()),
+    }
+}
+
+/// `weight` and optional `bias` of module `path` in a checkpoint.
+fn checkpoint_tensors(
+    checkpoint: &Checkpoint,
+    path: &str,
+) -> Result<(Array, Option<Array>), LayerError> {
+    let weight = checkpoint.array(&format!("{path}.weight"))?;
+    let bias_name = format!("{path}.bias");
+    let bias = match checkpoint.tensor_info(&bias_name) {
+        Ok(_) => Some(checkpoint.array(&bias_name)?),
+        Err(_) => None,
+    };
+    Ok((weight, bias))
+}
+
+/// `mlx.nn.Linear`: `weight` `[out, in]`, optional `bias` `[out]`, any
+/// float dtype (the output dtype is MLX's promotion of `x`, `weight` and
+/// `bias`).
+#[derive(Debug, Clone)]
+pub struct Linear {
+    weight: Array,
+    bias: Option<Array>,
+}
+
+impl Linear {
+    /// # Errors
+    /// [`LayerError::FloatWeight`] unless `weight` is a 2-D float tensor;
+    /// [`PayloadError::BiasShape`] for a bias not shaped `[out]`.
+    pub fn new(weight: Array, bias: Option<Array>) -> Result<Self, LayerError> {
+        check_weight("Linear", &weight, 2)?;
+        check_bias(bias.as_ref(), vec![weight.shape()[0]])?;
+        Ok(Linear { weight, bias })
+    }
+
+    /// The float layer at module `path` of a checkpoint: `path.weight` and,
+    /// if saved, `path.bias` (what `load_weights` installs on an
+    /// `nn.Linear` the loader left unquantized).
+    ///
+    /// # Errors
+    /// [`crate::checkpoint::CheckpointError`] when the tensors cannot be
+    /// read, and those of [`Linear::new`] (a packed weight says to use
+    /// `QuantizedLinear`).
+    pub fn from_checkpoint(checkpoint: &Checkpoint, path: &str) -> Result<Self, LayerError> {
+        let (weight, bias) = checkpoint_tensors(checkpoint, path)?;
+        Self::new(weight, bias)
+    }
+
+    /// `weight.shape[1]`.
+    pub fn in_features(&self) -> i32 {
+        self.weight.shape()[1]
+    }
+
+    /// `weight.shape[0]`.
+    pub fn out_features(&self) -> i32 {
+        self.weight.shape()[0]
+    }
+
+    /// The weight `[out, in]`.
+    pub fn weight(&self) -> &Array {
+        &self.weight
+    }
+
+    /// The bias `[out]`, if any.
+    pub fn bias(&self) -> Option<&Array> {
+        self.bias.as_ref()
+    }
+
+    /// `x` `[.., in]` → `[.., out]`, as `nn.Linear.__call__`.
+    ///
+    /// # Errors
+    /// [`LayerError::InputShape`] when `x` does not end in in_features;
+    /// [`LayerError::Mlx`] with MLX's message otherwise.
+    pub fn forward(&self, x: &Array) -> Result<Array, LayerError> {
+        if x.shape().last() != Some(&self.in_features()) {
+            return Err(LayerError::InputShape {
+                in_features: self.in_features(),
+                shape: x.shape().to_vec(),
+            });
+        }
+        if x.size() == 0 {
+            // The dtype of the graph for one row, built lazily, never run;
+            // the result from (no) host data: no zero-size kernel launch.
+            let probe = self.graph(&ops::zeros_dtype(&[1, self.in_features()], x.dtype())?)?;
+            let mut shape = x.shape().to_vec();
+            if let Some(last) = shape.last_mut() {
+                *last = self.out_features();
+            }
+            return Ok(ffi::array_from_bytes(&[], &shape, probe.dtype())?);
+        }
+        self.graph(x)
+    }
+
+    fn graph(&self, x: &Array) -> Result<Array, LayerError> {
+        // `self["weight"].T`: every axis reversed.
+        let wt = ops::transpose(&self.weight)?;
+        Ok(match &self.bias {
+            Some(bias) => ops::addmm(bias, x, &wt, None, None)?,
+            None => ops::matmul(x, &wt)?,
+        })
+    }
+}
+
+/// mlx-lm's `SwitchLinear`: stacked float experts, `weight` `[E, out, in]`,
+/// optional `bias` `[E, out]`.
+#[derive(Debug, Clone)]
+pub struct SwitchLinear {
+    weight: Array,
+    bias: Option<Array>,
+}
+
+impl SwitchLinear {
+    /// # Errors
+    /// [`LayerError::FloatWeight`] unless `weight` is a 3-D float tensor;
+    /// [`PayloadError::BiasShape`] for a bias not shaped `[E, out]`.
+    pub fn new(weight: Array, bias: Option<Array>) -> Result<Self, LayerError> {
+        check_weight("SwitchLinear", &weight, 3)?;
+        check_bias(bias.as_ref(), vec![weight.shape()[0], weight.shape()[1]])?;
+        Ok(SwitchLinear { weight, bias })
+    }
+
+    /// The float switch layer at module `path` of a checkpoint.
+    ///
+    /// # Errors
+    /// As [`Linear::from_checkpoint`], with [`SwitchLinear::new`]'s.
+    pub fn from_checkpoint(checkpoint: &Checkpoint, path: &str) -> Result<Self, LayerError> {
+        let (weight, bias) = checkpoint_tensors(checkpoint, path)?;
+        Self::new(weight, bias)
+    }
+
+    /// `E = weight.shape[0]`.
+    pub fn num_experts(&self) -> i32 {
+        self.weight.shape()[0]
+    }
+
+    /// `weight.shape[2]`.
+    pub fn in_features(&self) -> i32 {
+        self.weight.shape()[2]
+    }
+
+    /// `weight.shape[1]`.
+    pub fn out_features(&self) -> i32 {
+        self.weight.shape()[1]
+    }
+
+    /// Projects each row of `x` (`[.., M, in]`) with the expert `indices`
+    /// selects, as `SwitchLinear.__call__`: output `broadcast(x.shape[:-2],
+    /// indices.shape) + [M, out]`.
+    ///
+    /// # Errors
+    /// [`LayerError::IndicesDtype`], [`LayerError::ExpertIndexOutOfRange`]
+    /// (checked on the host, one synchronisation), [`LayerError::InputShape`],
+    /// [`LayerError::Mlx`].
+    pub fn forward(
+        &self,
+        x: &Array,
+        indices: &Array,
+        sorted_indices: bool,
+    ) -> Result<Array, LayerError> {
+        let shape = x.shape();
+        if shape.len() < 2 || shape.last() != Some(&self.in_features()) {
+            return Err(LayerError::InputShape {
+                in_features: self.in_features(),
+                shape: shape.to_vec(),
+            });
+        }
+        if x.size() == 0 || indices.size() == 0 {
+            check_indices(indices, self.num_experts())?;
+            let batch = &shape[..shape.len() - 2];
+            let mut out = broadcast_shapes(batch, indices.shape()).ok_or_else(|| {
+                LayerError::Mlx(ffi::MlxError {
+                    op: "gather_mm",
+                    message: format!(
+                        "x batch shape {batch:?} and indices shape {:?} do not broadcast",
+                        indices.shape()
+                    ),
+                })
+            })?;
+            out.extend([shape[shape.len() - 2], self.out_features()]);
+            let probe = self.forward(
+                &ops::zeros_dtype(&[1, self.in_features()], x.dtype())?,
+                &Array::from_slice(&[0u32], &[1]),
+                false,
+            )?;
+            return Ok(ffi::array_from_bytes(&[], &out, probe.dtype())?);
+        }
+        check_indices(indices, self.num_experts())?;
+        let wt = self.weight.swap_axes(-1, -2)?;
+        let y = ops::gather_mm(x, &wt, None, indices, sorted_indices)?;
+        match &self.bias {
+            None => Ok(y),
+            Some(bias) => {
+                let b = bias.take_axis(indices, 0)?.expand_dims(-2)?;
+                Ok(ops::add(&y, &b)?)
+            }
+        }
+    }
+}
