@@ -23,7 +23,16 @@ fn cases() -> Vec<Case> {
         }),
         Case::must_equal("t/metal-only", "t", "none", |_| Ok(CaseOutput::new("-")))
             .only_on(&[Backend::Metal], "needs the Metal kernel"),
-        Case::must_equal("t/ok", "t", "none", |_| Ok(CaseOutput::new("-"))),
+        Case::must_equal("t/ok", "t", "none", |_| {
+            let t = oracle::HostTensor::new(oracle::DType::Uint8, vec![1], vec![7]).unwrap();
+            let mut out = CaseOutput::new("-");
+            out.compare("y", &t, &t);
+            Ok(out)
+        }),
+        // Before: a must-equal case that compared nothing passed.
+        Case::must_equal("t/compares-nothing", "t", "none", |_| {
+            Ok(CaseOutput::new("-"))
+        }),
     ]
 }
 
@@ -47,9 +56,15 @@ fn a_crash_is_that_cases_error_and_the_run_continues() {
             &Verdict::Error,
             &Verdict::Error,
             &Verdict::Skip,
-            &Verdict::Pass
+            &Verdict::Pass,
+            &Verdict::Error
         ]
     );
+    assert!(results[5]
+        .message
+        .as_deref()
+        .unwrap()
+        .contains("compared no output"));
     assert!(results[0]
         .message
         .as_deref()

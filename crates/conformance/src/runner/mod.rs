@@ -182,6 +182,15 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
     let outcome = catch_unwind(AssertUnwindSafe(|| (case.run)(&ctx)));
     result.time_ms = start.elapsed().as_secs_f64() * 1e3;
     match outcome {
+        // A must-equal case that compared nothing cannot fail: a harness
+        // error, not a pass.
+        Ok(Ok(output)) if case.expect == Expect::MustEqual && output.outputs.is_empty() => {
+            result.verdict = Verdict::Error;
+            result.message = Some(
+                "harness error: this must-equal case compared no output (a case that cannot fail)"
+                    .to_owned(),
+            );
+        }
         Ok(Ok(output)) => {
             result.verdict = match case.expect {
                 Expect::MustEqual if output.all_equal() => Verdict::Pass,
