@@ -99,7 +99,10 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            let _ = e.print();
+            // One line (clap's first), not its usage block.
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("error: bad usage");
+            eprintln!("{first} (see `conformance --help`)");
             return ExitCode::from(exit::ENVIRONMENT as u8);
         }
     };
@@ -232,7 +235,11 @@ fn main() -> ExitCode {
     } else {
         ""
     };
-    let set_commands = snapshots::SetCommands::new(xtask_prefix, &selecting.join(" "));
+    let set_commands = if home.bundle {
+        snapshots::SetCommands::for_bundle(&home.root.join("conformance"), &selecting.join(" "))
+    } else {
+        snapshots::SetCommands::new(xtask_prefix, &selecting.join(" "))
+    };
     // Said at the start too, so nobody waits for a whole run to learn it.
     if mode != Mode::Accept && !cli.perturb && cli.seed == 0 && !snapshots::set_exists(&set_dir) {
         eprintln!(
@@ -298,12 +305,22 @@ fn main() -> ExitCode {
             println!("{:<7} {} ({:.1} ms)", r.verdict.word(), r.name, r.time_ms);
         }
     };
+    // Ctrl-C or SIGTERM: no new case starts, the run exits 130, no report.
+    runner::catch_interrupts();
     let results = match &workers {
         Some(command) => runner::worker::run(&selected, command, &options, &progress),
         None => runner::run(&selected, &oracle, &options, &progress),
     };
     bar.finish_and_clear();
     std::panic::set_hook(default_hook);
+    if runner::interrupted() {
+        eprintln!(
+            "interrupted: {} of {} cases ran; no report written",
+            results.len(),
+            selected.len()
+        );
+        return ExitCode::from(130);
+    }
 
     // An accept that must be refused still writes its reports (they show
     // why), but records nothing.

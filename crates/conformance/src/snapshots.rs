@@ -188,6 +188,21 @@ impl SetCommands {
             accept: format!("cargo xtask fixtures accept{xtask_prefix}{tail}"),
         }
     }
+
+    /// The same commands for a run bundle (no cargo there): its launcher
+    /// with `--fixtures review|accept`.
+    pub fn for_bundle(launcher: &Path, extra: &str) -> Self {
+        let tail = if extra.is_empty() {
+            String::new()
+        } else {
+            format!(" {extra}")
+        };
+        let launcher = launcher.display();
+        Self {
+            review: format!("{launcher} --fixtures review{tail}"),
+            accept: format!("{launcher} --fixtures accept{tail}"),
+        }
+    }
 }
 
 /// The one-line diagnosis of a missing set: its name, where it is looked

@@ -136,6 +136,8 @@ fn usage_problems_exit_3_before_any_case_runs() {
         let all = text(&out);
         assert_eq!(out.status.code(), Some(3), "{extra:?}: {all}");
         assert!(all.contains(says), "{extra:?}: {all}");
+        // One line (before: clap's usage block for `--jobs 0`).
+        assert_eq!(all.trim_end().lines().count(), 1, "{extra:?}: {all}");
         assert!(
             !all.contains("smoke/quantized-matmul/"),
             "no case ran: {all}"
@@ -264,4 +266,37 @@ fn a_crash_in_one_case_is_an_error_row_naming_the_signal_and_the_run_goes_on() {
         assert!(row["message"].as_str().unwrap().contains(signal), "{row}");
         let _ = std::fs::remove_dir_all(dir);
     }
+}
+
+#[test]
+fn ctrl_c_stops_the_run_with_exit_130_and_no_report() {
+    // Before (with worker processes): the workers died of the Ctrl-C, their
+    // cases became "crashed" rows, new workers took over and the run wrote
+    // its reports and exited 3.
+    use std::os::unix::process::CommandExt;
+    let dir = scratch("interrupt");
+    let child = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args(["--device", "cpu"]) // the whole suite: well over 3 s
+        .arg("--out")
+        .arg(&dir)
+        .env("CI", "true")
+        .process_group(0) // as a terminal's foreground group
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until cases are running (progress lines), then Ctrl-C the group.
+    std::thread::sleep(std::time::Duration::from_millis(3000));
+    // SAFETY: signalling the child's own process group.
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGINT) };
+    let out = child.wait_with_output().unwrap();
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(130), "{all}");
+    assert!(all.contains("interrupted:"), "{all}");
+    assert!(!all.contains("crashed"), "{all}");
+    assert!(
+        !dir.join("report.json").exists(),
+        "an interrupted run leaves no report"
+    );
+    let _ = std::fs::remove_dir_all(dir);
 }

@@ -52,6 +52,17 @@ pub fn render(report: &Report) -> String {
         ));
         suites.insert("snapshot-set".into(), suite);
     }
+    // Each orphaned snapshot fails as the closing line counts it.
+    for orphan in &report.summary.orphaned_snapshots {
+        let mut status = TestCaseStatus::non_success(NonSuccessKind::Failure);
+        status.set_message(format!(
+            "orphaned snapshot (no case records it): {orphan}; an unfiltered `fixtures accept` removes it"
+        ));
+        suites
+            .entry("snapshot-set".into())
+            .or_insert_with(|| TestSuite::new("snapshot-set"))
+            .add_test_case(TestCase::new(format!("orphan {orphan}"), status));
+    }
     junit.add_test_suites(suites.into_values());
     junit
         .to_string()

@@ -4,8 +4,32 @@
 
 pub mod worker;
 
+/// Set by SIGINT or SIGTERM once [`catch_interrupts`] is in place: no
+/// further case starts, and the run ends with exit 130 and no report.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_signal: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// Routes SIGINT and SIGTERM to [`interrupted`] (replacing the embedded
+/// interpreter's handler, which would only act when Python code runs).
+pub fn catch_interrupts() {
+    let handler = on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t;
+    // SAFETY: the handler only stores to an atomic (async-signal-safe).
+    unsafe {
+        libc::signal(libc::SIGINT, handler);
+        libc::signal(libc::SIGTERM, handler);
+    }
+}
+
+/// Whether the run was interrupted (Ctrl-C, SIGTERM).
+pub fn interrupted() -> bool {
+    INTERRUPTED.load(Ordering::SeqCst)
+}
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -110,6 +134,9 @@ pub fn run(
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<CaseResult>>> = Mutex::new(vec![None; cases.len()]);
     let worker = || loop {
+        if interrupted() {
+            break;
+        }
         let i = next.fetch_add(1, Ordering::SeqCst);
         let Some(case) = cases.get(i) else { break };
         let result = run_one(case, oracle, options);
@@ -131,11 +158,12 @@ pub fn run(
             }
         });
     }
+    // An interrupted run leaves cases unrun; the caller exits 130.
     results
         .into_inner()
         .expect("workers done")
         .into_iter()
-        .map(|r| r.expect("every case ran"))
+        .flatten()
         .collect()
 }
 
