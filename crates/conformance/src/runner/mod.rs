@@ -106,9 +106,18 @@ pub fn select<'a>(cases: &'a [Case], filter: Option<&str>) -> Result<Vec<&'a Cas
     if !chosen.is_empty() {
         return Ok(chosen);
     }
+    // A filter is usually a piece of a name: score each case by its best
+    // matching '/'-separated segment (then the whole name, to break ties).
+    let score = |name: &str| {
+        let best = name
+            .split('/')
+            .map(|part| strsim::jaro_winkler(filter, part))
+            .fold(0.0, f64::max);
+        best + 1e-3 * strsim::jaro_winkler(filter, name)
+    };
     let mut scored: Vec<(f64, &str)> = cases
         .iter()
-        .map(|c| (strsim::jaro_winkler(filter, &c.name), c.name.as_str()))
+        .map(|c| (score(&c.name), c.name.as_str()))
         .collect();
     scored.sort_by(|a, b| b.0.total_cmp(&a.0));
     let closest: Vec<&str> = scored.iter().take(5).map(|s| s.1).collect();
