@@ -16,7 +16,7 @@ use mlx_rs::{ops, Array, Dtype};
 
 use crate::checkpoint::Checkpoint;
 use crate::ffi;
-use crate::quantized::switch::{broadcast_shapes, check_indices};
+use crate::quantized::switch::{add_expert_bias, check_indices, empty_switch_output};
 use crate::quantized::{LayerError, PayloadError};
 
 fn is_float(dtype: Dtype) -> bool {
@@ -222,34 +222,13 @@ impl SwitchLinear {
             });
         }
         if x.size() == 0 || indices.size() == 0 {
-            check_indices(indices, self.num_experts())?;
-            let batch = &shape[..shape.len() - 2];
-            let mut out = broadcast_shapes(batch, indices.shape()).ok_or_else(|| {
-                LayerError::Mlx(ffi::MlxError {
-                    op: "gather_mm",
-                    message: format!(
-                        "x batch shape {batch:?} and indices shape {:?} do not broadcast",
-                        indices.shape()
-                    ),
-                })
-            })?;
-            out.extend([shape[shape.len() - 2], self.out_features()]);
-            let probe = self.forward(
-                &ops::zeros_dtype(&[1, self.in_features()], x.dtype())?,
-                &Array::from_slice(&[0u32], &[1]),
-                false,
-            )?;
-            return Ok(ffi::array_from_bytes(&[], &out, probe.dtype())?);
+            let (k, n) = (self.in_features(), self.out_features());
+            let e = self.num_experts();
+            return empty_switch_output(x, indices, e, k, n, |x, i| self.forward(x, i, false));
         }
         check_indices(indices, self.num_experts())?;
         let wt = self.weight.swap_axes(-1, -2)?;
         let y = ops::gather_mm(x, &wt, None, indices, sorted_indices)?;
-        match &self.bias {
-            None => Ok(y),
-            Some(bias) => {
-                let b = bias.take_axis(indices, 0)?.expand_dims(-2)?;
-                Ok(ops::add(&y, &b)?)
-            }
-        }
+        add_expert_bias(y, self.bias.as_ref(), indices)
     }
 }

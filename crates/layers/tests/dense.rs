@@ -74,6 +74,21 @@ fn switch_linear_shapes_and_errors() {
         .unwrap();
     assert_eq!(e.shape(), &[0, 3, 2, 1, 8]);
     e.eval().unwrap();
+    // M = 0 with real expert ids: they are still range-checked, not against 1.
+    let ids = Array::from_slice(&[0u32, 3, 1, 2, 2, 0], &[2, 3]);
+    let m0 = l
+        .forward(&normal_as(&[2, 3, 0, 16], 3, Dtype::Float32), &ids, false)
+        .unwrap();
+    assert_eq!(m0.shape(), &[2, 3, 0, 8]);
+    let bad_ids = Array::from_slice(&[0u32, 4, 1, 2, 2, 0], &[2, 3]);
+    assert!(matches!(
+        l.forward(
+            &normal_as(&[2, 3, 0, 16], 3, Dtype::Float32),
+            &bad_ids,
+            false
+        ),
+        Err(LayerError::ExpertIndexOutOfRange { index: 4, .. })
+    ));
     assert!(matches!(
         SwitchLinear::new(normal_as(&[8, 16], 1, Dtype::Float32), None),
         Err(LayerError::FloatWeight { .. })

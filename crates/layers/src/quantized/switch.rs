@@ -195,7 +195,9 @@ impl QuantizedSwitchLinear {
             });
         }
         if x.size() == 0 || indices.size() == 0 {
-            return self.empty_output(x, indices);
+            let (k, n) = (self.in_features(), self.out_features());
+            let e = self.num_experts();
+            return empty_switch_output(x, indices, e, k, n, |x, i| self.forward(x, i, false));
         }
         check_indices(indices, self.num_experts())?;
         let p = &self.payload;
@@ -213,15 +215,7 @@ impl QuantizedSwitchLinear {
             spec.mode,
             sorted_indices,
         )?;
-        match &self.bias {
-            None => Ok(y),
-            Some(bias) => {
-                // `self["bias"][indices]` with an array index is a take along
-                // axis 0.
-                let b = bias.take_axis(indices, 0)?.expand_dims(-2)?;
-                Ok(ops::add(&y, &b)?)
-            }
-        }
+        add_expert_bias(y, self.bias.as_ref(), indices)
     }
 }
 
@@ -248,56 +242,61 @@ fn row_contiguous(payload: QuantizedPayload) -> Result<QuantizedPayload, LayerEr
     )?)
 }
 
-impl QuantizedSwitchLinear {
-    /// The result when `x` or `indices` has a zero-size dimension, as the
-    /// reference gives it: an empty array of shape `broadcast(x.shape[:-2],
-    /// indices.shape) + [M, out]`, in the dtype the non-empty graph gives
-    /// (read from that graph built lazily for one row, never evaluated).
-    fn empty_output(&self, x: &Array, indices: &Array) -> Result<Array, LayerError> {
-        if !matches!(
-            indices.dtype(),
-            Dtype::Uint8
-                | Dtype::Uint16
-                | Dtype::Uint32
-                | Dtype::Uint64
-                | Dtype::Int8
-                | Dtype::Int16
-                | Dtype::Int32
-                | Dtype::Int64
-        ) {
-            return Err(LayerError::IndicesDtype {
-                dtype: indices.dtype(),
-            });
+/// `x + mx.expand_dims(self["bias"][indices], -2)`: the last line of both
+/// switch layers (`self["bias"][indices]` with an array index is a take
+/// along axis 0).
+pub(crate) fn add_expert_bias(
+    y: Array,
+    bias: Option<&Array>,
+    indices: &Array,
+) -> Result<Array, LayerError> {
+    match bias {
+        None => Ok(y),
+        Some(bias) => {
+            let b = bias.take_axis(indices, 0)?.expand_dims(-2)?;
+            Ok(ops::add(&y, &b)?)
         }
-        let shape = x.shape();
-        if shape.len() < 2 {
-            return Err(LayerError::InputShape {
-                in_features: self.in_features(),
-                shape: shape.to_vec(),
-            });
-        }
-        let batch = &shape[..shape.len() - 2];
-        let m = shape[shape.len() - 2];
-        let lead = broadcast_shapes(batch, indices.shape()).ok_or_else(|| {
-            LayerError::Mlx(ffi::MlxError {
-                op: "gather_qmm",
-                message: format!(
-                    "x batch shape {batch:?} and indices shape {:?} do not broadcast",
-                    indices.shape()
-                ),
-            })
-        })?;
-        let probe = self.forward(
-            &ops::zeros_dtype(&[1, self.in_features()], x.dtype())?,
-            &Array::from_slice(&[0u32], &[1]),
-            false,
-        )?;
-        let mut out = lead;
-        out.extend([m, self.out_features()]);
-        // From (no) host data: no kernel launch. MLX 0.32.2's CUDA backend
-        // fails a zero-size launch and keeps the error set for the process.
-        Ok(ffi::array_from_bytes(&[], &out, probe.dtype())?)
     }
+}
+
+/// The result of a switch layer when `x` or `indices` has a zero-size
+/// dimension, as the reference gives it: an empty array of shape
+/// `broadcast(x.shape[:-2], indices.shape) + [M, out]`, in the dtype of
+/// `graph` (the layer's graph for one row, built lazily, never evaluated).
+/// Built from (no) host data: no kernel launch, which MLX 0.32.2's CUDA
+/// backend fails for a zero-size grid and keeps failing for the process.
+pub(crate) fn empty_switch_output(
+    x: &Array,
+    indices: &Array,
+    num_experts: i32,
+    in_features: i32,
+    out_features: i32,
+    graph: impl FnOnce(&Array, &Array) -> Result<Array, LayerError>,
+) -> Result<Array, LayerError> {
+    check_indices(indices, num_experts)?;
+    let shape = x.shape();
+    if shape.len() < 2 {
+        return Err(LayerError::InputShape {
+            in_features,
+            shape: shape.to_vec(),
+        });
+    }
+    let batch = &shape[..shape.len() - 2];
+    let mut out = broadcast_shapes(batch, indices.shape()).ok_or_else(|| {
+        LayerError::Mlx(ffi::MlxError {
+            op: "gather",
+            message: format!(
+                "x batch shape {batch:?} and indices shape {:?} do not broadcast",
+                indices.shape()
+            ),
+        })
+    })?;
+    out.extend([shape[shape.len() - 2], out_features]);
+    let probe = graph(
+        &ops::zeros_dtype(&[1, in_features], x.dtype())?,
+        &Array::from_slice(&[0u32], &[1]),
+    )?;
+    Ok(ffi::array_from_bytes(&[], &out, probe.dtype())?)
 }
 
 /// NumPy's broadcasting of two shapes (MLX's `broadcast_shapes`).
