@@ -117,7 +117,9 @@ fn usage_problems_exit_3_before_any_case_runs() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("a-file");
     std::fs::write(&file, "x").unwrap();
-    let cases: [(&Path, &[&str], &str); 4] = [
+    let cases: [(&Path, &[&str], &str); 5] = [
+        // The internal worker mode needs its backend.
+        (&dir, &["--worker"], "--worker needs --worker-backend"),
         (&file, &[], "is not a directory"),
         (
             &dir,
