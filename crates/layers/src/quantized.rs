@@ -1,5 +1,5 @@
 //! Quantized layers: [`QuantizedLinear`] (with [`LoraAdapter`]s) and
-//! [`QuantizedSwitchLinear`], ported from the seed's `quantized-linear.ts`
+//! [`QuantizedSwitchLinear`], ported from the origin's `quantized-linear.ts`
 //! and `quantized-switch-linear.ts` and conformed to the pinned reference:
 //!
 //! | here | reference (pinned) |

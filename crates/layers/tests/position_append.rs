@@ -1,11 +1,11 @@
-//! KV-cache append chunk sizing against the seed's table and rule
+//! KV-cache append chunk sizing against the origin's table and rule
 //! (`qwen-append.ts`), and the regime property it is meant to keep.
 
 use layers::position::{Backend, RegimeTable, MAX_APPEND_CHUNK};
 use proptest::prelude::*;
 
 #[test]
-fn metal_table_is_the_seeds() {
+fn metal_table_is_the_origins() {
     let table = RegimeTable::metal();
     assert_eq!(table.backend(), Backend::Metal);
     assert_eq!(table.boundaries(), &[1023, 1024, 8192, 32768, 65536]);
@@ -75,8 +75,8 @@ fn measured_table() {
     assert_eq!(table.regime(13), 2);
 }
 
-/// The seed's loop, verbatim in Rust.
-fn seed_chunk(boundaries: &[usize], cache_tokens: usize) -> usize {
+/// The origin's loop, verbatim in Rust.
+fn origin_chunk(boundaries: &[usize], cache_tokens: usize) -> usize {
     for &end in boundaries {
         if cache_tokens < end {
             return 4.min(end - cache_tokens);
@@ -95,7 +95,7 @@ proptest! {
         boundaries.sort_unstable();
         let table = RegimeTable::from_measured(Backend::Cpu, boundaries.clone()).unwrap();
         let chunk = table.append_chunk_size(cache_len);
-        prop_assert_eq!(chunk, seed_chunk(&boundaries, cache_len));
+        prop_assert_eq!(chunk, origin_chunk(&boundaries, cache_len));
         prop_assert!((1..=MAX_APPEND_CHUNK).contains(&chunk));
         let regime = table.regime(cache_len + 1);
         for n in cache_len + 1..=cache_len + chunk {

@@ -1,6 +1,6 @@
 //! Expert offload: tensors served from page-aligned memory maps.
 //!
-//! The seed kept the expert weights of MoE layers (most of a MoE model's
+//! The origin kept the expert weights of MoE layers (most of a MoE model's
 //! bytes) out of resident memory by writing them to a file at page-aligned
 //! offsets and handing MLX arrays over memory maps of that file. Page
 //! alignment is what lets MLX's Metal allocator wrap the mapping without a

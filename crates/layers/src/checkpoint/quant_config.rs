@@ -47,7 +47,7 @@
 //! 512-wide module, and every shape still matches, so a wrong in_features
 //! loads silently (in the reference too).
 //!
-//! **Finding (seed):** the seed's loader called `quantFor(config.quantization,
+//! **Finding (origin):** the origin's loader called `quantFor(config.quantization,
 //! path)`: the per-path entry, else the top-level default. The reference
 //! instead infers the spec from the saved tensors for paths the config does
 //! not name and leaves paths without `.scales` unquantized; they differ on

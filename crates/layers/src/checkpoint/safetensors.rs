@@ -10,7 +10,8 @@
 //! file, one this crate wrote and owns.
 //!
 //! The `safetensors` crate (0.8) is used for its `Dtype` (names, bit sizes)
-//! and, in [`super::writer`], for serialization. Its reader is not used: it
+//! and, in the test-support writer (`checkpoint/writer.rs`), for
+//! serialization. Its reader is not used: it
 //! reports an unknown dtype as a generic JSON error, a size mismatch without
 //! the tensor's name, and out-of-range and overlapping offsets as the same
 //! `InvalidOffset`, and it rejects gaps between tensors, which `mx.load`

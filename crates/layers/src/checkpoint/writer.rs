@@ -1,4 +1,5 @@
-//! Writing safetensors files and model directories (fixtures, offload files).
+//! Writing safetensors files and model directories, for test fixtures
+//! (feature `test-support`; not part of the user API).
 
 use std::collections::HashMap;
 use std::path::Path;

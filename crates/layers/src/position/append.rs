@@ -4,13 +4,13 @@
 //! SDPA picks its kernel (one-pass vector, two-pass with a block count, …)
 //! from the KV length; each choice rounds differently. A prompt appended in
 //! chunks matches token-by-token decoding (M = 1) only if no chunk straddles
-//! a length where the choice changes. Ported from the seed's
+//! a length where the choice changes. Ported from the origin's
 //! `layers/qwen-append.ts`, which reads the boundaries off MLX 0.32.2
 //! `mlx/backend/metal/scaled_dot_product_attention.cpp`.
 
 use super::error::PositionError;
 
-/// The largest chunk ever returned (the seed's `Math.min(4, …)`).
+/// The largest chunk ever returned (the origin's `Math.min(4, …)`).
 pub const MAX_APPEND_CHUNK: usize = 4;
 
 pub use crate::backend::Backend;
@@ -29,7 +29,7 @@ pub struct RegimeTable {
 }
 
 impl RegimeTable {
-    /// Metal's table, from the seed: `[1023, 1024, 8192, 32768, 65536]`.
+    /// Metal's table, from the origin: `[1023, 1024, 8192, 32768, 65536]`.
     ///
     /// Qualified for the Qwen GQA-6 / head_dim 256 attention graph on
     /// `applegpu_g16s` (MLX 0.32.2): after these inclusive KV lengths the
@@ -135,7 +135,7 @@ impl RegimeTable {
     /// `cache_len + 1 ..= cache_len + chunk` share one regime. Always at
     /// least 1.
     ///
-    /// Mirrors the seed's `qwenAppendChunkSize`: the first boundary `end >
+    /// Mirrors the origin's `qwenAppendChunkSize`: the first boundary `end >
     /// cache_len` gives `min(4, end − cache_len)`; past every boundary, 4.
     pub fn append_chunk_size(&self, cache_len: usize) -> usize {
         self.boundaries

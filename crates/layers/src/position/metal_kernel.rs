@@ -67,7 +67,7 @@ pub struct MropeKernelLaunch {
 /// writes `x·c − x_pair·s` and `x_pair·c + x·s` rounded once to `T`; pass-
 /// through channels are copied. It does not apply `attention_scaling`.
 ///
-/// Finding: the seed (`qwen-mrope.ts` `mropeKernel`) renders only the 3-D
+/// Finding: the origin (`qwen-mrope.ts` `mropeKernel`) renders only the 3-D
 /// form, and its text differs from the reference's in whitespace only: it
 /// lacks the two indentation-only lines (`"        "`) around the pair
 /// block and the trailing `"    "`. Same code, not the same bytes.

@@ -225,7 +225,7 @@ impl MropeConfig {
 /// section larger than `freq_dim` allows is clipped, not rejected (see
 /// [`MropeConfig::validate`] for the strict check).
 ///
-/// Finding: the seed (`qwen-mrope.ts` `interleavedSelector`) applies the
+/// Finding: the origin (`qwen-mrope.ts` `interleavedSelector`) applies the
 /// same rule with `mrope_section` hard-coded to `[11, 11, 10]`.
 ///
 /// # Errors
@@ -257,7 +257,7 @@ pub fn interleaved_position_selector(
 /// int32 `arange` → cast to f32 → divide by f32(`dim`) → `power(f32(base),
 /// ·)` → `divide(f32(1.0), ·)`. Returns shape `[ceil(dim/2)]`, f32, lazy.
 ///
-/// Finding: the seed (`mropeInvFreq`) multiplies by the f32 reciprocal
+/// Finding: the origin (`mropeInvFreq`) multiplies by the f32 reciprocal
 /// `1/dim` instead of dividing by `dim`; the two differ in the last bit for
 /// some entries when `dim` is not a power of two.
 ///
@@ -280,11 +280,12 @@ pub fn compute_inv_freq(dim: usize, base: f64) -> Result<Array, PositionError> {
     Ok(Array::from_f32(1.0).divide(&denominators)?)
 }
 
-/// Host emulation of `inv_freq` in f32, for measurement:
-/// `1.0 / base.powf(i / dim)` with `i = 0, 2, 4, …` and every operation in
-/// f32 (`i / dim` is a correctly rounded f32 division, as on the device).
-/// Differs from [`compute_inv_freq`] wherever the platform's `powf` and
-/// MLX's `power` round differently.
+/// Host emulation of `inv_freq` in f32, for measurement (feature
+/// `test-support`): `1.0 / base.powf(i / dim)` with `i = 0, 2, 4, …` and
+/// every operation in f32 (`i / dim` is a correctly rounded f32 division, as
+/// on the device). Differs from [`compute_inv_freq`] wherever the platform's
+/// `powf` and MLX's `power` round differently.
+#[cfg(feature = "test-support")]
 pub fn inv_freq_host_f32(dim: usize, base: f32) -> Vec<f32> {
     (0..dim)
         .step_by(2)
@@ -292,10 +293,12 @@ pub fn inv_freq_host_f32(dim: usize, base: f32) -> Vec<f32> {
         .collect()
 }
 
-/// Host emulation of `inv_freq` in f64, rounded once to f32 at the end:
-/// `(1.0 / base.powf(i / dim)) as f32` with `i = 0, 2, 4, …` and every
-/// intermediate in f64. An estimate of the correctly rounded value, for
-/// measuring how far the device's f32 sequence is from it.
+/// Host emulation of `inv_freq` in f64, rounded once to f32 at the end, for
+/// measurement (feature `test-support`): `(1.0 / base.powf(i / dim)) as f32`
+/// with `i = 0, 2, 4, …` and every intermediate in f64. An estimate of the
+/// correctly rounded value, for measuring how far the device's f32 sequence
+/// is from it.
+#[cfg(feature = "test-support")]
 pub fn inv_freq_host_f64(dim: usize, base: f64) -> Vec<f32> {
     (0..dim)
         .step_by(2)

@@ -162,7 +162,7 @@ pub fn rope2d_tables(
 ///
 /// Finding: when `H` is not a multiple of `2·A` the reference silently
 /// **drops** the trailing `H − A·c` channels (head_dim 70 with 2 axes gives
-/// 68 channels out); this port mirrors that. The seed (`rope-2d.ts`) rejects
+/// 68 channels out); this port mirrors that. The origin (`rope-2d.ts`) rejects
 /// such head dims instead.
 ///
 /// # Errors

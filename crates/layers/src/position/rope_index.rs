@@ -159,7 +159,7 @@ impl RopeIndex {
     /// axis: prompt positions for tokens inside the prompt, `index +
     /// decode_delta` on all three axes beyond it.
     ///
-    /// Mirrors the seed's per-token rule (`mropePositionIds`) and the
+    /// Mirrors the origin's per-token rule (`mropePositionIds`) and the
     /// reference's two cases (mlx-vlm 0.7.6 `LanguageModel.__call__`): at
     /// cache offset 0 it slices the cached prompt positions; at offset > 0
     /// it uses `arange(L) + offset + rope_deltas`. The reference picks one
@@ -287,7 +287,7 @@ fn to_position(value: i64, index: u64) -> Result<i32, PositionError> {
 /// grids). Also [`PositionError::MaskLength`] and
 /// [`PositionError::PositionOverflow`].
 ///
-/// Finding: the seed (`qwenRopeIndex`) detects spans by the image/video
+/// Finding: the origin (`qwenRopeIndex`) detects spans by the image/video
 /// token alone, consumes grids in order whatever their kind, and does not
 /// split multi-frame video grids, so a video with `t > 1` gets temporal
 /// positions `0..t` in one span where the reference restarts at 0 in each

@@ -12,7 +12,7 @@ use super::{LayerError, LoraAdapter, PayloadError, QuantSpec, QuantizedPayload};
 /// How [`QuantizedLinear::forward`] treats the rows (the M query rows) of its
 /// input.
 ///
-/// One layer type with a mode replaces the seed's `QuantizedLinearPlain` /
+/// One layer type with a mode replaces the origin's `QuantizedLinearPlain` /
 /// `QuantizedLinearRows` wrappers: both wrapped the same weights, bias and
 /// adapters, so in Rust they are one owner of that state and the row policy
 /// is a plain value, switchable at run time and visible in `Debug`.
@@ -28,7 +28,7 @@ pub enum Forward {
     /// then concatenated and reshaped back. Row i's result is therefore
     /// bit-identical to sending that row alone (the decode case), whatever M.
     ///
-    /// The seed ran only the quantized matmul per row and applied the LoRA
+    /// The origin ran only the quantized matmul per row and applied the LoRA
     /// residual to the whole batch, so with adapters attached its rows were
     /// not independent; here the residual is per row too.
     ///
@@ -191,7 +191,7 @@ impl QuantizedLinear {
     }
 
     /// Atomically installs `next` (weight, scales, biases, spec) and returns
-    /// the previous payload: the seed's `exchangeQuantizedState`, the one
+    /// the previous payload: the origin's `exchangeQuantizedState`, the one
     /// mutation sensitivity sweeps use.
     ///
     /// `&mut self` means no forward can observe a half-exchanged layer; the

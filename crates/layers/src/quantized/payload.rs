@@ -29,7 +29,7 @@ use super::{LayerError, PayloadError, QuantSpec};
 /// **Finding:** `optiq.adapters.mount._infer_linear_shape` (mlx-optiq 0.7.7)
 /// computes `packed * (32 // bits)`, dividing before multiplying: for bits 3,
 /// 5 and 6 that is wrong (a true in=384 at 3 bits gives 360), so optiq's
-/// `add_adapter` rejects correctly shaped LoRA matrices there. The seed's
+/// `add_adapter` rejects correctly shaped LoRA matrices there. The origin's
 /// `inFeatures` (`scales.shape[1] * groupSize`) cites that function but
 /// computes the correct value; this port follows the reference layers.
 #[derive(Clone)]

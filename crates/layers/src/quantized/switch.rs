@@ -108,7 +108,7 @@ impl QuantizedSwitchLinear {
     /// (`path.weight`, the bulk of the bytes) is served from a page-aligned
     /// memory map of `offload`'s file instead of the checkpoint; scales,
     /// biases and bias stay resident. The bytes are the checkpoint's (see
-    /// [`ExpertOffload::create`]), so the results are bit-identical: the seed's
+    /// [`ExpertOffload::create`]), so the results are bit-identical: the origin's
     /// `expertOffloadArray(name) ?? weights.tensor(name)`.
     ///
     /// # Errors
