@@ -1,0 +1,112 @@
+//! Step 3: the snapshot gate (or why it is skipped) and the report object.
+
+use std::path::PathBuf;
+
+use conformance::case::Backend;
+use conformance::report::{self, Report, Row};
+use conformance::runner::{self, Verdict};
+use conformance::snapshots::{self, Mode, Provenance};
+
+use super::fingerprint::check_lock;
+use super::{Ran, Session};
+
+/// A gated run: its report, not yet written.
+pub struct Gated {
+    pub report: Report,
+    /// Accept mode only: why nothing was recorded (the run still reports).
+    pub refusal: Option<String>,
+    /// Snapshots no selected case produced (accept mode: removed).
+    pub orphans: Vec<PathBuf>,
+}
+
+impl Session {
+    /// Checks (or, in accept mode, records) the results against the
+    /// snapshot set, and builds the report.
+    pub fn gate(&self, ran: Ran) -> Gated {
+        let Ran { results, started } = ran;
+        let mode = self.mode;
+        let cli = &self.cli;
+        // An accept that must be refused still writes its reports (they show
+        // why), but records nothing.
+        let refusal = if mode == Mode::Accept {
+            if let Some(bad) = results.iter().find(|r| r.verdict == Verdict::Fail) {
+                Some(format!(
+                    "refusing to accept snapshots: must-equal case `{}` fails",
+                    bad.name
+                ))
+            } else {
+                check_lock(self.home, &self.fingerprint)
+                    .err()
+                    .map(|e| format!("refusing to accept snapshots: {e}"))
+            }
+        } else {
+            None
+        };
+        let environment = &self.environment;
+        let provenance = Provenance {
+            mlx_version: environment.mlx_version.clone(),
+            backend: self.backend.as_str().into(),
+            device: environment.device_family.clone(),
+            device_name: environment.device_name.clone(),
+            architecture: environment.architecture.clone(),
+            host: environment.host.clone(),
+            lock_sha256: self.fingerprint.lock_sha256.clone(),
+            date: today(),
+        };
+        let complete = runner::is_complete_selection(cli.filter.as_deref()) && !cli.perturb;
+        // Snapshots pin the default seed's outputs; other seeds explore inputs
+        // and are judged by their verdicts alone.
+        if cli.seed != 0 && !cli.perturb {
+            eprintln!(
+                "note: --seed {} differs from the pinned seed 0: snapshots are not checked",
+                cli.seed
+            );
+        }
+        // A whole missing set is one line, not a DRIFT row per case.
+        let missing_set = (mode != Mode::Accept
+            && !cli.perturb
+            && cli.seed == 0
+            && !snapshots::set_exists(&self.set_dir))
+        .then(|| snapshots::missing_set_line(&self.set_dir, &environment.set_commands));
+        let (statuses, orphans) =
+            if cli.perturb || cli.seed != 0 || missing_set.is_some() || refusal.is_some() {
+                (vec![snapshots::Status::NotChecked; results.len()], vec![])
+            } else {
+                snapshots::gate(&self.set_dir, &results, mode, &provenance, complete)
+            };
+        let rows: Vec<Row> = results
+            .into_iter()
+            .zip(statuses)
+            .map(|(result, snapshot)| Row { result, snapshot })
+            .collect();
+        let mut report = Report::new(
+            environment.clone(),
+            rows,
+            if mode == Mode::Accept { &[] } else { &orphans },
+            started.elapsed().as_secs_f64() * 1e3,
+        );
+        if let Some(line) = missing_set {
+            report = report.with_missing_set(line);
+        }
+        if self.backend.is_gpu() {
+            let cpu_dir = snapshots::set_dir(
+                &self.home.fixtures_dir(),
+                Backend::Cpu.as_str(),
+                &snapshots::device_key(Backend::Cpu, "", ""),
+                &report.environment.mlx_version,
+            );
+            if snapshots::set_exists(&cpu_dir) {
+                report.vs_cpu = Some(report::VsCpu::compare(&cpu_dir, &report.cases));
+            }
+        }
+        Gated {
+            report,
+            refusal,
+            orphans,
+        }
+    }
+}
+
+fn today() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()[..10].to_owned()
+}

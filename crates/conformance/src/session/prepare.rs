@@ -1,0 +1,210 @@
+//! Step 1: the flags, the reference, the device, the snapshot set and the
+//! cases; everything a run needs before its first case.
+
+use std::io::IsTerminal;
+
+use conformance::case::{Backend, Case, Device};
+use conformance::families;
+use conformance::home::Home;
+use conformance::report::{self, Environment};
+use conformance::runner::{self, RunOptions};
+use conformance::snapshots::{self, Mode};
+use oracle::Oracle;
+
+use super::fingerprint::read_fingerprint;
+use super::{fail, Exit, Session};
+use crate::{Cli, GateMode};
+
+impl Session {
+    /// Checks the flags, starts the reference, resolves `--device` and
+    /// the snapshot set, and selects the cases. `--list` ends here.
+    pub fn prepare(cli: Cli) -> Result<Session, Exit> {
+        // Where fixtures, fingerprint, lock and default reports are: the
+        // workspace, or a bundle (`MLX_CONFORMANCE_HOME`, see home.rs).
+        let home = Home::get();
+        let mode = gate_mode(&cli)?;
+        let selected = select(&cli)?;
+        let out_dir = cli
+            .out
+            .clone()
+            .unwrap_or_else(|| home.default_reports_dir());
+        // Before any case runs (a GPU run can take minutes): the reports must
+        // be writable, and a declared set key must be usable as a name.
+        report::check_writable(&out_dir).map_err(fail)?;
+        report::clear(&out_dir);
+        let declared = match cli.device_family.as_deref().filter(|k| !k.is_empty()) {
+            None => None,
+            Some(key) => {
+                snapshots::check_device_key(key).map_err(fail)?;
+                Some(key.to_owned())
+            }
+        };
+
+        let fingerprint = read_fingerprint(home).map_err(fail)?;
+        let oracle = Oracle::start().map_err(fail)?;
+        let (device, backend) = resolve_device(&cli, &oracle)?;
+        runner::set_device(backend);
+        oracle.set_device(backend).map_err(fail)?;
+        let mut device_info = oracle.device_info(backend).map_err(fail)?;
+        let device_name = device_info.remove("name").unwrap_or_default();
+        let architecture = device_info.remove("architecture").unwrap_or_default();
+        let device_family = declared
+            .clone()
+            .unwrap_or_else(|| snapshots::device_key(backend, &architecture, &device_name));
+        let set_dir = snapshots::set_dir(
+            &home.fixtures_dir(),
+            backend.as_str(),
+            &device_family,
+            &oracle.info().mlx_version,
+        );
+        // The flags that select this set, for the review/accept commands.
+        let mut selecting = vec![format!("--device {}", device.name())];
+        if let Some(key) = &declared {
+            selecting.push(format!("--device-family {key}"));
+        }
+        let xtask_prefix = if backend == Backend::Cuda {
+            " --backend cuda"
+        } else {
+            ""
+        };
+        let set_commands = if home.bundle {
+            snapshots::SetCommands::for_bundle(&home.root.join("conformance"), &selecting.join(" "))
+        } else {
+            snapshots::SetCommands::new(xtask_prefix, &selecting.join(" "))
+        };
+        // Said at the start too, so nobody waits for a whole run to learn it.
+        if mode != Mode::Accept && !cli.perturb && cli.seed == 0 && !snapshots::set_exists(&set_dir)
+        {
+            eprintln!(
+                "note: {}",
+                snapshots::missing_set_line(&set_dir, &set_commands)
+            );
+        }
+        let environment = Environment {
+            mlx_version: oracle.info().mlx_version.clone(),
+            backend: backend.as_str().into(),
+            device: device.name().into(),
+            device_name,
+            architecture,
+            host: device_info,
+            device_family,
+            device_family_declared: declared.is_some(),
+            snapshot_set: set_dir.file_name().unwrap().to_string_lossy().into_owned(),
+            set_commands,
+            lock_sha256: fingerprint.lock_sha256.clone(),
+            libmlx: oracle.info().libmlx.clone(),
+            seed: cli.seed,
+        };
+
+        let options = RunOptions {
+            backend,
+            seed: cli.seed,
+            jobs: cli.jobs.map_or_else(default_jobs, usize::from),
+            perturb: cli.perturb,
+        };
+        Ok(Session {
+            cli,
+            home,
+            mode,
+            fingerprint,
+            oracle,
+            backend,
+            selected,
+            out_dir,
+            set_dir,
+            environment,
+            options,
+            terminal: std::io::stderr().is_terminal(),
+        })
+    }
+}
+
+/// `--fixtures` as the gate's mode; refuses accept under CI.
+fn gate_mode(cli: &Cli) -> Result<Mode, Exit> {
+    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    let mode = match cli.fixtures {
+        GateMode::Check => Mode::Check,
+        GateMode::Review => Mode::Review,
+        GateMode::Accept => Mode::Accept,
+    };
+    if mode == Mode::Accept && ci {
+        return Err(fail("snapshots are never written under CI=true; run `cargo xtask fixtures accept` locally and commit"));
+    }
+    // insta writes only in accept mode. Set before any thread starts.
+    std::env::set_var(
+        "INSTA_UPDATE",
+        if mode == Mode::Accept { "always" } else { "no" },
+    );
+    std::env::set_var("INSTA_FORCE_PASS", "0");
+    Ok(mode)
+}
+
+/// The cases `--filter` selects; `--list` prints them and ends the run.
+fn select(cli: &Cli) -> Result<Vec<Case>, Exit> {
+    let cases = families::all();
+    if let Err(dup) = unique_names(&cases) {
+        return Err(fail(format!(
+            "two cases are named `{dup}`; case names must be unique"
+        )));
+    }
+    let selected = runner::select(&cases, cli.filter.as_deref()).map_err(fail)?;
+    if cli.list {
+        for c in selected {
+            println!(
+                "{:<64} {:<11} {}",
+                c.name,
+                format!("{:?}", c.expect),
+                c.reference
+            );
+        }
+        return Err(Exit(std::process::ExitCode::SUCCESS));
+    }
+    Ok(selected.into_iter().cloned().collect())
+}
+
+/// `--device` (default: gpu when available, else cpu) and the backend it
+/// names.
+fn resolve_device(cli: &Cli, oracle: &Oracle) -> Result<(Device, Backend), Exit> {
+    // One backend vocabulary: `--device gpu` is the linked libmlx's GPU
+    // backend, and the Rust side and the reference must agree on it.
+    let port_gpu = Backend::linked_gpu()
+        .map_err(|e| fail(format!("MLX cannot report its GPU backend: {e}")))?;
+    let reference_gpu = oracle.info().gpu_backend;
+    if port_gpu != reference_gpu {
+        return Err(fail(format!(
+            "the port's libmlx reports GPU backend {port_gpu:?} but the reference's MLX reports {reference_gpu:?}; both must load the same libmlx (run `cargo xtask setup`)"
+        )));
+    }
+    let device = cli.device.unwrap_or(if port_gpu.is_some() {
+        Device::Gpu
+    } else {
+        Device::Cpu
+    });
+    let backend = match (device, port_gpu) {
+        (Device::Cpu, _) => Backend::Cpu,
+        (Device::Gpu, Some(gpu)) => gpu,
+        (Device::Gpu, None) => {
+            return Err(fail(format!(
+                "--device gpu: this libmlx ({}) has no usable GPU backend here (Metal needs the mlx-metal wheel on Apple Silicon; CUDA needs `cargo xtask setup --backend cuda` and an NVIDIA GPU with its libraries, README \"Running on an NVIDIA GPU\"); use --device cpu",
+                oracle.info().libmlx
+            )))
+        }
+    };
+    Ok((device, backend))
+}
+
+fn unique_names(cases: &[Case]) -> Result<(), String> {
+    let mut seen = std::collections::BTreeSet::new();
+    for c in cases {
+        if !seen.insert(c.name.as_str()) {
+            return Err(c.name.clone());
+        }
+    }
+    Ok(())
+}
+
+/// The default `--jobs`: the CPUs this process may use, at most 4 (more
+/// workers than that mostly add interpreter start-ups and memory).
+fn default_jobs() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4))
+}
