@@ -1,7 +1,8 @@
 //! The Rust–Python boundary by name: every glue function a case calls
-//! exists in `reference_glue.py`, and every public glue function is used
-//! (by name from Rust, or by the glue itself), so neither side can rot
-//! silently.
+//! exists in the glue package (`crates/oracle/python/reference_glue/`),
+//! every public glue function is used (by name from Rust, or by the glue
+//! itself), and every module of the package is embedded in the oracle, so
+//! neither side can rot silently.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -10,11 +11,34 @@ fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-fn glue_source() -> String {
-    std::fs::read_to_string(workspace().join("crates/oracle/python/reference_glue.py")).unwrap()
+const GLUE_DIR: &str = "crates/oracle/python/reference_glue";
+
+/// Every module of the glue package: (file name, source), by name.
+fn glue_modules() -> Vec<(String, String)> {
+    let mut modules: Vec<(String, String)> = std::fs::read_dir(workspace().join(GLUE_DIR))
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|path| path.extension().is_some_and(|e| e == "py"))
+        .map(|path| {
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read_to_string(&path).unwrap())
+        })
+        .collect();
+    modules.sort();
+    assert!(!modules.is_empty(), "no glue modules in {GLUE_DIR}");
+    modules
 }
 
-/// Top-level `def name(` without a leading underscore.
+/// All glue sources, concatenated.
+fn glue_source() -> String {
+    glue_modules()
+        .into_iter()
+        .map(|(_, text)| text + "\n")
+        .collect()
+}
+
+/// Top-level `def name(` without a leading underscore (in any module).
 fn glue_functions(glue: &str) -> BTreeSet<String> {
     glue.lines()
         .filter_map(|l| l.strip_prefix("def "))
@@ -63,9 +87,10 @@ fn every_glue_function_a_case_calls_exists() {
         rust_sources(&workspace().join(dir), &mut files);
     }
     let mut missing = Vec::new();
-    // This file names the markers itself.
+    // This file names the markers itself. `const F: &str = "name"` is how
+    // a typed reference wrapper names the glue function it calls.
     for (path, text) in files.iter().filter(|(p, _)| !p.ends_with("glue_names.rs")) {
-        for marker in [".reference(", ".reference_tensor("] {
+        for marker in [".reference(", ".reference_tensor(", "const F: &str ="] {
             for name in first_literal_args(text, marker) {
                 if !glue.contains(name) {
                     missing.push(format!("{}: `{name}`", path.display()));
@@ -101,5 +126,28 @@ fn every_public_glue_function_is_used() {
     assert!(
         unused.is_empty(),
         "public glue functions nothing uses: {unused:?}"
+    );
+}
+
+#[test]
+fn every_glue_module_is_embedded() {
+    let interpreter =
+        std::fs::read_to_string(workspace().join("crates/oracle/src/interpreter.rs")).unwrap();
+    // The names listed in `GLUE_MODULES = glue_modules![...]`.
+    let list = interpreter
+        .split_once("= glue_modules![")
+        .and_then(|(_, rest)| rest.split_once(']'))
+        .expect("interpreter.rs lists the glue modules in `glue_modules![...]`")
+        .0;
+    let embedded: BTreeSet<String> = list
+        .split(',')
+        .map(|item| item.trim().trim_matches('"'))
+        .filter(|name| !name.is_empty())
+        .map(|name| format!("{name}.py"))
+        .collect();
+    let files: BTreeSet<String> = glue_modules().into_iter().map(|(name, _)| name).collect();
+    assert_eq!(
+        embedded, files,
+        "interpreter.rs GLUE_MODULES must embed exactly the files of {GLUE_DIR}"
     );
 }

@@ -2,8 +2,8 @@
 //!
 //! The interpreter is started once per process and shared: every case goes
 //! through the same imported modules. Reference submodules are imported by
-//! the glue module (`python/reference_glue.py`) without running the
-//! packages' `__init__`.
+//! the glue package (`python/reference_glue/`, embedded in the binary; see
+//! [`GLUE_MODULES`]) without running the packages' `__init__`.
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -16,7 +16,41 @@ use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyT
 use crate::guards::{self, GuardError};
 use crate::tensor::{DType, HostTensor, TensorError};
 
-const GLUE_SOURCE: &str = include_str!("../python/reference_glue.py");
+/// `(name, source of python/reference_glue/<name>.py)` for each name.
+macro_rules! glue_modules {
+    ($($name:literal),* $(,)?) => {
+        &[$(($name, include_str!(concat!("../python/reference_glue/", $name, ".py")))),*]
+    };
+}
+
+/// The glue package: one small module per concern, embedded in the binary
+/// (`include_str!`), in dependency order (a module imports only modules
+/// listed before it, by absolute name: `from reference_glue.core import
+/// load`). Each runs as `reference_glue.<module>`; its public functions (no
+/// leading underscore, defined in that module) are also exposed on the
+/// `reference_glue` namespace that [`Oracle::call`] looks functions up on.
+const GLUE_MODULES: &[(&str, &str)] = glue_modules![
+    "core",
+    "selftest",
+    "smoke",
+    "quantized",
+    "quantized_linears",
+    "quantized_switches",
+    "checkpoints",
+    "dense",
+    "position_common",
+    "position_index",
+    "position_mrope",
+    "position_kernel",
+    "position_gemma4",
+    "attention",
+    "bench",
+];
+
+/// The glue package's name, and the directory its files live in (what
+/// tracebacks name, relative to the workspace root).
+const GLUE_PACKAGE: &str = "reference_glue";
+const GLUE_DIR: &str = "crates/oracle/python/reference_glue";
 
 /// Errors from the oracle.
 #[derive(Debug, thiserror::Error)]
@@ -264,10 +298,7 @@ fn start_state() -> Result<State, OracleError> {
         let sys = py.import("sys")?;
         let path = sys.getattr("path")?;
         path.call_method1("insert", (0, site_packages.display().to_string()))?;
-        let code = CString::new(GLUE_SOURCE).expect("glue source has no NUL");
-        let module = PyModule::from_code(py, &code, c"reference_glue.py", c"reference_glue")?;
-        module.setattr("SITE_PACKAGES", site_packages.display().to_string())?;
-        Ok(module.unbind())
+        Ok(load_glue(py, &site_packages.display().to_string())?.unbind())
     })
     .map_err(startup)?;
     let (mlx_version, gpu_backend) = Python::attach(|py| -> PyResult<(String, Option<String>)> {
@@ -297,6 +328,71 @@ fn start_state() -> Result<State, OracleError> {
             site_packages,
         },
     })
+}
+
+/// Executes the glue package ([`GLUE_MODULES`]) and returns the
+/// `reference_glue` namespace Rust calls functions on.
+///
+/// `reference_glue` is registered in `sys.modules` as a package with an
+/// empty `__path__` (nothing is imported from disk); each module is
+/// executed by `PyModule::from_code` as `reference_glue.<module>` from file
+/// `crates/oracle/python/reference_glue/<module>.py` (the name tracebacks
+/// show; its lines are put in `linecache`, so tracebacks quote them even
+/// where the file is absent, as in a bundle), registered in `sys.modules`
+/// and set on the package. The core module gets `SITE_PACKAGES` before any
+/// other module runs. Every public function is copied onto the package; a
+/// name claimed twice (two functions, or a function and a module) refuses
+/// to start.
+fn load_glue<'py>(py: Python<'py>, site_packages: &str) -> PyResult<Bound<'py, PyModule>> {
+    let c_string = |text: &str| {
+        CString::new(text).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))
+    };
+    let sys_modules = py.import("sys")?.getattr("modules")?;
+    let linecache = py.import("linecache")?.getattr("cache")?;
+    let function_type = py.import("types")?.getattr("FunctionType")?;
+    let package = PyModule::new(py, GLUE_PACKAGE)?;
+    package.setattr("__path__", PyList::empty(py))?;
+    package.setattr("__package__", GLUE_PACKAGE)?;
+    sys_modules.set_item(GLUE_PACKAGE, &package)?;
+    // Each name on the namespace, and the module that defines it.
+    let mut owners: BTreeMap<String, String> = BTreeMap::new();
+    let mut claim = |name: &str, owner: &str| -> PyResult<()> {
+        match owners.insert(name.to_owned(), owner.to_owned()) {
+            Some(first) => Err(pyo3::exceptions::PyRuntimeError::new_err(format!(
+                "glue name `{name}` is defined twice: by {first} and by {owner}"
+            ))),
+            None => Ok(()),
+        }
+    };
+    for (name, source) in GLUE_MODULES {
+        let qualified = format!("{GLUE_PACKAGE}.{name}");
+        let file = format!("{GLUE_DIR}/{name}.py");
+        let lines = PyString::new(py, source).call_method1("splitlines", (true,))?;
+        linecache.set_item(&file, (source.len(), py.None(), lines, &file))?;
+        let module = PyModule::from_code(
+            py,
+            &c_string(source)?,
+            &c_string(&file)?,
+            &c_string(&qualified)?,
+        )?;
+        if *name == "core" {
+            module.setattr("SITE_PACKAGES", site_packages)?;
+        }
+        claim(name, &format!("the module {qualified}"))?;
+        package.setattr(*name, &module)?;
+        for (key, value) in module.dict().iter() {
+            let key: String = key.extract()?;
+            if key.starts_with('_')
+                || !value.is_instance(&function_type)?
+                || value.getattr("__module__")?.extract::<String>()? != qualified
+            {
+                continue;
+            }
+            claim(&key, &qualified)?;
+            package.setattr(key.as_str(), value)?;
+        }
+    }
+    Ok(package)
 }
 
 /// Set by the bundle launcher (`cargo xtask bundle`) to the bundle
