@@ -11,12 +11,14 @@
 use std::time::Instant;
 
 use conformance::inputs::Inputs;
+use conformance::reference::bench::{position_bench_mrope, position_bench_rope2d};
+use conformance::reference::position::Rotary;
 use layers::position::{
     apply_multidimensional_rope, rope_index, GridThw, Mrope, MropeConfig, MropePath,
     RopeIndexInput, VisionTokens,
 };
 use mlx_rs::Array;
-use oracle::{Arg, DType, HostTensor, Oracle, Value};
+use oracle::{DType, HostTensor, Oracle};
 
 /// Iterations per timed run, and runs per side (Rust and Python alternate,
 /// so load from other processes hits both alike; medians are compared).
@@ -42,36 +44,20 @@ fn time_rust(f: &mut impl FnMut() -> Vec<Array>) -> f64 {
     start.elapsed().as_secs_f64() / ITERATIONS as f64
 }
 
-/// Seconds per call, timed inside Python (the glue warms up once first).
-fn time_python(oracle: &Oracle, function: &str, args: &[Arg]) -> f64 {
-    let mut args = args.to_vec();
-    args.push(Arg::from(ITERATIONS));
-    match oracle.call("bench/position", function, &args, &[]).unwrap() {
-        Value::Float(seconds) => seconds,
-        other => panic!("`{function}` returned {other:?}"),
-    }
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
 /// Alternates Rust and Python runs and prints medians and their ratio.
-fn compare(
-    label: &str,
-    mut rust: impl FnMut() -> Vec<Array>,
-    oracle: &Oracle,
-    function: &str,
-    args: &[Arg],
-) {
+fn compare(label: &str, mut rust: impl FnMut() -> Vec<Array>, mut python: impl FnMut() -> f64) {
     for _ in 0..WARMUP {
         mlx_rs::transforms::eval(&rust()).unwrap();
     }
     let (mut r, mut p) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
         r.push(time_rust(&mut rust));
-        p.push(time_python(oracle, function, args));
+        p.push(python());
     }
     let (rm, pm) = (median(r.clone()), median(p.clone()));
     let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
@@ -127,17 +113,16 @@ fn main() {
             let (q, k) = mrope.apply(&q_array, &k_array, &positions).unwrap();
             vec![q, k]
         },
-        &oracle,
-        "position_bench_mrope",
-        &[
-            Arg::from(q),
-            Arg::from(k),
-            Arg::from(HostTensor::from_array(&positions).unwrap()),
-            Arg::from(256usize),
-            Arg::from(0.25),
-            Arg::from(1e7),
-            Arg::List(vec![Arg::from(11), Arg::from(11), Arg::from(10)]),
-        ],
+        || {
+            let rotary = Rotary {
+                head_dim: 256,
+                partial_rotary_factor: 0.25,
+                rope_theta: 1e7,
+                mrope_section: &[11, 11, 10],
+            };
+            let positions = HostTensor::from_array(&positions).unwrap();
+            position_bench_mrope(&oracle, &q, &k, &positions, rotary, ITERATIONS).unwrap()
+        },
     );
 
     // Gemma vision 2-D RoPE: 32×32 patches, 16 heads, head_dim 72.
@@ -148,8 +133,6 @@ fn main() {
     compare(
         "2-D RoPE (pure-mlx), Gemma vision x[1,1024,16,72] bf16, positions[1,1024,2]",
         || vec![apply_multidimensional_rope(&x_array, &grid_array, 100.0).unwrap()],
-        &oracle,
-        "position_bench_rope2d",
-        &[Arg::from(x), Arg::from(grid), Arg::from(100.0)],
+        || position_bench_rope2d(&oracle, &x, &grid, 100.0, ITERATIONS).unwrap(),
     );
 }

@@ -18,11 +18,13 @@
 
 use std::time::Instant;
 
+use conformance::reference::bench::{quantized_bench, QuantizedLayer};
+use conformance::reference::quantized::{Adapter, QuantizedTensors};
 use layers::quantized::{
     LoraAdapter, QuantSpec, QuantizedLinear, QuantizedPayload, QuantizedSwitchLinear,
 };
 use mlx_rs::{Array, Dtype};
-use oracle::{Arg, HostTensor, Oracle, Value};
+use oracle::{HostTensor, Oracle};
 
 const WARMUP: usize = 1;
 const ROUNDS: usize = 2;
@@ -66,26 +68,15 @@ fn time_rust(iterations: usize, f: impl Fn() -> Array) -> f64 {
     start.elapsed().as_secs_f64() / iterations as f64
 }
 
-fn time_python(oracle: &Oracle, args: &[Arg], kwargs: &[(&str, Arg)]) -> f64 {
-    match oracle
-        .call("bench/quantized", "quantized_bench", args, kwargs)
-        .unwrap()
-    {
-        Value::Float(seconds) => seconds,
-        other => panic!("`quantized_bench` returned {other:?}"),
+/// The reference's payload tensors, no additive bias.
+fn tensors(p: &QuantizedPayload) -> QuantizedTensors {
+    QuantizedTensors {
+        weight: host(p.weight()),
+        scales: host(p.scales()),
+        biases: p.biases().map(host),
+        bias: None,
+        spec: p.spec(),
     }
-}
-
-fn payload_args(p: &QuantizedPayload) -> Vec<Arg> {
-    let spec = p.spec();
-    vec![
-        Arg::from(host(p.weight())),
-        Arg::from(host(p.scales())),
-        p.biases().map_or(Arg::None, |b| Arg::from(host(b))),
-        Arg::from(spec.mode.as_str()),
-        Arg::from(spec.bits),
-        Arg::from(spec.group_size),
-    ]
 }
 
 fn report(label: &str, rust: f64, python: f64) {
@@ -128,27 +119,24 @@ fn main() {
             LoraAdapter::new(lora_a.clone(), lora_b.clone(), 20.0).unwrap(),
         )
         .unwrap();
-    let base_args = payload_args(&payload);
+    let base = tensors(&payload);
+    let adapters = [Adapter {
+        lora_a: host(&lora_a),
+        lora_b: host(&lora_b),
+        scale: 20.0,
+    }];
 
     for m in [1, 8] {
         let x = uniform(&[m, k], 1.0, Dtype::Bfloat16, 10 + m as u64);
         let iterations = iterations_for(|| plain.forward(&x).unwrap());
         for (layer, adapter) in [(&plain, false), (&with_lora, true)] {
-            let mut args = vec![Arg::from("linear"), Arg::from(host(&x))];
-            args.extend(base_args.iter().cloned());
-            args.push(Arg::from(iterations));
-            let kwargs: Vec<(&str, Arg)> = if adapter {
-                vec![
-                    ("lora_a", Arg::List(vec![Arg::from(host(&lora_a))])),
-                    ("lora_b", Arg::List(vec![Arg::from(host(&lora_b))])),
-                    ("lora_scales", Arg::List(vec![Arg::from(20.0)])),
-                ]
-            } else {
-                Vec::new()
+            let kind = QuantizedLayer::Linear {
+                adapters: if adapter { &adapters } else { &[] },
             };
+            let x_host = host(&x);
             let (rust, python) = measure(
                 &mut || time_rust(iterations, || layer.forward(&x).unwrap()),
-                &mut || time_python(&oracle, &args, &kwargs),
+                &mut || quantized_bench(&oracle, &x_host, &base, kind, iterations).unwrap(),
             );
             let label = format!(
                 "QuantizedLinear 4096x4096 affine-4b-gs64 bf16 M={m}{}",
@@ -168,7 +156,7 @@ fn main() {
     );
     let payload = QuantizedPayload::quantize(&w, spec).unwrap();
     let switch = QuantizedSwitchLinear::new(payload.clone(), None).unwrap();
-    let switch_args = payload_args(&payload);
+    let switch_tensors = tensors(&payload);
     for tokens in [1, 8] {
         let x = uniform(&[1, tokens, d], 1.0, Dtype::Bfloat16, 20 + tokens as u64);
         // Expert t*3 % 8 and (t*3+5) % 8 for token t: distinct, spread.
@@ -185,12 +173,12 @@ fn main() {
                 .unwrap()
         };
         let iterations = iterations_for(call);
-        let mut args = vec![Arg::from("switch"), Arg::from(host(&x))];
-        args.extend(switch_args.iter().cloned());
-        args.push(Arg::from(iterations));
-        let kwargs = [("indices", Arg::from(host(&indices)))];
+        let (x_host, indices_host) = (host(&x), host(&indices));
+        let kind = QuantizedLayer::Switch {
+            indices: &indices_host,
+        };
         let (rust, python) = measure(&mut || time_rust(iterations, call), &mut || {
-            time_python(&oracle, &args, &kwargs)
+            quantized_bench(&oracle, &x_host, &switch_tensors, kind, iterations).unwrap()
         });
         report(
             &format!(

@@ -60,85 +60,141 @@ impl Applies {
     }
 }
 
-/// Everything a case needs while it runs.
+/// Everything a case needs while it runs. Families reach the reference
+/// only through the typed functions of [`crate::reference`], which go
+/// through [`Ctx::call`].
 pub struct Ctx<'a> {
-    pub oracle: &'a Oracle,
-    /// The backend this run resolved `--device` to.
-    pub backend: Backend,
-    pub seed: u64,
-    pub case: &'a str,
-    /// Proof mode: the reference receives its first non-empty tensor
-    /// argument with one bit flipped, so a sound must-equal case must fail.
-    /// When the first tensor argument is empty (an empty batch, whose
-    /// outputs are only a shape and a dtype), it also gets another float
-    /// dtype, which must show in the output's dtype.
-    pub perturb: bool,
+    oracle: &'a Oracle,
+    backend: Backend,
+    seed: u64,
+    case: &'a str,
+    perturb: bool,
 }
 
-impl Ctx<'_> {
-    /// Calls a glue function of the reference on behalf of this case.
-    pub fn reference(
-        &self,
-        function: &str,
-        args: &[oracle::Arg],
-        kwargs: &[(&str, oracle::Arg)],
-    ) -> Result<oracle::Value, CaseError> {
-        if self.perturb {
-            let mut args = args.to_vec();
-            if let Some(oracle::Arg::Tensor(t)) = args
-                .iter_mut()
-                .find(|a| matches!(a, oracle::Arg::Tensor(t) if !t.is_empty()))
-            {
-                *t = crate::inputs::flip_lowest_bit(t, 0);
-            }
-            if let Some(oracle::Arg::Tensor(t)) = args
-                .iter_mut()
-                .find(|a| matches!(a, oracle::Arg::Tensor(_)))
-            {
-                if t.is_empty() {
-                    *t = crate::inputs::other_float_dtype(t);
-                }
-            }
-            return Ok(self.oracle.call(self.case, function, &args, kwargs)?);
+impl<'a> Ctx<'a> {
+    /// `seed` is this case's seed (run seed + the case's offset); `perturb`
+    /// is the proof mode (see [`crate::reference::Perturb`]).
+    pub fn new(
+        oracle: &'a Oracle,
+        backend: Backend,
+        seed: u64,
+        case: &'a str,
+        perturb: bool,
+    ) -> Self {
+        Self {
+            oracle,
+            backend,
+            seed,
+            case,
+            perturb,
         }
-        Ok(self.oracle.call(self.case, function, args, kwargs)?)
+    }
+    /// The backend this run resolved `--device` to.
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+    /// This case's seed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+    /// This case's name.
+    pub fn case(&self) -> &str {
+        self.case
+    }
+    /// Whether this is the proof mode (`--perturb`).
+    pub fn perturbed(&self) -> bool {
+        self.perturb
     }
     /// Seeded generator for this case's inputs.
     pub fn inputs(&self) -> crate::inputs::Inputs {
         crate::inputs::Inputs::new(self.seed)
     }
-    /// Like [`Ctx::reference`], for a function returning one array.
-    pub fn reference_tensor(
+    /// Calls glue function `function` with keyword arguments. In the proof
+    /// mode every parameter marked perturbable is perturbed first.
+    pub(crate) fn call(
         &self,
-        function: &str,
-        args: &[oracle::Arg],
-        kwargs: &[(&str, oracle::Arg)],
-    ) -> Result<HostTensor, CaseError> {
-        self.reference(function, args, kwargs)?
-            .tensor()
-            .ok_or_else(|| CaseError::Harness(format!("`{function}` did not return one array")))
+        function: &'static str,
+        params: Vec<crate::reference::Param>,
+    ) -> Result<oracle::Value, CaseError> {
+        let mut kwargs = Vec::with_capacity(params.len());
+        for p in params {
+            let value = if self.perturb {
+                crate::reference::perturb(p.value, p.perturb).map_err(|what| {
+                    CaseError::Harness(format!("`{function}` argument `{}`: {what}", p.name))
+                })?
+            } else {
+                p.value
+            };
+            kwargs.push((p.name, value));
+        }
+        Ok(self.oracle.call(self.case, function, &[], &kwargs)?)
     }
 }
 
-/// A case that could not be evaluated (not a verdict).
+/// A case that could not be evaluated (not a verdict), by who raised.
 #[derive(Debug, thiserror::Error)]
 pub enum CaseError {
+    /// The reference raised (its traceback and the case name are inside).
     #[error(transparent)]
-    Oracle(#[from] OracleError),
+    Reference(#[from] OracleError),
+    /// The port (the `layers` crate) returned an error.
     #[error("the port raised: {0}")]
     Port(String),
-    #[error("{0}")]
+    /// The harness itself: building inputs, reading results, its own MLX
+    /// calls.
+    #[error("harness: {0}")]
     Harness(String),
 }
 
-impl From<mlx_rs::error::Exception> for CaseError {
-    fn from(e: mlx_rs::error::Exception) -> Self {
-        CaseError::Port(e.to_string())
+impl CaseError {
+    /// A port error, with what was being done.
+    pub fn port(what: &str, e: impl std::fmt::Display) -> Self {
+        CaseError::Port(format!("{what}: {e}"))
+    }
+    /// A harness error, with what was being done.
+    pub fn harness(what: &str, e: impl std::fmt::Display) -> Self {
+        CaseError::Harness(format!("{what}: {e}"))
     }
 }
+
+/// The harness's own MLX calls (building inputs, copying results to the
+/// host, measuring a finding). The port's MLX calls map their errors with
+/// [`CaseError::port`] instead.
+impl From<mlx_rs::error::Exception> for CaseError {
+    fn from(e: mlx_rs::error::Exception) -> Self {
+        CaseError::Harness(format!("MLX: {e}"))
+    }
+}
+
 impl From<oracle::TensorError> for CaseError {
     fn from(e: oracle::TensorError) -> Self {
         CaseError::Harness(e.to_string())
+    }
+}
+
+/// A reference output: constructed only by [`crate::reference`] from what
+/// a glue call returned, so a must-equal comparison can never be the port
+/// against itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Expected(HostTensor);
+
+impl Expected {
+    pub(crate) fn from_reference(t: HostTensor) -> Self {
+        Self(t)
+    }
+    pub fn tensor(&self) -> &HostTensor {
+        &self.0
+    }
+    pub fn into_tensor(self) -> HostTensor {
+        self.0
+    }
+    /// A conversion of the reference output (e.g. int32 widened to int64)
+    /// is still a reference output.
+    pub fn map<E>(
+        &self,
+        f: impl FnOnce(&HostTensor) -> Result<HostTensor, E>,
+    ) -> Result<Expected, E> {
+        f(&self.0).map(Expected)
     }
 }
 
@@ -147,6 +203,11 @@ impl From<oracle::TensorError> for CaseError {
 pub struct Output {
     pub name: String,
     pub comparison: Comparison,
+    /// Set when no perturbable argument reaches this output (it is derived
+    /// from constants of the case): why. The proof mode lists it instead of
+    /// requiring it to differ.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub derived: Option<String>,
 }
 
 /// What a case produced.
@@ -158,8 +219,23 @@ pub struct CaseOutput {
     pub outputs: Vec<Output>,
     /// The measured relation (finding cases), deterministic JSON.
     pub finding: Option<serde_json::Value>,
-    /// sha256 over the port's output bits (dtype, shape, bytes), in order.
-    pub digest: String,
+    /// sha256 of each port output's bits (dtype, shape, bytes), by name, in
+    /// order: compared outputs and the tensors a finding measured.
+    pub digests: Vec<(String, String)>,
+    /// sha256 chained over the same tensors in order: one value for the
+    /// whole case (reported; the snapshot pins [`CaseOutput::digests`]).
+    pub case_digest: String,
+}
+
+/// sha256 over a tensor's dtype name, shape (u64 LE) and bytes.
+pub fn digest_of(t: &HostTensor) -> String {
+    let mut h = Sha256::new();
+    h.update(t.dtype.name().as_bytes());
+    for d in &t.shape {
+        h.update((*d as u64).to_le_bytes());
+    }
+    h.update(&t.bytes);
+    format!("{:x}", h.finalize())
 }
 
 impl CaseOutput {
@@ -169,25 +245,40 @@ impl CaseOutput {
             ..Self::default()
         }
     }
-    /// Compares one port output with the reference's and folds its bits into
-    /// the digest.
-    pub fn compare(&mut self, name: &str, port: &HostTensor, reference: &HostTensor) {
-        self.digest_tensor(port);
+    /// Compares one port output with the reference's and records its digest.
+    pub fn compare(&mut self, name: &str, port: &HostTensor, expected: &Expected) {
+        self.digest(name, port);
         self.outputs.push(Output {
             name: name.into(),
-            comparison: compare(port, reference),
+            comparison: compare(port, expected.tensor()),
+            derived: None,
         });
     }
-    /// Folds a tensor into the output digest without comparing it.
-    pub fn digest_tensor(&mut self, t: &HostTensor) {
+    /// Like [`CaseOutput::compare`], for an output no perturbable argument
+    /// reaches; `why` says what fixes it.
+    pub fn compare_derived(
+        &mut self,
+        name: &str,
+        port: &HostTensor,
+        expected: &Expected,
+        why: &str,
+    ) {
+        self.compare(name, port, expected);
+        if let Some(o) = self.outputs.last_mut() {
+            o.derived = Some(why.to_owned());
+        }
+    }
+    /// Records the digest of a port tensor a finding measured.
+    pub fn digest(&mut self, name: &str, t: &HostTensor) {
+        self.digests.push((name.to_owned(), digest_of(t)));
         let mut h = Sha256::new();
-        h.update(self.digest.as_bytes());
+        h.update(self.case_digest.as_bytes());
         h.update(t.dtype.name().as_bytes());
         for d in &t.shape {
             h.update((*d as u64).to_le_bytes());
         }
         h.update(&t.bytes);
-        self.digest = format!("{:x}", h.finalize());
+        self.case_digest = format!("{:x}", h.finalize());
     }
     /// Records a measured relation.
     pub fn with_finding(mut self, finding: serde_json::Value) -> Self {
@@ -196,6 +287,14 @@ impl CaseOutput {
     }
     pub fn all_equal(&self) -> bool {
         self.outputs.iter().all(|o| o.comparison.is_equal())
+    }
+    /// The first digest name recorded twice, if any (a harness error).
+    pub fn duplicate_name(&self) -> Option<&str> {
+        let mut seen = std::collections::BTreeSet::new();
+        self.digests
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .find(|n| !seen.insert(*n))
     }
 }
 
@@ -211,6 +310,10 @@ pub struct Case {
     pub family: &'static str,
     /// The reference function mirrored (module, function, pinned version).
     pub reference: &'static str,
+    /// Empty when the glue calls one reference function or module. Else
+    /// the case is glue-composed: no single reference function exists, and
+    /// these are the reference pieces the glue puts together.
+    pub glue_composed: &'static [&'static str],
     pub expect: Expect,
     pub applies: Applies,
     /// Seed offset of this case (inputs are generated from run seed + this).
@@ -232,6 +335,7 @@ impl Case {
             name,
             family,
             reference,
+            glue_composed: &[],
             expect: Expect::MustEqual,
             applies: Applies::Everywhere,
             seed,
@@ -249,6 +353,12 @@ impl Case {
             expect: Expect::Finding,
             ..Self::must_equal(name, family, reference, run)
         }
+    }
+    /// Labels the case glue-composed, with the reference pieces the glue
+    /// puts together (no single reference function does what it checks).
+    pub fn glue_composed(mut self, pieces: &'static [&'static str]) -> Self {
+        self.glue_composed = pieces;
+        self
     }
     /// Restricts the case to some backends (e.g. `&[Backend::Metal]`,
     /// [`GPU_BACKENDS`], `&[Backend::Cpu]`).

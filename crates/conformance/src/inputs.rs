@@ -45,23 +45,3 @@ impl Inputs {
         HostTensor::new(dtype, shape.to_vec(), bytes).expect("sized by construction")
     }
 }
-
-/// An empty float tensor of the same shape in another float dtype (bf16 →
-/// f16; f16, f32 → bf16; others unchanged): the perturbation of an empty
-/// input.
-pub fn other_float_dtype(t: &HostTensor) -> HostTensor {
-    let dtype = match t.dtype {
-        DType::Bfloat16 => DType::Float16,
-        DType::Float16 | DType::Float32 => DType::Bfloat16,
-        _ => return t.clone(),
-    };
-    HostTensor::new(dtype, t.shape.clone(), Vec::new()).unwrap_or_else(|_| t.clone())
-}
-
-/// Flips the lowest bit of element `index`: the perturbation used to prove
-/// that a case can fail.
-pub fn flip_lowest_bit(t: &HostTensor, index: usize) -> HostTensor {
-    let mut out = t.clone();
-    out.bytes[index * t.dtype.size()] ^= 1;
-    out
-}

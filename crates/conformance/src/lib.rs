@@ -11,6 +11,8 @@ pub mod case;
 pub mod families;
 pub mod home;
 pub mod inputs;
+pub mod reference;
+pub mod relation;
 pub mod report;
 pub mod runner;
 pub mod snapshots;

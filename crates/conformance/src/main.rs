@@ -60,8 +60,9 @@ struct Cli {
     /// accept (writes; used by `cargo xtask fixtures accept`).
     #[arg(long, value_enum, default_value_t = GateMode::Check)]
     fixtures: GateMode,
-    /// Proof mode: flip one bit of each case's reference input; every
-    /// must-equal case must then fail.
+    /// Proof mode: the reference receives every perturbable argument
+    /// perturbed (one ulp of every element, the next theta, ...); every
+    /// must-equal output must then differ, unless declared derived.
     #[arg(long)]
     perturb: bool,
     /// Where reports are written.

@@ -226,8 +226,9 @@ pub fn file_name(case: &str) -> String {
 /// The seal's value while the seal is computed.
 const UNSEALED: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 
-/// The body pinned for a case: output digest, reference path, outputs'
-/// verdicts, and the finding (the seal is added when the file is written).
+/// The body pinned for a case: one digest per output (so a drift names the
+/// output that moved), reference path, outputs' verdicts, and the finding
+/// (the seal is added when the file is written).
 pub fn body(result: &CaseResult) -> Option<Value> {
     let out = result.output.as_ref()?;
     let outputs: serde_json::Map<String, Value> = out
@@ -239,7 +240,7 @@ pub fn body(result: &CaseResult) -> Option<Value> {
         "case": result.name,
         "expect": result.expect,
         "path": out.path,
-        "digest": out.digest,
+        "digests": out.digests.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<String, Value>>(),
         "outputs": outputs,
         "finding": out.finding,
     }))
@@ -402,6 +403,25 @@ fn gate_one(dir: &Path, result: &CaseResult, mode: Mode, provenance: &Provenance
     }
 }
 
+/// The outputs whose digest differs between a recorded body and this
+/// run's (added, removed or moved), in name order.
+pub fn moved_outputs(recorded: Option<&Value>, now: &Value) -> Vec<String> {
+    let digests = |v: Option<&Value>| -> BTreeMap<String, Value> {
+        v.and_then(|v| v.get("digests"))
+            .and_then(Value::as_object)
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default()
+    };
+    let (old, new) = (digests(recorded), digests(Some(now)));
+    old.keys()
+        .chain(new.keys())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .filter(|k| old.get(*k) != new.get(*k))
+        .cloned()
+        .collect()
+}
+
 /// A drift as `fixtures review` prints it: a unified diff of the recorded
 /// body against this run's (nothing is written).
 pub fn review_diff(file: &Path, recorded: Option<&Value>, now: &Value) -> String {
@@ -472,11 +492,15 @@ mod tests {
 
     fn result(name: &str) -> CaseResult {
         let mut output = CaseOutput::new("pure-mlx");
-        output.digest = "abc".into();
+        output.digest(
+            "y",
+            &oracle::HostTensor::new(oracle::DType::Uint8, vec![1], vec![1]).unwrap(),
+        );
         CaseResult {
             name: name.into(),
             family: "f".into(),
             reference: "r".into(),
+            glue_composed: Vec::new(),
             expect: Expect::MustEqual,
             verdict: Verdict::Pass,
             output: Some(output),
@@ -535,7 +559,7 @@ mod tests {
         assert_eq!(s, vec![Status::Match]);
         assert!(orphans.is_empty());
         let mut moved = r.clone();
-        moved.output.as_mut().unwrap().digest = "abd".into();
+        moved.output.as_mut().unwrap().digests[0].1 = "abd".into();
         let (s, _) = gate(&dir, &[moved], Mode::Check, &provenance(), true);
         assert!(matches!(s[0], Status::Drift { .. }));
     }
@@ -560,7 +584,7 @@ mod tests {
         let file = record(&dir, &r);
         let text = std::fs::read_to_string(&file)
             .unwrap()
-            .replace("\"abc\"", "\"abd\"");
+            .replace("\"pure-mlx\"", "\"pure-mlY\"");
         std::fs::write(&file, text).unwrap();
         let err = read(&file).unwrap_err();
         assert!(matches!(err, SnapshotError::HandEdited { .. }));
@@ -659,14 +683,11 @@ mod tests {
         let r = result("a/b");
         record(&dir, &r);
         let mut moved = r.clone();
-        moved.output.as_mut().unwrap().digest = "abd".into();
+        moved.output.as_mut().unwrap().digests[0].1 = "abd".into();
         let now = body(&moved).unwrap();
         let recorded = read(&dir.join(file_name("a/b"))).unwrap();
         let diff = review_diff(&dir.join("a__b.snap"), recorded.as_ref(), &now);
-        assert!(
-            diff.contains("-  \"digest\": \"abc\"") && diff.contains("+  \"digest\": \"abd\""),
-            "{diff}"
-        );
+        assert!(diff.contains("+    \"y\": \"abd\""), "{diff}");
         assert!(
             !diff.contains("panicked") && !diff.contains("insta"),
             "{diff}"

@@ -3,10 +3,11 @@
 //! (mlx-vlm 0.7.6) bit for bit, for every even rotary dim 2..=512 and theta
 //! in [100, 1e7] (log-uniform, so small and large thetas both occur).
 
-use conformance::case::Backend;
+use conformance::case::{Backend, Ctx};
+use conformance::reference::position::position_inv_freq;
 use conformance::runner;
 use layers::position::compute_inv_freq;
-use oracle::{compare, Arg, Comparison, DType, HostTensor, Oracle};
+use oracle::{compare, Comparison, HostTensor, Oracle};
 use proptest::prelude::*;
 
 fn oracle() -> Oracle {
@@ -21,18 +22,10 @@ fn port(dim: usize, theta: f64) -> HostTensor {
 }
 
 fn reference(oracle: &Oracle, dim: usize, theta: f64) -> HostTensor {
-    let dims = HostTensor::new(DType::Int32, vec![1], (dim as i32).to_le_bytes().to_vec())
-        .expect("one int32");
-    oracle
-        .call(
-            "proptest/position/inv-freq",
-            "position_inv_freq",
-            &[Arg::from(dims), Arg::from(theta)],
-            &[],
-        )
+    let ctx = Ctx::new(oracle, Backend::Cpu, 0, "proptest/position/inv-freq", false);
+    position_inv_freq(&ctx, &[dim], theta)
         .expect("reference call")
-        .tensor()
-        .expect("one array")
+        .into_tensor()
 }
 
 proptest! {

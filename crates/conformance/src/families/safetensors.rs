@@ -7,12 +7,14 @@
 //! written: `fixtures/checkpoints/write_safetensors_forms.py`.
 //!
 //! Must-equal, per file: every tensor's bits, dtype and shape as `mx.load`
-//! gives them, the tensor names, and the metadata map.
+//! gives them, the tensor names, and the metadata map. The proof mode hands
+//! the reference a perturbed copy of the file (see `perturbed_copy`).
 
 use layers::checkpoint::SafetensorsFile;
-use oracle::{Arg, DType, HostTensor, Value};
+use oracle::{DType, HostTensor};
 
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::reference;
 
 const FAMILY: &str = "checkpoint/safetensors";
 const REFERENCE: &str = "mlx.core.load(path, return_metadata=True) (mlx 0.32.2)";
@@ -51,74 +53,49 @@ fn read(ctx: &Ctx, form: &str) -> Result<CaseOutput, CaseError> {
         .fixtures_dir()
         .join("checkpoints/safetensors-forms")
         .join(format!("{form}.safetensors"));
-    // Proof mode: the reference reads a copy with the file's last byte (the
-    // end of the last tensor's data) flipped, so the case must fail.
+    // Proof mode: the reference reads a copy in which every output
+    // changes (see `perturbed_copy`).
     let perturbed = ctx
-        .perturb
+        .perturbed()
         .then(|| perturbed_copy(&path, form))
         .transpose()?;
     let reference_path = perturbed.as_ref().map_or(path.as_path(), |p| p.0.as_path());
-    let reference = ctx.reference(
-        "safetensors_load",
-        &[Arg::from(reference_path.to_string_lossy().as_ref())],
-        &[],
-    )?;
-    let Value::Dict(mut reference) = reference else {
-        return Err(CaseError::Harness(
-            "`safetensors_load` did not return a dict".into(),
-        ));
-    };
-    let Some(Value::Dict(arrays)) = reference.remove("arrays") else {
-        return Err(CaseError::Harness(
-            "`safetensors_load` returned no `arrays`".into(),
-        ));
-    };
-    let Some(Value::Dict(metadata)) = reference.remove("metadata") else {
-        return Err(CaseError::Harness(
-            "`safetensors_load` returned no `metadata`".into(),
-        ));
-    };
+    let loaded = reference::checkpoint::safetensors_load(ctx, reference_path)?;
 
     let file = SafetensorsFile::open(&path).map_err(port)?;
     let mut out = CaseOutput::new("mlx.core");
     let port_names: Vec<&str> = file.tensors().map(|(n, _)| n).collect();
-    let reference_names: Vec<&str> = arrays.keys().map(String::as_str).collect();
     out.compare(
         "tensor names",
         &text_tensor(&port_names.join("\n")),
-        &text_tensor(&reference_names.join("\n")),
+        &loaded.names_text(),
     );
-    for (name, value) in arrays {
-        let Value::Tensor(expected) = value else {
-            return Err(CaseError::Harness(format!("`{name}` is not an array")));
-        };
-        let ours = match file.array(&name) {
-            Ok(a) => HostTensor::from_array(&a)?,
-            Err(e) => return Err(port(e)),
-        };
-        out.digest_tensor(&ours);
-        out.compare(&name, &ours, &expected);
+    if loaded.arrays.len() != port_names.len() {
+        return Err(CaseError::Harness(format!(
+            "mx.load gave {} tensors, the port's reader {}",
+            loaded.arrays.len(),
+            port_names.len()
+        )));
+    }
+    // Both in name order: paired by position, so a renamed tensor (the
+    // proof mode renames every one) still compares its bits.
+    for (name, expected) in port_names.iter().zip(loaded.arrays.values()) {
+        let ours = HostTensor::from_array(&file.array(name).map_err(port)?)?;
+        out.compare(name, &ours, expected);
     }
     let port_metadata: Vec<String> = file
         .metadata()
         .map(|m| m.iter().map(|(k, v)| format!("{k}={v}")).collect())
         .unwrap_or_default();
-    let reference_metadata: Vec<String> = metadata
-        .into_iter()
-        .map(|(k, v)| match v {
-            Value::Str(s) => format!("{k}={s}"),
-            other => format!("{k}={other:?}"),
-        })
-        .collect();
     out.compare(
         "metadata",
         &text_tensor(&port_metadata.join("\n")),
-        &text_tensor(&reference_metadata.join("\n")),
+        &loaded.metadata_text(),
     );
     Ok(out)
 }
 
-/// A copy of `path` with its last byte flipped, removed on drop.
+/// A perturbed copy of a fixture, removed on drop.
 struct Perturbed(std::path::PathBuf);
 
 impl Drop for Perturbed {
@@ -127,18 +104,58 @@ impl Drop for Perturbed {
     }
 }
 
+/// A copy of `path` in which every must-equal output changes: each tensor's
+/// first data byte flipped (an empty tensor declared F16 instead), each
+/// name prefixed with `~` (which keeps their order), and each metadata
+/// value prefixed with `~` (a file without metadata gets `{"~": "~"}`).
 fn perturbed_copy(path: &std::path::Path, form: &str) -> Result<Perturbed, CaseError> {
-    let harness = |e: std::io::Error| {
-        CaseError::Harness(format!("perturbed copy of {}: {e}", path.display()))
-    };
-    let mut bytes = std::fs::read(path).map_err(harness)?;
-    if let Some(last) = bytes.last_mut() {
-        *last ^= 1;
+    let fail =
+        |what: String| CaseError::Harness(format!("perturbed copy of {}: {what}", path.display()));
+    let bytes = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
+    let n = bytes
+        .get(..8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap_or_default()) as usize)
+        .filter(|&n| 8 + n <= bytes.len())
+        .ok_or_else(|| fail("no header".into()))?;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + n]).map_err(|e| fail(e.to_string()))?;
+    let mut data = bytes[8 + n..].to_vec();
+    let mut out = serde_json::Map::new();
+    let mut metadata = serde_json::Map::new();
+    for (name, mut entry) in header {
+        if name == "__metadata__" {
+            if let serde_json::Value::Object(m) = entry {
+                for (k, v) in m {
+                    let v = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+                    metadata.insert(k, format!("~{v}").into());
+                }
+            }
+            continue;
+        }
+        let start = entry["data_offsets"][0].as_u64().unwrap_or(0) as usize;
+        let end = entry["data_offsets"][1].as_u64().unwrap_or(0) as usize;
+        if end > start && start < data.len() {
+            data[start] ^= 1;
+        } else {
+            entry["dtype"] = "F16".into();
+        }
+        out.insert(format!("~{name}"), entry);
     }
+    if metadata.is_empty() {
+        metadata.insert("~".into(), "~".into());
+    }
+    out.insert("__metadata__".into(), serde_json::Value::Object(metadata));
+    let mut text = serde_json::to_vec(&out).map_err(|e| fail(e.to_string()))?;
+    while text.len() % 8 != 0 {
+        text.push(b' ');
+    }
+    let mut file = (text.len() as u64).to_le_bytes().to_vec();
+    file.extend(text);
+    file.extend(data);
     let copy = std::env::temp_dir().join(format!(
         "conformance-perturbed-{}-{form}.safetensors",
         std::process::id()
     ));
-    std::fs::write(&copy, bytes).map_err(harness)?;
+    std::fs::write(&copy, file).map_err(|e| fail(e.to_string()))?;
     Ok(Perturbed(copy))
 }

@@ -2,9 +2,10 @@
 //! `quantized_matmul` through mlx-rs versus `mx.quantized_matmul` through
 //! the reference, in one process on one libmlx.
 
-use oracle::{Arg, DType, HostTensor};
+use oracle::{DType, HostTensor};
 
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::reference;
 
 const REFERENCE: &str = "mlx.core.quantized_matmul (mlx 0.32.2)";
 
@@ -22,22 +23,16 @@ fn run(ctx: &Ctx, m: usize, k: usize, n: usize) -> Result<CaseOutput, CaseError>
     let mut inputs = ctx.inputs();
     let x = inputs.uniform(DType::Bfloat16, &[m, k], 1.0);
     let w = inputs.uniform(DType::Bfloat16, &[n, k], 0.5);
-    let (wq, scales, biases) = mlx_rs::ops::quantize(w.to_array(), group_size, bits)?;
+    // The port here is mlx-rs itself: its errors are the port's.
+    let (wq, scales, biases) = mlx_rs::ops::quantize(w.to_array(), group_size, bits)
+        .map_err(|e| CaseError::port("mlx_rs::ops::quantize", e))?;
     let port =
-        mlx_rs::ops::quantized_matmul(x.to_array(), &wq, &scales, &biases, true, group_size, bits)?;
+        mlx_rs::ops::quantized_matmul(x.to_array(), &wq, &scales, &biases, true, group_size, bits)
+            .map_err(|e| CaseError::port("mlx_rs::ops::quantized_matmul", e))?;
     let port = HostTensor::from_array(&port)?;
     let [wq, scales, biases] = [&wq, &scales, &biases].map(HostTensor::from_array);
-    let reference = ctx.reference_tensor(
-        "smoke_quantized_matmul",
-        &[
-            Arg::from(x),
-            Arg::from(wq?),
-            Arg::from(scales?),
-            Arg::from(biases?),
-            Arg::from(group_size),
-            Arg::from(bits),
-        ],
-        &[],
+    let reference = reference::quantized::smoke_quantized_matmul(
+        ctx, &x, &wq?, &scales?, &biases?, group_size, bits,
     )?;
     let mut out = CaseOutput::new("mlx.core");
     out.compare("y", &port, &reference);

@@ -87,7 +87,14 @@ pub fn render(report: &Report) -> String {
                         .map_or("(none)".into(), |x| x.to_string())
                 };
                 let now = Some(now.clone());
-                for k in ["finding", "digest", "path", "outputs"] {
+                let moved = crate::snapshots::moved_outputs(
+                    recorded.as_ref(),
+                    now.as_ref().unwrap_or(&serde_json::Value::Null),
+                );
+                if !moved.is_empty() {
+                    let _ = writeln!(md, "- output bits moved: {}", moved.join(", "));
+                }
+                for k in ["finding", "path", "outputs"] {
                     let (a, b) = (field(recorded, k), field(&now, k));
                     if a != b {
                         let _ = writeln!(md, "- {k}: recorded `{a}`\n  now `{b}`");
@@ -162,7 +169,48 @@ pub fn render(report: &Report) -> String {
             row.result.time_ms
         );
     }
+    oracle_notes(&mut md, report);
     md
+}
+
+/// How each case's reference is built: glue-composed cases (no single
+/// reference function exists) with the pieces they use, and must-equal
+/// outputs declared derived (no perturbable argument reaches them), with
+/// why. Grouped, with counts.
+fn oracle_notes(md: &mut String, report: &Report) {
+    let mut composed: std::collections::BTreeMap<(&str, Vec<String>), usize> = Default::default();
+    let mut derived: std::collections::BTreeMap<(&str, &str, &str), usize> = Default::default();
+    for row in &report.cases {
+        let r = &row.result;
+        if !r.glue_composed.is_empty() {
+            *composed
+                .entry((r.family.as_str(), r.glue_composed.clone()))
+                .or_default() += 1;
+        }
+        for o in r.output.iter().flat_map(|out| &out.outputs) {
+            if let Some(why) = &o.derived {
+                *derived
+                    .entry((r.family.as_str(), o.name.as_str(), why.as_str()))
+                    .or_default() += 1;
+            }
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\n## Glue-composed references ({} cases)\n",
+        composed.values().sum::<usize>()
+    );
+    for ((family, pieces), n) in &composed {
+        let _ = writeln!(md, "- `{family}` ({n} cases): {}", pieces.join("; "));
+    }
+    let _ = writeln!(
+        md,
+        "\n## Derived outputs ({})\n",
+        derived.values().sum::<usize>()
+    );
+    for ((family, output, why), n) in &derived {
+        let _ = writeln!(md, "- `{family}` · `{output}` ({n} cases): {why}");
+    }
 }
 
 /// The top-level fields of two findings that differ (the whole value when

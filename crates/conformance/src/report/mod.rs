@@ -338,10 +338,15 @@ pub fn snapshot_note(status: &Status, commands: &crate::snapshots::SetCommands) 
             "no snapshot recorded for this case (new case?): review with `{}`, record with `{}`",
             commands.review, commands.accept
         )),
-        Status::Drift { .. } => Some(format!(
-            "output bits or finding differ from the snapshot: see report.md, or `{}`",
-            commands.review
-        )),
+        Status::Drift { recorded, now } => {
+            let moved = crate::snapshots::moved_outputs(recorded.as_ref(), now);
+            let what = if moved.is_empty() {
+                "the finding or reference path differs from the snapshot".to_owned()
+            } else {
+                format!("output bits moved: {}", moved.join(", "))
+            };
+            Some(format!("{what}: see report.md, or `{}`", commands.review))
+        }
         _ => None,
     }
 }

@@ -84,6 +84,10 @@ pub struct CaseResult {
     pub name: String,
     pub family: String,
     pub reference: String,
+    /// Set when no single reference function exists for the case: the
+    /// reference pieces the glue composes (see `Case::glue_composed`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub glue_composed: Vec<String>,
     pub expect: Expect,
     pub verdict: Verdict,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -187,6 +191,7 @@ fn blank(case: &Case) -> CaseResult {
         name: case.name.clone(),
         family: case.family.to_owned(),
         reference: case.reference.to_owned(),
+        glue_composed: case.glue_composed.iter().map(|p| (*p).to_owned()).collect(),
         expect: case.expect,
         verdict: Verdict::Skip,
         output: None,
@@ -208,13 +213,13 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
         return skip;
     }
     let mut result = blank(case);
-    let ctx = Ctx {
+    let ctx = Ctx::new(
         oracle,
-        backend: options.backend,
-        seed: options.seed.wrapping_add(case.seed),
-        case: &case.name,
-        perturb: options.perturb,
-    };
+        options.backend,
+        options.seed.wrapping_add(case.seed),
+        &case.name,
+        options.perturb,
+    );
     let start = Instant::now();
     let outcome = catch_unwind(AssertUnwindSafe(|| (case.run)(&ctx)));
     result.time_ms = start.elapsed().as_secs_f64() * 1e3;
@@ -227,6 +232,13 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
                 "harness error: this must-equal case compared no output (a case that cannot fail)"
                     .to_owned(),
             );
+        }
+        Ok(Ok(output)) if output.duplicate_name().is_some() => {
+            result.verdict = Verdict::Error;
+            result.message = Some(format!(
+                "harness error: output `{}` is recorded twice",
+                output.duplicate_name().unwrap_or_default()
+            ));
         }
         Ok(Ok(output)) => {
             result.verdict = match case.expect {

@@ -89,6 +89,7 @@ fn unknown_case(name: &str) -> CaseResult {
         name: name.to_owned(),
         family: String::new(),
         reference: String::new(),
+        glue_composed: Vec::new(),
         expect: crate::case::Expect::MustEqual,
         verdict: Verdict::Error,
         output: None,

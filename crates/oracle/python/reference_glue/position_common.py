@@ -28,10 +28,6 @@ def _position_qwen3_5():
         return load("mlx_vlm.models.qwen3_5.language")
 
 
-def _position_int_list(params):
-    return [int(v) for v in params.tolist()]
-
-
 def _position_rotary(head_dim, partial_rotary_factor, rope_theta, mrope_section):
     """The Qwen3.5 attention's rotary, built as the attention builds it."""
     language = _position_qwen3_5()

@@ -7,20 +7,18 @@ import types
 import mlx.core as mx
 import numpy as np
 
-from reference_glue.position_common import _POSITION_LOCK, _position_int_list, _position_rope_utils
+from reference_glue.position_common import _POSITION_LOCK, _position_rope_utils
 
 
 def _position_bytes(text):
     return mx.array(np.frombuffer(text.encode("utf-8"), dtype=np.uint8))
 
 
-def position_mrope_kernel_source(params, pairing):
+def position_mrope_kernel_source(rotary_dim, position_ndim, pairing):
     """What _mrope_apply_kernel(rotary_dim, position_ndim, pairing) hands to
     mx.fast.metal_kernel, captured by a recorder (on any platform: the
-    builder runs with _HAS_METAL forced on and its lru_cache bypassed).
-    `params` = [rotary_dim, position_ndim]."""
+    builder runs with _HAS_METAL forced on and its lru_cache bypassed)."""
     ru = _position_rope_utils()
-    rotary_dim, position_ndim = _position_int_list(params)
     calls = []
 
     def recorder(**kwargs):
@@ -65,11 +63,12 @@ def position_mrope_kernel_source(params, pairing):
     }
 
 
-def position_mrope_kernel_launch(params, dtype_name, position_ndim, rotary_dim):
-    """The launch _fast_mrope_apply makes for q and k: the kernel is a
-    recorder returning zeros. `params` = [B, Hq, Hk, L, D]."""
+def position_mrope_kernel_launch(batch, q_heads, kv_heads, length, head_dim, dtype_name,
+                                 position_ndim, rotary_dim):
+    """The launch _fast_mrope_apply makes for q [B, Hq, L, D] and k
+    [B, Hk, L, D]: the kernel is a recorder returning zeros."""
     ru = _position_rope_utils()
-    b, hq, hk, length, d = _position_int_list(params)
+    b, hq, hk, d = batch, q_heads, kv_heads, head_dim
     dtype = getattr(mx, dtype_name)
     launches = []
 

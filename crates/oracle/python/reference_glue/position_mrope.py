@@ -7,7 +7,6 @@ import mlx.core as mx
 
 from reference_glue.position_common import (
     _POSITION_LOCK,
-    _position_int_list,
     _position_path,
     _position_rope_utils,
     _position_rotary,
@@ -39,18 +38,18 @@ def position_mrope_apply(q, k, position_ids, head_dim, partial_rotary_factor, ro
 
 
 def position_inv_freq(dims, base):
-    """compute_inv_freq(dim, base) for every dim of the int tensor `dims`,
+    """compute_inv_freq(dim, base) for every dim of the list `dims`,
     concatenated."""
     ru = _position_rope_utils()
-    return mx.concatenate([ru.compute_inv_freq(d, base) for d in _position_int_list(dims)])
+    return mx.concatenate([ru.compute_inv_freq(d, base) for d in dims])
 
 
-def position_selectors(params):
-    """_interleaved_position_selector(section, freq_dim) for each row
-    [freq_dim, s0, s1, s2] of `params`, concatenated."""
+def position_selectors(freq_dims, sections):
+    """_interleaved_position_selector(section, freq_dim) for each pair of
+    `freq_dims` and `sections`, concatenated."""
     ru = _position_rope_utils()
-    rows = params.reshape(-1, 4).tolist()
-    return mx.concatenate([ru._interleaved_position_selector(row[1:], row[0]) for row in rows])
+    return mx.concatenate([ru._interleaved_position_selector(list(s), f)
+                           for f, s in zip(freq_dims, sections, strict=True)])
 
 
 def position_mrope_decode(q, k, input_ids, image_grid_thw, video_grid_thw, cache_offset,

@@ -10,9 +10,9 @@
 //!
 //! * `attention/decode/…/M1/cache<a>-<b>` (must-equal): the port decoding
 //!   one token at a time versus the reference doing the same in Python
-//!   (mlx-lm attention: `nn.QuantizedLinear`, `nn.RoPE`,
-//!   `mlx_lm.models.cache.KVCache`, `mlx_lm.models.base`'s SDPA call and
-//!   attention mask).
+//!   (mlx-lm's own `glm4.Glm4Attention` with `nn.QuantizedLinear`
+//!   projections on an `mlx_lm.models.cache.KVCache`, the mask of
+//!   `mlx_lm.models.base.create_attention_mask`).
 //! * `attention/append/…/policy-<table>/cache<a>-<b>` (finding): the port
 //!   appending in the chunks [`RegimeTable::append_chunk_size`] chooses
 //!   versus the port at M = 1. The CPU table (from the boundary finder) on
@@ -30,10 +30,11 @@ pub mod step;
 use std::sync::Arc;
 
 use layers::position::{RegimeTable, MAX_APPEND_CHUNK};
-use oracle::{Arg, DType, HostTensor};
+use oracle::{DType, HostTensor};
 use serde_json::json;
 
 use crate::case::{seed_of, Backend, Case, CaseError, CaseOutput, Ctx};
+use crate::reference;
 use finder::{default_candidates, find_boundaries, AppendProbe};
 use scenario::{reset_memo as reset_scenarios, scenario, Scenario, OUTPUTS};
 use step::{AttentionShape, QWEN35_LIKE};
@@ -47,9 +48,9 @@ pub const WINDOWS: [(usize, usize); 4] =
 const SHAPE: AttentionShape = QWEN35_LIKE;
 const GRAPH: &str = "qwen35-gqa6-d256-h512/affine-4b-gs64/bf16";
 
-const REFERENCE_M1: &str = "mlx-lm attention decode: mlx.nn.QuantizedLinear, mlx.nn.RoPE, \
-     mlx.core.fast.scaled_dot_product_attention (mlx 0.32.2); mlx_lm.models.cache.KVCache, \
-     mlx_lm.models.base.{create_attention_mask,scaled_dot_product_attention} (mlx-lm 0.32.2)";
+const REFERENCE_M1: &str = "mlx_lm.models.glm4.Glm4Attention.__call__ with mlx.nn.QuantizedLinear \
+     projections, one token per call on an mlx_lm.models.cache.KVCache, mask from \
+     mlx_lm.models.base.create_attention_mask (mlx-lm 0.32.2, mlx 0.32.2)";
 const REFERENCE_APPEND: &str =
     "port chunked append vs port M=1 (mlx.core.fast.scaled_dot_product_attention, mlx 0.32.2)";
 const REFERENCE_FINDER: &str =
@@ -59,12 +60,20 @@ pub fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
     for (start, end) in WINDOWS {
         let window = format!("cache{start}-{end}");
-        cases.push(Case::must_equal(
-            format!("attention/decode/{GRAPH}/M1/{window}"),
-            "attention/decode",
-            REFERENCE_M1,
-            move |ctx| run_m1(ctx, start, end),
-        ));
+        cases.push(
+            Case::must_equal(
+                format!("attention/decode/{GRAPH}/M1/{window}"),
+                "attention/decode",
+                REFERENCE_M1,
+                move |ctx| run_m1(ctx, start, end),
+            )
+            .glue_composed(&[
+                "mlx_lm.models.glm4.Glm4Attention.__call__ with nn.QuantizedLinear projections",
+                "mlx_lm.models.cache.KVCache, prefilled in one update",
+                "mlx_lm.models.base.create_attention_mask",
+                "one token per call, as a decode loop drives the layer",
+            ]),
+        );
         // One policy case per backend: its shipped regime table, checked
         // only where that table applies.
         for (backend, reason) in [
@@ -121,11 +130,11 @@ pub fn reset_memo() {
 /// The run's base seed (every case adds its own offset to it; scenarios
 /// shared between cases must not depend on the case).
 fn run_seed(ctx: &Ctx) -> u64 {
-    ctx.seed.wrapping_sub(seed_of(ctx.case))
+    ctx.seed().wrapping_sub(seed_of(ctx.case()))
 }
 
 fn window_scenario(ctx: &Ctx, start: usize, end: usize) -> Result<Arc<Scenario>, CaseError> {
-    scenario(SHAPE, run_seed(ctx), ctx.backend, start, end)
+    scenario(SHAPE, run_seed(ctx), ctx.backend(), start, end)
 }
 
 /// The reference path that ran, per backend.
@@ -142,40 +151,37 @@ fn path(backend: Backend) -> &'static str {
 fn run_m1(ctx: &Ctx, start: usize, end: usize) -> Result<CaseOutput, CaseError> {
     let sc = window_scenario(ctx, start, end)?;
     let w = &sc.weights;
-    let mut args = vec![Arg::from(sc.x.clone())];
-    for p in [&w.q, &w.k, &w.v, &w.o] {
-        args.extend([p.weight.clone(), p.scales.clone(), p.biases.clone()].map(Arg::from));
+    fn projection(p: &step::HostProjection) -> reference::attention::Projection<'_> {
+        reference::attention::Projection {
+            weight: &p.weight,
+            scales: &p.scales,
+            biases: &p.biases,
+        }
     }
-    args.extend([Arg::from(sc.k0.clone()), Arg::from(sc.v0.clone())]);
-    args.extend(
+    let graph = reference::attention::Graph {
+        n_heads: SHAPE.n_heads,
+        n_kv_heads: SHAPE.n_kv_heads,
+        head_dim: SHAPE.head_dim,
+        rotary_dims: SHAPE.rotary_dims,
+        rope_base: f64::from(SHAPE.rope_base),
+        group_size: SHAPE.spec.group_size,
+        bits: SHAPE.spec.bits,
+    };
+    let rows = reference::attention::attention_decode_m1(
+        ctx,
+        &sc.x,
         [
-            SHAPE.n_heads,
-            SHAPE.n_kv_heads,
-            SHAPE.head_dim,
-            SHAPE.rotary_dims,
-        ]
-        .map(Arg::from),
-    );
-    args.push(Arg::from(f64::from(SHAPE.rope_base)));
-    args.extend([SHAPE.spec.group_size, SHAPE.spec.bits].map(Arg::from));
-    let reference = ctx
-        .reference("attention_decode_m1", &args, &[])?
-        .into_list()
-        .ok_or_else(|| CaseError::Harness("attention_decode_m1 did not return a tuple".into()))?
-        .into_iter()
-        .map(|v| {
-            v.tensor().ok_or_else(|| {
-                CaseError::Harness("attention_decode_m1 returned a non-array".into())
-            })
-        })
-        .collect::<Result<Vec<HostTensor>, _>>()?;
-    if reference.len() != OUTPUTS.len() {
-        return Err(CaseError::Harness(format!(
-            "attention_decode_m1 returned {} arrays",
-            reference.len()
-        )));
-    }
-    let mut out = CaseOutput::new(path(ctx.backend));
+            projection(&w.q),
+            projection(&w.k),
+            projection(&w.v),
+            projection(&w.o),
+        ],
+        &sc.k0,
+        &sc.v0,
+        graph,
+    )?;
+    let reference = [rows.attn, rows.y, rows.keys, rows.values];
+    let mut out = CaseOutput::new(path(ctx.backend()));
     for ((name, port), reference) in OUTPUTS.iter().zip(sc.m1.outputs()).zip(&reference) {
         out.compare(name, port, reference);
     }
@@ -208,9 +214,9 @@ fn run_policy(
     let partition = policy_partition(&table, start, end);
     let chunked = sc.run_partition(&partition)?;
     let diff = chunked.diff(&sc.m1);
-    let mut out = CaseOutput::new(path(ctx.backend));
-    for t in chunked.outputs() {
-        out.digest_tensor(t);
+    let mut out = CaseOutput::new(path(ctx.backend()));
+    for (name, t) in OUTPUTS.iter().zip(chunked.outputs()) {
+        out.digest(&format!("{name} (chunked)"), t);
     }
     Ok(out.with_finding(json!({
         "table": backend_name(&table),
@@ -218,7 +224,7 @@ fn run_policy(
         "cache": [start, end],
         "partition": partition,
         "equal": diff.equal(),
-        "differing_elements": diff.counts_json(),
+        "outputs": diff.relations_json(),
         "first_differing_token": diff.first_token.map(|t| json!({"index": t, "kv_len": start + t + 1})),
     })))
 }
@@ -237,20 +243,20 @@ fn crossing_chunks(start: usize, end: usize) -> Vec<(usize, usize)> {
 
 fn run_crossing(ctx: &Ctx, start: usize, end: usize) -> Result<CaseOutput, CaseError> {
     let sc = window_scenario(ctx, start, end)?;
-    let mut out = CaseOutput::new(path(ctx.backend));
+    let mut out = CaseOutput::new(path(ctx.backend()));
     let mut chunks = Vec::new();
     let mut all_equal = true;
     for (boundary, cache_len) in crossing_chunks(start, end) {
         let probe = sc.probe(cache_len, MAX_APPEND_CHUNK)?;
-        for t in probe.outputs.outputs() {
-            out.digest_tensor(t);
+        for (name, t) in OUTPUTS.iter().zip(probe.outputs.outputs()) {
+            out.digest(&format!("{name} (chunk at {cache_len})"), t);
         }
         all_equal &= probe.diff.equal();
         chunks.push(json!({
             "metal_boundary": boundary,
             "kv": [cache_len + 1, cache_len + MAX_APPEND_CHUNK],
             "equal": probe.diff.equal(),
-            "differing_elements": probe.diff.counts_json(),
+            "outputs": probe.diff.relations_json(),
             "first_differing_token": probe.diff.first_token.map(|t| json!({"index": t, "kv_len": cache_len + t + 1})),
         }));
     }
@@ -310,29 +316,28 @@ fn shipped_table(backend: Backend) -> RegimeTable {
 }
 
 fn run_finder(ctx: &Ctx) -> Result<CaseOutput, CaseError> {
-    let search = find_on(run_seed(ctx), ctx.backend)?;
-    let table = shipped_table(ctx.backend);
+    let search = find_on(run_seed(ctx), ctx.backend())?;
+    let table = shipped_table(ctx.backend());
     let mut out = CaseOutput::new("port only");
     let bits: Vec<u8> = search
         .boundaries
         .iter()
         .flat_map(|&b| (b as i32).to_le_bytes())
         .collect();
-    out.digest_tensor(&HostTensor::new(
-        DType::Int32,
-        vec![search.boundaries.len()],
-        bits,
-    )?);
+    out.digest(
+        "boundaries",
+        &HostTensor::new(DType::Int32, vec![search.boundaries.len()], bits)?,
+    );
     let probes: Vec<_> = search
         .probes
         .iter()
         .map(|p| json!([p.cache_len, p.chunk, p.matched]))
         .collect();
     Ok(out.with_finding(json!({
-        "backend": ctx.backend.as_str(),
+        "backend": ctx.backend().as_str(),
         "chunk": search.chunk,
-        "candidates": candidates(ctx.backend),
-        "pattern": search.pattern(candidates(ctx.backend).len()),
+        "candidates": candidates(ctx.backend()),
+        "pattern": search.pattern(candidates(ctx.backend()).len()),
         "probe_budget_exhausted": search.probe_budget_exhausted,
         "probes": probes,
         "failing_runs": search.failing_runs,
@@ -343,7 +348,7 @@ fn run_finder(ctx: &Ctx) -> Result<CaseOutput, CaseError> {
         "shipped_max_chunk": table.max_chunk(),
         // A one-token table is right exactly when chunking is not exact.
         "shipped_table_agrees": if table.max_chunk() == 1 {
-            search.pattern(candidates(ctx.backend).len()) != "no boundaries"
+            search.pattern(candidates(ctx.backend()).len()) != "no boundaries"
         } else {
             search.boundaries == table.boundaries()
         },

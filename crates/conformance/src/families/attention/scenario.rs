@@ -12,13 +12,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use oracle::{compare, Comparison, DType, HostTensor};
+use oracle::{DType, HostTensor};
 
 use super::step::{
     cache_layout, rows, stack_rows, AttentionShape, DecodeStep, HostWeights, KvCache,
 };
 use crate::case::{seed_of, Backend, CaseError};
 use crate::inputs::Inputs;
+use crate::relation::Relation;
 
 /// The port's outputs over a scenario's tokens, token-major: `attn [W, H*D]`
 /// (before `o_proj`), `y [W, hidden]`, roped `keys`/`values` `[W, H_kv*D]`.
@@ -48,62 +49,55 @@ impl Trajectory {
         }
     }
 
-    /// How `self` differs from `other` (same tokens).
+    /// How `self` relates to `other` (same tokens), per output.
     pub fn diff(&self, other: &Trajectory) -> TrajectoryDiff {
         let tokens = self.attn.shape[0];
-        let mut differing = [0usize; 4];
         let mut first_token = None;
-        for (i, (a, b)) in self.outputs().into_iter().zip(other.outputs()).enumerate() {
-            differing[i] = differing_elements(a, b);
-            if differing[i] > 0 {
+        let relations = self
+            .outputs()
+            .into_iter()
+            .zip(other.outputs())
+            .map(|(a, b)| {
                 let width = a.len() / tokens.max(1);
-                let row = (0..tokens).find(|&t| {
-                    let n = width * a.dtype.size();
-                    a.bytes[t * n..(t + 1) * n] != b.bytes[t * n..(t + 1) * n]
-                });
-                first_token = match (first_token, row) {
-                    (Some(f), Some(r)) => Some(std::cmp::min(f, r)),
-                    (f, r) => f.or(r),
-                };
-            }
-        }
+                let n = width * a.dtype.size();
+                let differs =
+                    |t: usize| a.bytes.get(t * n..(t + 1) * n) != b.bytes.get(t * n..(t + 1) * n);
+                let rows = (0..tokens).filter(|&t| differs(t)).count();
+                if let Some(r) = (0..tokens).find(|&t| differs(t)) {
+                    first_token = Some(first_token.map_or(r, |f: usize| f.min(r)));
+                }
+                Relation::of(a, b).with_positions(rows)
+            });
+        let relations: Vec<Relation> = relations.collect();
         TrajectoryDiff {
-            differing,
+            relations: relations.try_into().expect("four outputs"),
             first_token,
         }
     }
 }
 
-/// Element counts that differ per output ([`OUTPUTS`] order) and the first
-/// token (index in the compared range) with any difference.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How each output ([`OUTPUTS`] order) relates, with `positions` counting
+/// tokens, and the first token (index in the compared range) with any
+/// difference.
+#[derive(Debug, Clone, PartialEq)]
 pub struct TrajectoryDiff {
-    pub differing: [usize; 4],
+    pub relations: [Relation; 4],
     pub first_token: Option<usize>,
 }
 
 impl TrajectoryDiff {
     pub fn equal(&self) -> bool {
-        self.differing.iter().all(|&n| n == 0)
+        self.relations.iter().all(|r| r.equal)
     }
 
-    /// `{"attn": n, "y": n, "keys": n, "values": n}`.
-    pub fn counts_json(&self) -> serde_json::Value {
+    /// `{"attn": relation, "y": …, "keys": …, "values": …}`.
+    pub fn relations_json(&self) -> serde_json::Value {
         let map: serde_json::Map<String, serde_json::Value> = OUTPUTS
             .iter()
-            .zip(self.differing)
-            .map(|(k, n)| ((*k).to_owned(), n.into()))
+            .zip(&self.relations)
+            .map(|(k, r)| ((*k).to_owned(), r.json()))
             .collect();
         serde_json::Value::Object(map)
-    }
-}
-
-fn differing_elements(a: &HostTensor, b: &HostTensor) -> usize {
-    match compare(a, b) {
-        Comparison::Equal => 0,
-        Comparison::Differs(d) => d.count,
-        // Shape or dtype mismatch: every element counts as differing.
-        _ => a.len().max(b.len()),
     }
 }
 

@@ -4,9 +4,9 @@
 //! offset), a growing KV cache and `fast::scaled_dot_product_attention`
 //! (no mask for one token, `"causal"` within an appended chunk).
 //!
-//! It mirrors the mlx-lm attention block (llama / qwen3 style, mlx-lm
-//! 0.32.2) without q/k norms or output gate, which the regime question does
-//! not involve:
+//! It mirrors mlx-lm's `glm4.Glm4Attention` (mlx-lm 0.32.2; the llama /
+//! qwen3 block without q/k norms or output gate, which the regime question
+//! does not involve, and with partial rotary):
 //!
 //! ```text
 //! q, k, v = q_proj(x), k_proj(x), v_proj(x)          # [1, M, ·]

@@ -10,13 +10,11 @@
 //! The glue functions live in the `# --- position families` section of
 //! `crates/oracle/python/reference_glue.py`.
 
-use std::collections::BTreeMap;
-
 use layers::position::{GridThw, MropePath, PositionError, VisionTokens};
 use mlx_rs::Array;
-use oracle::{Arg, DType, HostTensor, Value};
+use oracle::{DType, HostTensor};
 
-use crate::case::{Backend, Case, CaseError, Ctx};
+use crate::case::{Backend, Case, CaseError, Ctx, Expected};
 use crate::inputs::Inputs;
 
 mod inv_freq;
@@ -108,32 +106,9 @@ fn ints(inputs: &mut Inputs, n: usize, low: i64, high: i64) -> Vec<i32> {
     (0..n).map(|i| t.bits(i) as u32 as i32).collect()
 }
 
-/// The dict a glue function returned.
-fn dict(value: Value, function: &str) -> Result<BTreeMap<String, Value>, CaseError> {
-    match value {
-        Value::Dict(map) => Ok(map),
-        other => Err(CaseError::Harness(format!(
-            "`{function}` returned {other:?}, not a dict"
-        ))),
-    }
-}
-
-fn take_tensor(map: &mut BTreeMap<String, Value>, key: &str) -> Result<HostTensor, CaseError> {
-    match map.remove(key) {
-        Some(Value::Tensor(t)) => Ok(t),
-        other => Err(CaseError::Harness(format!(
-            "reference result `{key}` is {other:?}, not an array"
-        ))),
-    }
-}
-
-fn take_str(map: &mut BTreeMap<String, Value>, key: &str) -> Result<String, CaseError> {
-    match map.remove(key) {
-        Some(Value::Str(s)) => Ok(s),
-        other => Err(CaseError::Harness(format!(
-            "reference result `{key}` is {other:?}, not a string"
-        ))),
-    }
+/// [`widen_i64`] of a reference output.
+fn widen_expected(e: &Expected) -> Result<Expected, CaseError> {
+    e.map(widen_i64)
 }
 
 /// The mRoPE path the port takes for this run, mirroring the reference:
@@ -144,7 +119,7 @@ fn take_str(map: &mut BTreeMap<String, Value>, key: &str) -> Result<String, Case
 fn mrope_path(ctx: &Ctx) -> Result<MropePath, CaseError> {
     // The kernel path exists only on Metal; CPU rows (on every build,
     // macOS included) test the pure-MLX path, CUDA has no Metal.
-    match ctx.backend {
+    match ctx.backend() {
         Backend::Metal => MropePath::current().map_err(port),
         Backend::Cpu | Backend::Cuda => Ok(MropePath::PureMlx),
     }
@@ -202,23 +177,4 @@ fn build_prompt(pieces: &[Piece], inputs: &mut Inputs) -> Prompt {
         }
     }
     prompt
-}
-
-/// Grids as the glue takes them: a list of `[t, h, w]`, or `None` (not
-/// passed) when `present` is false.
-fn grids_arg(grids: &[GridThw], present: bool) -> Arg {
-    if !present {
-        return Arg::None;
-    }
-    Arg::List(
-        grids
-            .iter()
-            .map(|g| Arg::List(vec![Arg::from(g.t), Arg::from(g.h), Arg::from(g.w)]))
-            .collect(),
-    )
-}
-
-/// `mrope_section` as a Python list.
-fn list_arg(values: &[usize]) -> Arg {
-    Arg::List(values.iter().map(|&v| Arg::from(v)).collect())
 }

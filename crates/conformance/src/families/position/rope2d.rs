@@ -5,10 +5,11 @@
 //! 4: the reference drops the trailing channels, the port mirrors it).
 
 use layers::position::apply_multidimensional_rope;
-use oracle::{Arg, DType};
+use oracle::DType;
 
 use super::{dtype_tag, host, int32_tensor, port};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::reference;
 
 const FAMILY: &str = "position/rope2d";
 const REFERENCE: &str = "optiq.vlm.gemma4.vision.apply_multidimensional_rope (mlx-optiq 0.7.7)";
@@ -114,15 +115,7 @@ fn run(
     };
     let y = apply_multidimensional_rope(&x.to_array(), &positions.to_array(), BASE_FREQUENCY)
         .map_err(port)?;
-    let reference = ctx.reference_tensor(
-        "position_rope2d",
-        &[
-            Arg::from(x),
-            Arg::from(positions),
-            Arg::from(BASE_FREQUENCY),
-        ],
-        &[],
-    )?;
+    let reference = reference::position::position_rope2d(ctx, &x, &positions, BASE_FREQUENCY)?;
     let mut out = CaseOutput::new("pure-mlx");
     out.compare("y", &host(&y)?, &reference);
     Ok(out)

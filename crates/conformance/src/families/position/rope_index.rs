@@ -12,19 +12,19 @@
 use layers::position::{
     rope_index, GridThw, PositionLayout, RopeIndex, RopeIndexInput, VisionTokens,
 };
-use oracle::Arg;
 
-use super::{
-    build_prompt, dict, grids_arg, int32_tensor, port, take_tensor, widen_i64, Piece, Prompt,
-};
+use super::widen_expected;
+use super::{build_prompt, int32_tensor, port, widen_i64, Piece, Prompt};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::reference;
 
 const FAMILY: &str = "position/rope-index";
 const REFERENCE: &str =
     "mlx_vlm.models.qwen3_5.language.LanguageModel.get_rope_index (mlx-vlm 0.7.6)";
 const DECODE_REFERENCE: &str =
-    "mlx_vlm.models.qwen3_5.language.LanguageModel.get_rope_index, then \
-     LanguageModel.__call__'s rope_deltas continuation (mlx-vlm 0.7.6)";
+    "mlx_vlm.models.qwen3_5.language.LanguageModel.__call__: prefill, then the positions it \
+     hands its transformer body at the cache offset (body stubbed: it does not decide \
+     positions) (mlx-vlm 0.7.6)";
 
 /// Token id of left padding (masked out).
 const PAD: i32 = 0;
@@ -223,42 +223,54 @@ fn run(ctx: &Ctx, rows: Rows, decode: Decode) -> Result<CaseOutput, CaseError> {
         .iter()
         .flat_map(|p| p.videos.iter().copied())
         .collect();
-    let mut args = vec![
-        Arg::from(int32_tensor(&mask_values, &[batch, len])),
-        Arg::from(int32_tensor(&ids, &[batch, len])),
-        grids_arg(&images, has_images),
-        grids_arg(&videos, has_videos),
-    ];
-    let function = match decode {
-        Some((extra, n)) => {
-            args.push(Arg::from(len + extra));
-            args.push(Arg::from(n));
-            "position_rope_decode"
-        }
-        None => "position_rope_index",
+    let mask = int32_tensor(&mask_values, &[batch, len]);
+    let ids = int32_tensor(&ids, &[batch, len]);
+    let prompt = reference::position::Prompt {
+        input_ids: &ids,
+        image_grid_thw: has_images.then_some(images.as_slice()),
+        video_grid_thw: has_videos.then_some(videos.as_slice()),
     };
-    let mut reference = dict(ctx.reference(function, &args, &[])?, function)?;
+    let reference = match decode {
+        Some((extra, n)) => {
+            reference::position::position_rope_decode(ctx, &mask, prompt, len + extra, n)?
+        }
+        None => reference::position::position_rope_index(ctx, &mask, prompt)?,
+    };
 
     let mut out = CaseOutput::new("pure-mlx");
     out.compare(
         "position_ids",
         &widen_i64(&positions)?,
-        &widen_i64(&take_tensor(&mut reference, "position_ids")?)?,
+        &widen_expected(&reference.position_ids)?,
     );
-    out.compare(
-        "rope_deltas",
-        &widen_i64(&deltas)?,
-        &widen_i64(&take_tensor(&mut reference, "rope_deltas")?)?,
-    );
+    if has_images || has_videos {
+        // The proof's masked token shifts positions; the delta of a prompt
+        // with vision spans follows from its grids and token count.
+        out.compare_derived(
+            "rope_deltas",
+            &widen_i64(&deltas)?,
+            &widen_expected(&reference.rope_deltas)?,
+            "with vision spans, fixed by the grids and the token layout, constants of the case",
+        );
+    } else {
+        out.compare(
+            "rope_deltas",
+            &widen_i64(&deltas)?,
+            &widen_expected(&reference.rope_deltas)?,
+        );
+    }
     if let Some((extra, n)) = decode {
         let streams: Vec<[Vec<i32>; 3]> = indices
             .iter()
             .map(|i| i.window(len + extra, n).map_err(port))
             .collect::<Result<_, _>>()?;
+        let expected = reference.decode_position_ids.as_ref().ok_or_else(|| {
+            CaseError::Harness("the decode call returned no decode positions".into())
+        })?;
         out.compare(
             "decode_position_ids",
             &widen_i64(&stack(&streams, n))?,
-            &widen_i64(&take_tensor(&mut reference, "decode_position_ids")?)?,
+            &widen_expected(expected)?,
         );
     }
     Ok(out)

@@ -14,17 +14,16 @@
 //! keeps 70000 positions inside the family's time budget.
 
 use layers::position::Mrope;
-use mlx_rs::ops::{abs, select};
 use mlx_rs::{Array, Dtype};
-use oracle::{Arg, DType, HostTensor};
+use oracle::{DType, HostTensor};
 use serde_json::json;
 
 use super::mrope::Model;
 use super::mrope::QWEN3_5;
-use super::{
-    dict, dtype_tag, host, int32_tensor, mlx_dtype, mrope_path, port, take_str, take_tensor,
-};
+use super::{dtype_tag, host, int32_tensor, mlx_dtype, mrope_path, port};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::reference;
+use crate::relation::Relation;
 
 const FAMILY: &str = "position/mrope";
 const REFERENCE: &str =
@@ -50,66 +49,26 @@ pub fn cases() -> Vec<Case> {
                 QWEN3_5.name,
                 dtype_tag(dtype)
             );
-            Case::finding(name, FAMILY, REFERENCE, move |ctx| run(ctx, dtype))
+            Case::finding(name, FAMILY, REFERENCE, move |ctx| run(ctx, dtype)).glue_composed(&[
+                "mlx_vlm.models.rope_utils.MRoPERotaryEmbedding.apply_rotary (three equal position streams)",
+                "mlx.core.fast.rope",
+            ])
         })
         .collect()
 }
 
-/// Where `a` and `b` differ, measured on the device: element count,
-/// position count (axis 2), the first 8 positions, max ulp; and the
-/// per-position mask as a uint8 tensor for the digest.
+/// How `a` relates to `b` ([`Relation`], with the positions (axis 2)
+/// holding a difference and the first 8 of them), and the per-position
+/// mask as a uint8 tensor for the digest.
 fn divergence(a: &Array, b: &Array) -> Result<(serde_json::Value, HostTensor), CaseError> {
     let differs = a.ne(b)?;
-    let elements = differs
-        .as_dtype(Dtype::Int32)?
-        .sum(None)?
-        .try_item_exact::<i32>()
-        .map_err(harness)?;
     let per_position = differs.any_axes(&[0, 1, 3], None)?.as_dtype(Dtype::Uint8)?;
     let mask = host(&per_position)?;
     let positions: Vec<usize> = (0..mask.len()).filter(|&i| mask.bytes[i] != 0).collect();
-    let max_ulp = abs(ordered(a)?.subtract(ordered(b)?)?)?
-        .max(None)?
-        .try_item_exact::<i64>()
-        .map_err(harness)?;
-    let wide = |x: &Array| x.as_dtype(Dtype::Float32);
-    let max_abs_diff = abs(wide(a)?.subtract(wide(b)?)?)?
-        .max(None)?
-        .try_item_exact::<f32>()
-        .map_err(harness)?;
-    let finding = json!({
-        "differing_elements": elements,
-        "differing_positions": positions.len(),
-        "first_positions": positions.iter().take(8).collect::<Vec<_>>(),
-        "max_ulp": max_ulp,
-        "max_abs_diff": max_abs_diff,
-    });
+    let relation = Relation::of(&host(a)?, &host(b)?).with_positions(positions.len());
+    let mut finding = relation.json();
+    finding["first_positions"] = json!(positions.iter().take(8).collect::<Vec<_>>());
     Ok((finding, mask))
-}
-
-fn harness(e: impl std::fmt::Display) -> CaseError {
-    CaseError::Harness(e.to_string())
-}
-
-/// Float bits mapped to a monotonic int64 line (as `oracle::compare`
-/// does): adjacent floats are one apart, -0 and +0 too.
-fn ordered(x: &Array) -> Result<Array, CaseError> {
-    let (view, sign_offset) = match x.dtype() {
-        Dtype::Bfloat16 | Dtype::Float16 => (Dtype::Int16, 1i64 << 15),
-        Dtype::Float32 => (Dtype::Int32, 1i64 << 31),
-        other => return Err(CaseError::Harness(format!("no ulp line for {other:?}"))),
-    };
-    let bits = x.view_dtype(view)?.as_dtype(Dtype::Int64)?;
-    // Negative bit patterns b (sign set): magnitude b + offset, placed at
-    // -magnitude - 1.
-    let negative = bits
-        .negative()?
-        .subtract(Array::from_slice(&[sign_offset + 1], &[]))?;
-    Ok(select(
-        &bits.lt(Array::from_slice(&[0i64], &[]))?,
-        &negative,
-        &bits,
-    )?)
 }
 
 fn run(ctx: &Ctx, dtype: DType) -> Result<CaseOutput, CaseError> {
@@ -118,7 +77,7 @@ fn run(ctx: &Ctx, dtype: DType) -> Result<CaseOutput, CaseError> {
     let config = model.config();
     let rotary_dim = config.rotary_dim;
     // 4.5M values: drawn on the device (MLX's threefry, seeded by the case).
-    let key = mlx_rs::random::key(ctx.seed)?;
+    let key = mlx_rs::random::key(ctx.seed())?;
     let shape = [1, 1, POSITIONS as i32, model.head_dim as i32];
     let q = host(
         &mlx_rs::random::uniform::<f32, f32>(-2.0, 2.0, &shape[..], &key)?
@@ -145,20 +104,18 @@ fn run(ctx: &Ctx, dtype: DType) -> Result<CaseOutput, CaseError> {
         None,
     )?;
 
-    let function = "position_mrope_vs_rope";
-    let mut args = vec![Arg::from(q.clone()), Arg::from(positions)];
-    args.extend([
-        Arg::from(model.head_dim),
-        Arg::from(model.partial_rotary_factor),
-        Arg::from(model.rope_theta),
-        super::list_arg(&model.mrope_section),
-        Arg::from(path.as_str()),
-    ]);
-    let mut reference = dict(ctx.reference(function, &args, &[])?, function)?;
-    let reference_path = take_str(&mut reference, "path")?;
-    let reference_mrope = take_tensor(&mut reference, "mrope")?;
-    let reference_rope = take_tensor(&mut reference, "rope")?;
-
+    let reference = reference::position::position_mrope_vs_rope(
+        ctx,
+        &q,
+        &positions,
+        model.rotary(),
+        path.as_str(),
+    )?;
+    let (reference_path, reference_mrope, reference_rope) = (
+        reference.path,
+        reference.mrope.into_tensor(),
+        reference.rope.into_tensor(),
+    );
     let port_mrope_host = host(&port_mrope)?;
     let port_equals_reference = port_mrope_host == reference_mrope;
     let (reference_finding, reference_mask) =
@@ -166,8 +123,8 @@ fn run(ctx: &Ctx, dtype: DType) -> Result<CaseOutput, CaseError> {
     let (port_finding, port_mask) = divergence(&port_mrope, &port_rope)?;
 
     let mut out = CaseOutput::new(reference_path);
-    out.digest_tensor(&reference_mask);
-    out.digest_tensor(&port_mask);
+    out.digest("reference mask", &reference_mask);
+    out.digest("port mask", &port_mask);
     Ok(out.with_finding(json!({
         "relation": "mRoPE with three equal position streams vs fast.rope(traditional=False, dims=rotary_dim, base=rope_theta, scale=1.0)",
         "config": "qwen3.5 rotary: rotary_dim 64 of head_dim 256, theta 1e7, mrope_section [11, 11, 10]; rotated channels only",

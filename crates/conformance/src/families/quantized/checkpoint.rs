@@ -16,8 +16,9 @@
 //!   the module's width; switch modules driven as `SwitchGLU` drives them,
 //!   unsorted, with the gather_qmm shim of `quantized/switch`).
 //!
-//! x is the first tensor argument, so the perturbation proof fails the case
-//! through the outputs; the spec table fails it on any wrong decision.
+//! The proof mode perturbs x and the expert indices, so every module's
+//! output must differ; the spec table is read from the fixture's
+//! config.json, a constant of the case, and is declared derived.
 //! A finding per fixture records where each spec came from on the port side
 //! (per-path entry, `true` entry, inferred, or why not quantized).
 
@@ -26,12 +27,13 @@ use std::collections::BTreeMap;
 use layers::checkpoint::{Checkpoint, LayerKind, SpecResolution};
 use layers::quantized::{Mode, QuantizedLinear, QuantizedSwitchLinear};
 use mlx_rs::ops::indexing::IndexOp;
-use oracle::{Arg, DType, HostTensor, Value};
+use oracle::{DType, HostTensor};
 use serde_json::Value as Json;
 
 use super::switch::{expert_indices, port_apply};
-use super::{activation, dict, fixture_dir, host, port};
+use super::{activation, fixture_dir, host, port};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::reference;
 
 const FAMILY: &str = "quantized/checkpoint";
 const REFERENCE: &str =
@@ -86,12 +88,15 @@ pub(super) fn layer_infos(
 pub(super) fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
     for fixture in FIXTURES {
-        cases.push(Case::must_equal(
-            format!("{FAMILY}/{fixture}/load"),
-            FAMILY,
-            REFERENCE,
-            move |ctx| load(ctx, fixture),
-        ));
+        cases.push(
+            Case::must_equal(
+                format!("{FAMILY}/{fixture}/load"),
+                FAMILY,
+                REFERENCE,
+                move |ctx| load(ctx, fixture),
+            )
+            .glue_composed(super::switch::SWITCH_GLU_STEP),
+        );
     }
     cases.push(Case::finding(
         format!("{FAMILY}/{}/spec-sources", FIXTURES[0]),
@@ -170,44 +175,25 @@ fn load(ctx: &Ctx, fixture: &str) -> Result<CaseOutput, CaseError> {
     let table_bytes = table.iter().flat_map(|v: &i32| v.to_le_bytes()).collect();
     let port_table = HostTensor::new(DType::Int32, vec![paths.len(), 3], table_bytes)?;
 
-    let args = [
-        Arg::from(x.clone()),
-        Arg::from(indices.clone()),
-        Arg::from(dir.display().to_string().as_str()),
-        Arg::List(paths.iter().map(|p| Arg::from(p.as_str())).collect()),
-    ];
-    let mut result = dict(
-        ctx.reference("quantized_checkpoint", &args, &[])?,
-        "quantized_checkpoint",
-    )?;
-    let reference_table = match result.remove("specs") {
-        Some(Value::Tensor(t)) => t,
-        other => {
-            return Err(CaseError::Harness(format!(
-                "reference `specs` is {other:?}"
-            )))
-        }
-    };
-    let reference_outputs = result
-        .remove("outputs")
-        .and_then(Value::into_list)
-        .ok_or_else(|| CaseError::Harness("reference `outputs` is not a list".into()))?;
-    if reference_outputs.len() != paths.len() {
+    let path_names: Vec<&str> = paths.iter().map(|p| p.as_str()).collect();
+    let loaded = reference::checkpoint::quantized_checkpoint(ctx, &x, &indices, &dir, &path_names)?;
+    if loaded.outputs.len() != paths.len() {
         return Err(CaseError::Harness(
             "reference returned another number of outputs".into(),
         ));
     }
 
     let mut out = CaseOutput::new("mlx.core");
-    out.compare(
+    out.compare_derived(
         "spec per path [bits, group_size, mode_id]",
         &port_table,
-        &reference_table,
+        &loaded.specs,
+        "read from the committed checkpoint's config.json, a constant of the case",
     );
-    for ((path, ours), theirs) in paths.iter().zip(&outputs).zip(reference_outputs) {
+    for ((path, ours), theirs) in paths.iter().zip(&outputs).zip(loaded.outputs) {
         match (ours, theirs) {
-            (Some(ours), Value::Tensor(theirs)) => out.compare(&format!("y {path}"), ours, &theirs),
-            (None, Value::None) => {}
+            (Some(ours), Some(theirs)) => out.compare(&format!("y {path}"), ours, &theirs),
+            (None, None) => {}
             // A float module on one side only: the spec table already
             // differs; nothing more to compare.
             _ => {}
@@ -233,6 +219,9 @@ fn spec_sources(fixture: &str) -> Result<CaseOutput, CaseError> {
     let mut out = CaseOutput::new("port");
     let text = Json::Object(map);
     let bytes = text.to_string().into_bytes();
-    out.digest_tensor(&HostTensor::new(DType::Uint8, vec![bytes.len()], bytes)?);
+    out.digest(
+        "spec sources (JSON)",
+        &HostTensor::new(DType::Uint8, vec![bytes.len()], bytes)?,
+    );
     Ok(out.with_finding(text))
 }

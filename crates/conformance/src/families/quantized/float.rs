@@ -11,11 +11,12 @@ use layers::checkpoint::Checkpoint;
 use layers::dense::{Linear, SwitchLinear};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
-use oracle::{Arg, DType, Value};
+use oracle::DType;
 
 use super::switch::{expert_indices, gather_sort, scatter_unsort};
-use super::{activation, dtype_tag, fixture_dir, host, opt_arg, port};
+use super::{activation, dtype_tag, fixture_dir, host, port};
 use crate::case::{Backend, Case, CaseError, CaseOutput, Ctx, GPU_BACKENDS};
+use crate::reference;
 
 const SWITCH_REFERENCE: &str = "mlx_lm.models.switch_layers.SwitchLinear.__call__ (mlx-lm 0.32.2), driven as SwitchGLU.__call__";
 const GATHER_MM_CPU: &str =
@@ -58,7 +59,8 @@ pub(super) fn cases() -> Vec<Case> {
         );
         let case = Case::must_equal(name, "float/switch", SWITCH_REFERENCE, move |ctx| {
             switch(ctx, dtype, bias, sorted)
-        });
+        })
+        .glue_composed(super::switch::SWITCH_GLU_STEP);
         // MLX's CPU GatherMM takes float32 only: neither side runs there.
         cases.push(if dtype == DType::Float32 {
             case
@@ -91,11 +93,7 @@ fn linear(ctx: &Ctx, dtype: DType, bias: bool, m: usize) -> Result<CaseOutput, C
     let x = activation(&mut inputs, dtype, &[m, IN]);
     let weight = inputs.uniform(dtype, &[OUT, IN], 0.1);
     let b = bias.then(|| inputs.uniform(dtype, &[OUT], 0.5));
-    let reference = ctx.reference_tensor(
-        "float_linear",
-        &[Arg::from(x.clone()), Arg::from(weight.clone()), opt_arg(&b)],
-        &[],
-    )?;
+    let reference = reference::quantized::float_linear(ctx, &x, &weight, b.as_ref())?;
     let layer = Linear::new(weight.to_array(), b.as_ref().map(|t| t.to_array())).map_err(port)?;
     let y = host(&layer.forward(&x.to_array()).map_err(port)?)?;
     let mut out = CaseOutput::new("mlx.core");
@@ -110,17 +108,8 @@ fn switch(ctx: &Ctx, dtype: DType, bias: bool, sorted: bool) -> Result<CaseOutpu
     let indices = expert_indices(&mut inputs, &[batch, len], top, experts);
     let weight = inputs.uniform(dtype, &[experts, OUT, IN], 0.1);
     let b = bias.then(|| inputs.uniform(dtype, &[experts, OUT], 0.5));
-    let reference = ctx.reference_tensor(
-        "float_switch",
-        &[
-            Arg::from(x.clone()),
-            Arg::from(indices.clone()),
-            Arg::from(weight.clone()),
-            opt_arg(&b),
-            Arg::from(sorted),
-        ],
-        &[],
-    )?;
+    let reference =
+        reference::quantized::float_switch(ctx, &x, &indices, &weight, b.as_ref(), sorted)?;
     let layer =
         SwitchLinear::new(weight.to_array(), b.as_ref().map(|t| t.to_array())).map_err(port)?;
     // As SwitchGLU: x (B, L, D) → (B, L, 1, 1, D); sorted through
@@ -147,34 +136,14 @@ fn checkpoint(ctx: &Ctx, fixture: &str, path: &str) -> Result<CaseOutput, CaseEr
     let width = layer.in_features() as usize;
     let mut inputs = ctx.inputs();
     let x = activation(&mut inputs, DType::Bfloat16, &[5, width]);
-    let reference = ctx.reference(
-        "float_checkpoint",
-        &[
-            Arg::from(x.clone()),
-            Arg::from(dir.to_string_lossy().as_ref()),
-            Arg::from(path),
-        ],
-        &[],
-    )?;
-    let Value::Dict(mut r) = reference else {
-        return Err(CaseError::Harness(
-            "`float_checkpoint` did not return a dict".into(),
-        ));
-    };
-    let module = match r.remove("module") {
-        Some(Value::Str(s)) => s,
-        other => return Err(CaseError::Harness(format!("`module` is {other:?}"))),
-    };
-    if module != "Linear" {
+    let loaded = reference::checkpoint::float_checkpoint(ctx, &x, &dir, path)?;
+    if loaded.module != "Linear" {
         return Err(CaseError::Harness(format!(
-            "the reference loaded `{path}` as {module}, not a float Linear"
+            "the reference loaded `{path}` as {}, not a float Linear",
+            loaded.module
         )));
     }
-    let Some(Value::Tensor(reference)) = r.remove("y") else {
-        return Err(CaseError::Harness(
-            "`float_checkpoint` returned no `y`".into(),
-        ));
-    };
+    let reference = loaded.y;
     let xa: Array = x.to_array();
     let y = host(
         &layer

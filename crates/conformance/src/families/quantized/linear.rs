@@ -12,13 +12,15 @@
 //! * float16 scales under bf16 activations (affine output promotes to f32).
 
 use layers::quantized::{Mode, QuantSpec, QuantizedLinear};
-use oracle::{Arg, DType, HostTensor};
+use oracle::{DType, HostTensor};
 
+use super::layer_tensors;
 use super::{
-    activation, affine, all_specs, base_k, dtype_tag, host, mode_default, opt_arg, payload_args,
-    port, quantized_weight, spec_args, FLOAT_DTYPES, QUANTIZED_LINEAR,
+    activation, affine, all_specs, base_k, dtype_tag, host, mode_default, port, quantized_weight,
+    FLOAT_DTYPES, QUANTIZED_LINEAR,
 };
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::reference;
 
 const FAMILY: &str = "quantized/linear";
 /// Output features of every linear case.
@@ -171,11 +173,8 @@ fn run(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
         Bias::F32 => Some(inputs.uniform(DType::Float32, &[N], 0.5)),
     };
 
-    let mut args = vec![Arg::from(x.clone())];
-    args.extend(payload_args(&payload)?);
-    args.push(opt_arg(&bias));
-    args.extend(spec_args(s.spec));
-    let reference = ctx.reference_tensor("quantized_linear", &args, &[])?;
+    let reference =
+        reference::quantized::quantized_linear(ctx, &x, &layer_tensors(&payload, bias.as_ref())?)?;
 
     let layer =
         QuantizedLinear::new(payload, bias.as_ref().map(HostTensor::to_array)).map_err(port)?;

@@ -18,14 +18,14 @@
 //! the nearest f32, as a config's `scale` would reach both.
 
 use layers::quantized::{LoraAdapter, Mode, QuantSpec, QuantizedLinear};
-use oracle::{Arg, DType, HostTensor};
+use oracle::{DType, HostTensor};
 
-use super::{
-    activation, affine, base_k, dtype_tag, host, mode_default, opt_arg, payload_args, port,
-    quantized_weight, spec_args,
-};
+use super::layer_tensors;
+use super::{activation, affine, base_k, dtype_tag, host, mode_default, port, quantized_weight};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
 use crate::inputs::Inputs;
+use crate::reference;
+use crate::reference::quantized::Adapter as ReferenceAdapter;
 
 const FAMILY: &str = "quantized/lora";
 const REFERENCE: &str =
@@ -104,7 +104,15 @@ impl Shape {
     }
 
     fn case(self) -> Case {
-        Case::must_equal(self.name(), FAMILY, REFERENCE, move |ctx| run(ctx, &self))
+        let stacked = self.adapters.len() > 1;
+        let case = Case::must_equal(self.name(), FAMILY, REFERENCE, move |ctx| run(ctx, &self));
+        if stacked {
+            // mlx-lm attaches one LoRALinear per module; stacking several is
+            // the glue's composition of that class.
+            case.glue_composed(&["mlx_lm.tuner.lora.LoRALinear.__call__, one wrapping per adapter"])
+        } else {
+            case
+        }
     }
 }
 
@@ -219,20 +227,21 @@ fn run(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
         .map(|&a| adapter_tensors(&mut inputs, a, k, N))
         .collect::<Result<Vec<_>, _>>()?;
 
-    let mut args = vec![Arg::from(x.clone())];
-    args.extend(payload_args(&payload)?);
-    args.push(opt_arg(&bias));
-    args.push(Arg::List(
-        adapters.iter().map(|(a, _)| Arg::from(a.clone())).collect(),
-    ));
-    args.push(Arg::List(
-        adapters.iter().map(|(_, b)| Arg::from(b.clone())).collect(),
-    ));
-    args.push(Arg::List(
-        s.adapters.iter().map(|a| Arg::from(a.scale)).collect(),
-    ));
-    args.extend(spec_args(s.spec));
-    let reference = ctx.reference_tensor("quantized_lora", &args, &[])?;
+    let reference_adapters: Vec<ReferenceAdapter> = adapters
+        .iter()
+        .zip(&s.adapters)
+        .map(|((lora_a, lora_b), a)| ReferenceAdapter {
+            lora_a: lora_a.clone(),
+            lora_b: lora_b.clone(),
+            scale: a.scale,
+        })
+        .collect();
+    let reference = reference::quantized::quantized_lora(
+        ctx,
+        &x,
+        &layer_tensors(&payload, bias.as_ref())?,
+        &reference_adapters,
+    )?;
 
     let bias = bias.as_ref().map(HostTensor::to_array);
     let mut layer = match &first {

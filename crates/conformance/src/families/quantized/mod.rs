@@ -12,22 +12,23 @@
 //! Weights are quantized once, by the port (`ffi::quantize` through
 //! [`QuantizedPayload::quantize`]), and the very same packed tensors are
 //! sent to the reference, which installs them in its own layer objects
-//! (built by their own `__init__`). The activation `x` is always the first
-//! tensor argument, and its element 0 is set to a large value so that the
-//! perturbation proof (one flipped low bit of it) reaches the output.
+//! (built by their own `__init__`). The proof mode perturbs the activation
+//! and every tensor of the layer (see `crate::reference::quantized`).
 //!
-//! The glue functions live in the `# --- quantized families` section of
-//! `crates/oracle/python/reference_glue.py`; the checkpoint fixtures and the
-//! script that writes them in `fixtures/checkpoints/`.
+//! The reference side is `crate::reference::{quantized, checkpoint}`; the
+//! checkpoint fixtures and the script that writes them are in
+//! `fixtures/checkpoints/`.
 
 use std::path::PathBuf;
 
 use layers::quantized::{Mode, QuantSpec, QuantizedPayload};
 use mlx_rs::Array;
-use oracle::{compare, Arg, Comparison, DType, HostTensor, Value};
+use oracle::{DType, HostTensor};
 
 use crate::case::{Case, CaseError};
 use crate::inputs::Inputs;
+use crate::reference::quantized::QuantizedTensors;
+use crate::relation::Relation;
 
 mod checkpoint;
 mod float;
@@ -114,35 +115,9 @@ fn host(a: &Array) -> Result<HostTensor, CaseError> {
     Ok(HostTensor::from_array(a)?)
 }
 
-/// Element 0 of every activation: large against the others (uniform in
-/// `[-1, 1)`), so that `x[0] * w[j, 0]` is of the order of the output and a
-/// flip of its lowest bit (the perturbation proof) changes the output bits
-/// even in float32, where a one-ulp change of a small term is absorbed by
-/// the rounding of the sum.
-const FIRST: f32 = 32.0;
-
-/// Seeded activations: uniform in `[-1, 1)` with element 0 set to [`FIRST`].
+/// Seeded activations: uniform in `[-1, 1)`.
 fn activation(inputs: &mut Inputs, dtype: DType, shape: &[usize]) -> HostTensor {
-    let mut x = inputs.uniform(dtype, shape, 1.0);
-    if !x.bytes.is_empty() {
-        set_element(&mut x, 0, FIRST);
-    }
-    x
-}
-
-/// Overwrites element `i` of a float tensor with `v` rounded to its dtype.
-fn set_element(t: &mut HostTensor, i: usize, v: f32) {
-    let at = i * t.dtype.size();
-    match t.dtype {
-        DType::Float32 => t.bytes[at..at + 4].copy_from_slice(&v.to_le_bytes()),
-        DType::Bfloat16 => {
-            t.bytes[at..at + 2].copy_from_slice(&half::bf16::from_f32(v).to_le_bytes())
-        }
-        DType::Float16 => {
-            t.bytes[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes())
-        }
-        other => panic!("set_element needs a float tensor, got {other:?}"),
-    }
+    inputs.uniform(dtype, shape, 1.0)
 }
 
 /// A seeded `[out, in]` float matrix quantized by the port.
@@ -156,60 +131,24 @@ fn quantized_weight(
     QuantizedPayload::quantize(&w.to_array(), spec).map_err(port)
 }
 
-/// `weight, scales, biases` (None for the modes without zero points) as
-/// glue arguments.
-fn payload_args(p: &QuantizedPayload) -> Result<[Arg; 3], CaseError> {
-    Ok([
-        Arg::from(host(p.weight())?),
-        Arg::from(host(p.scales())?),
-        match p.biases() {
-            Some(b) => Arg::from(host(b)?),
-            None => Arg::None,
-        },
-    ])
+/// A payload and an additive bias as the reference's layer receives them.
+fn layer_tensors(
+    p: &QuantizedPayload,
+    bias: Option<&HostTensor>,
+) -> Result<QuantizedTensors, CaseError> {
+    Ok(QuantizedTensors {
+        weight: host(p.weight())?,
+        scales: host(p.scales())?,
+        biases: p.biases().map(host).transpose()?,
+        bias: bias.cloned(),
+        spec: p.spec(),
+    })
 }
 
-/// `mode, bits, group_size` as glue arguments.
-fn spec_args(spec: QuantSpec) -> [Arg; 3] {
-    [
-        Arg::from(spec.mode.as_str()),
-        Arg::from(spec.bits),
-        Arg::from(spec.group_size),
-    ]
-}
-
-/// An optional host tensor as a glue argument.
-fn opt_arg(t: &Option<HostTensor>) -> Arg {
-    t.clone().map_or(Arg::None, Arg::from)
-}
-
-/// The measured relation between two port results, deterministic and
-/// small: equal or not, how many elements differ, the largest distance in
-/// ulp, and where the first difference is.
+/// The measured relation between two port results (the one vocabulary of
+/// [`crate::relation`]).
 fn relation(a: &HostTensor, b: &HostTensor) -> serde_json::Value {
-    match compare(a, b) {
-        Comparison::Equal => serde_json::json!({
-            "equal": true, "differing": 0, "total": a.len(), "max_ulp": 0,
-        }),
-        Comparison::Differs(d) => serde_json::json!({
-            "equal": false, "differing": d.count, "total": d.total, "max_ulp": d.max_ulp,
-            "first_index": d.first_index,
-        }),
-        other => serde_json::json!({ "equal": false, "mismatch": other.summary() }),
-    }
-}
-
-/// The dict a glue function returned.
-fn dict(
-    value: Value,
-    function: &str,
-) -> Result<std::collections::BTreeMap<String, Value>, CaseError> {
-    match value {
-        Value::Dict(map) => Ok(map),
-        other => Err(CaseError::Harness(format!(
-            "`{function}` returned {other:?}, not a dict"
-        ))),
-    }
+    Relation::of(a, b).json()
 }
 
 /// The checkpoint fixtures written by `fixtures/checkpoints/write_fixture.py`

@@ -10,13 +10,16 @@
 //!   linear and rows must-equal cases tie each of them to the reference).
 
 use layers::quantized::{Forward, LoraAdapter, Mode, QuantSpec, QuantizedLinear};
-use oracle::{Arg, DType, HostTensor};
+use oracle::{DType, HostTensor};
 
+use super::layer_tensors;
 use super::{
-    activation, affine, base_k, dtype_tag, host, mode_default, mode_specs, opt_arg, payload_args,
-    port, quantized_weight, relation, spec_args,
+    activation, affine, base_k, dtype_tag, host, mode_default, mode_specs, port, quantized_weight,
+    relation,
 };
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::reference;
+use crate::reference::quantized::{Adapter, QuantizedTensors};
 
 const FAMILY: &str = "quantized/rows";
 const REFERENCE_ROWS: &str =
@@ -87,7 +90,11 @@ pub(super) fn cases() -> Vec<Case> {
             FAMILY,
             REFERENCE_ROWS,
             move |ctx| rows_vs_reference(ctx, &s),
-        ));
+        )
+        .glue_composed(&[
+            "mlx.nn.QuantizedLinear.__call__ (LoRA-wrapped by mlx_lm.tuner.lora.LoRALinear where the case has an adapter)",
+            "one call per row of x (M = 1), rows concatenated: how a rows-independent engine calls the layer",
+        ]));
     }
     let mut findings = Vec::new();
     for spec in mode_specs() {
@@ -116,9 +123,9 @@ pub(super) fn cases() -> Vec<Case> {
 struct Setup {
     x: HostTensor,
     layer: QuantizedLinear,
-    /// Reference arguments after x, before the keyword arguments.
-    args: Vec<Arg>,
-    lora: Option<(HostTensor, HostTensor, f64)>,
+    /// The reference layer's tensors and adapters.
+    tensors: QuantizedTensors,
+    adapters: Vec<Adapter>,
 }
 
 fn setup(ctx: &Ctx, s: &Shape) -> Result<Setup, CaseError> {
@@ -134,37 +141,37 @@ fn setup(ctx: &Ctx, s: &Shape) -> Result<Setup, CaseError> {
         let b = inputs.uniform(DType::Float32, &[8, N], 0.05);
         (a, b, 20.0)
     });
-    let mut args = Vec::new();
-    args.extend(payload_args(&payload)?);
-    args.push(opt_arg(&bias));
-    args.extend(spec_args(s.spec));
+    let tensors = layer_tensors(&payload, bias.as_ref())?;
     let mut layer =
         QuantizedLinear::new(payload, bias.as_ref().map(HostTensor::to_array)).map_err(port)?;
     if let Some((a, b, scale)) = &lora {
         let adapter = LoraAdapter::new(a.to_array(), b.to_array(), *scale as f32).map_err(port)?;
         layer.attach_adapter("adapter0", adapter).map_err(port)?;
     }
+    let adapters = lora
+        .into_iter()
+        .map(|(lora_a, lora_b, scale)| Adapter {
+            lora_a,
+            lora_b,
+            scale,
+        })
+        .collect();
     Ok(Setup {
         x,
         layer,
-        args,
-        lora,
+        tensors,
+        adapters,
     })
 }
 
 fn rows_vs_reference(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
     let setup = setup(ctx, s)?;
-    let mut args = vec![Arg::from(setup.x.clone())];
-    args.extend(setup.args);
-    let kwargs: Vec<(&str, Arg)> = match &setup.lora {
-        Some((a, b, scale)) => vec![
-            ("lora_a", Arg::List(vec![Arg::from(a.clone())])),
-            ("lora_b", Arg::List(vec![Arg::from(b.clone())])),
-            ("lora_scales", Arg::List(vec![Arg::from(*scale)])),
-        ],
-        None => Vec::new(),
-    };
-    let reference = ctx.reference_tensor("quantized_linear_rows", &args, &kwargs)?;
+    let reference = reference::quantized::quantized_linear_rows(
+        ctx,
+        &setup.x,
+        &setup.tensors,
+        &setup.adapters,
+    )?;
     let y = setup
         .layer
         .forward_as(&setup.x.to_array(), Forward::RowsIndependent)
@@ -185,7 +192,7 @@ fn batched_vs_rows(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
             .map_err(port)?,
     )?;
     let mut out = CaseOutput::new("mlx.core");
-    out.digest_tensor(&batched);
-    out.digest_tensor(&rows);
+    out.digest("batched", &batched);
+    out.digest("rows", &rows);
     Ok(out.with_finding(relation(&batched, &rows)))
 }

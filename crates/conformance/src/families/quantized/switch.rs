@@ -28,15 +28,19 @@ use layers::checkpoint::{Checkpoint, ExpertOffload};
 use layers::quantized::{Mode, QuantSpec, QuantizedPayload, QuantizedSwitchLinear};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
-use oracle::{Arg, DType, HostTensor, Value};
+use oracle::{DType, HostTensor};
 
 use super::checkpoint::{layer_infos, LayerInfo};
+use super::layer_tensors;
 use super::{
-    activation, affine, base_k, dict, dtype_tag, fixture_dir, host, mode_default, opt_arg,
-    payload_args, port, quantized_weight, relation, spec_args,
+    activation, affine, base_k, dtype_tag, fixture_dir, host, mode_default, port, quantized_weight,
+    relation,
 };
+use crate::case::Expected;
 use crate::case::{Backend, Case, CaseError, CaseOutput, Ctx};
 use crate::inputs::Inputs;
+use crate::reference;
+use crate::reference::quantized::AsPinned;
 
 const FAMILY: &str = "quantized/switch";
 const REFERENCE: &str =
@@ -180,7 +184,8 @@ pub(super) fn cases() -> Vec<Case> {
             let empty = s.batch == 0;
             let case = Case::must_equal(s.name(), FAMILY, REFERENCE, move |ctx| {
                 port_vs_reference(ctx, &s)
-            });
+            })
+            .glue_composed(SWITCH_GLU_STEP);
             if empty {
                 case.only_on(&[Backend::Cpu, Backend::Metal], EMPTY_ON_CUDA)
             } else {
@@ -193,12 +198,15 @@ pub(super) fn cases() -> Vec<Case> {
         bias: true,
         ..Shape::new(a4, 4, false)
     };
-    cases.push(Case::finding(
-        format!("{}/as-pinned", pinned.stem()),
-        FAMILY,
-        REFERENCE_AS_PINNED,
-        move |ctx| as_pinned(ctx, &pinned),
-    ));
+    cases.push(
+        Case::finding(
+            format!("{}/as-pinned", pinned.stem()),
+            FAMILY,
+            REFERENCE_AS_PINNED,
+            move |ctx| as_pinned(ctx, &pinned),
+        )
+        .glue_composed(SWITCH_GLU_STEP),
+    );
 
     for spec in [a4, mxfp4] {
         let s = Shape {
@@ -207,13 +215,17 @@ pub(super) fn cases() -> Vec<Case> {
         };
         let name = format!("{}/broadcast-weight", s.stem());
         let t = s.clone();
-        cases.push(Case::must_equal(name, FAMILY, REFERENCE, move |ctx| {
-            broadcast(ctx, &t)
-        }));
+        cases.push(
+            Case::must_equal(name, FAMILY, REFERENCE, move |ctx| broadcast(ctx, &t))
+                .glue_composed(SWITCH_GLU_STEP),
+        );
         let name = format!("{}/broadcast-reference-vs-contiguous", s.stem());
-        cases.push(Case::finding(name, FAMILY, REFERENCE, move |ctx| {
-            broadcast_reference(ctx, &s)
-        }));
+        cases.push(
+            Case::finding(name, FAMILY, REFERENCE, move |ctx| {
+                broadcast_reference(ctx, &s)
+            })
+            .glue_composed(SWITCH_GLU_STEP),
+        );
     }
 
     for (spec, sorted) in [(a4, false), (a4, true), (mxfp4, false), (nvfp4, false)] {
@@ -243,12 +255,23 @@ pub(super) fn cases() -> Vec<Case> {
         "model.layers.1.mlp.switch_mlp.down_proj",
     ] {
         let name = format!("{FAMILY}/checkpoint/tiny-mixed/{path}/offloaded-vs-resident");
-        cases.push(Case::must_equal(name, FAMILY, REFERENCE_LOAD, move |ctx| {
-            offload(ctx, "tiny-mixed", path)
-        }));
+        cases.push(
+            Case::must_equal(name, FAMILY, REFERENCE_LOAD, move |ctx| {
+                offload(ctx, "tiny-mixed", path)
+            })
+            .glue_composed(SWITCH_GLU_STEP),
+        );
     }
     cases
 }
+
+/// No reference function drives one switch projection: `SwitchGLU.__call__`
+/// runs three. The glue composes the reference pieces it uses for one.
+pub(super) const SWITCH_GLU_STEP: &[&str] = &[
+    "mlx_lm.models.switch_layers.QuantizedSwitchLinear.__call__ (or SwitchLinear)",
+    "mlx_lm.models.switch_layers._gather_sort and _scatter_unsort (sorted calls)",
+    "SwitchGLU.__call__'s expand_dims / squeeze around one projection",
+];
 
 /// Seeded inputs of a switch case.
 struct Setup {
@@ -350,20 +373,16 @@ fn port_layer(
     QuantizedSwitchLinear::new(payload, bias.as_ref().map(HostTensor::to_array)).map_err(port)
 }
 
-/// Reference arguments: x, indices, weight, scales, biases, bias, mode, bits, group_size.
-fn reference_args(setup: &Setup, s: &Shape) -> Result<Vec<Arg>, CaseError> {
-    let mut args = vec![Arg::from(setup.x.clone()), Arg::from(setup.indices.clone())];
-    args.extend(payload_args(&setup.payload)?);
-    args.push(opt_arg(&setup.bias));
-    args.extend(spec_args(s.spec));
-    Ok(args)
-}
-
 fn port_vs_reference(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
     let setup = setup(ctx, s, s.experts)?;
-    let mut args = reference_args(&setup, s)?;
-    args.push(Arg::from(s.sorted));
-    let reference = ctx.reference_tensor("quantized_switch", &args, &[])?;
+    let reference = reference::quantized::quantized_switch(
+        ctx,
+        &setup.x,
+        &setup.indices,
+        &layer_tensors(&setup.payload, setup.bias.as_ref())?,
+        s.sorted,
+        false,
+    )?;
     let layer = port_layer(setup.payload.clone(), &setup.bias)?;
     let y = port_apply(
         &layer,
@@ -378,32 +397,19 @@ fn port_vs_reference(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
 
 fn as_pinned(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
     let setup = setup(ctx, s, s.experts)?;
-    let args = reference_args(&setup, s)?;
-    let mut result = dict(
-        ctx.reference("quantized_switch_as_pinned", &args, &[])?,
-        "quantized_switch_as_pinned",
+    let pinned = reference::quantized::quantized_switch_as_pinned(
+        ctx,
+        &setup.x,
+        &setup.indices,
+        &layer_tensors(&setup.payload, setup.bias.as_ref())?,
     )?;
     let mut out = CaseOutput::new("mlx.core");
-    let finding = match result.remove("raised") {
-        Some(Value::Bool(true)) => {
-            let text = |v: Option<Value>| match v {
-                Some(Value::Str(s)) => s,
-                other => format!("{other:?}"),
-            };
-            let (kind, message) = (text(result.remove("type")), text(result.remove("message")));
-            out.digest_tensor(&HostTensor::new(
-                DType::Uint8,
-                vec![message.len()],
-                message.as_bytes().to_vec(),
-            )?);
+    let finding = match pinned {
+        AsPinned::Raised { kind, message } => {
             serde_json::json!({ "reference_raises": true, "type": kind, "message": message })
         }
-        Some(Value::Bool(false)) => {
+        AsPinned::Returned(reference) => {
             // The pinned call ran (a future MLX): record whether it equals the port.
-            let reference = match result.remove("y") {
-                Some(Value::Tensor(t)) => t,
-                other => return Err(CaseError::Harness(format!("`y` is {other:?}"))),
-            };
             let layer = port_layer(setup.payload.clone(), &setup.bias)?;
             let y = host(&port_apply(
                 &layer,
@@ -411,10 +417,9 @@ fn as_pinned(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
                 &setup.indices.to_array(),
                 false,
             )?)?;
-            out.digest_tensor(&y);
-            serde_json::json!({ "reference_raises": false, "port_vs_reference": super::relation(&y, &reference) })
+            out.digest("y", &y);
+            serde_json::json!({ "reference_raises": false, "port_vs_reference": super::relation(&y, reference.tensor()) })
         }
-        other => return Err(CaseError::Harness(format!("`raised` is {other:?}"))),
     };
     Ok(out.with_finding(finding))
 }
@@ -458,22 +463,24 @@ fn expert0_view(a: &Array) -> Result<Array, CaseError> {
     Ok(ops::broadcast_to(a.index(..1), a.shape())?)
 }
 
-/// Reference arguments with the payload and bias replaced.
-fn args_with(
+/// The reference's `quantized_switch` on the case's x and indices with
+/// this payload and bias.
+fn reference_with(
+    ctx: &Ctx,
     b: &Broadcast,
     s: &Shape,
     payload: &QuantizedPayload,
     bias: &Option<HostTensor>,
-) -> Result<Vec<Arg>, CaseError> {
-    let mut args = vec![
-        Arg::from(b.setup.x.clone()),
-        Arg::from(b.setup.indices.clone()),
-    ];
-    args.extend(payload_args(payload)?);
-    args.push(opt_arg(bias));
-    args.extend(spec_args(s.spec));
-    args.push(Arg::from(s.sorted));
-    Ok(args)
+    expert0_views: bool,
+) -> Result<Expected, CaseError> {
+    reference::quantized::quantized_switch(
+        ctx,
+        &b.setup.x,
+        &b.setup.indices,
+        &layer_tensors(payload, bias.as_ref())?,
+        s.sorted,
+        expert0_views,
+    )
 }
 
 /// Must-equal: the port's layer over the stride-0 views, and over their
@@ -500,8 +507,7 @@ fn broadcast(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
     let (x, indices) = (b.setup.x.to_array(), b.setup.indices.to_array());
     let y_view = host(&port_apply(&view, &x, &indices, s.sorted)?)?;
     let y_copy = host(&port_apply(&copied, &x, &indices, s.sorted)?)?;
-    let args = args_with(&b, s, &b.meaning, &b.meaning_bias)?;
-    let reference = ctx.reference_tensor("quantized_switch", &args, &[])?;
+    let reference = reference_with(ctx, &b, s, &b.meaning, &b.meaning_bias, false)?;
     let mut out = CaseOutput::new("mlx.core");
     out.compare("y (stride-0 experts)", &y_view, &reference);
     out.compare("y (contiguous experts)", &y_copy, &reference);
@@ -516,29 +522,17 @@ fn broadcast(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
 /// reads is the case's own buffer, so the finding is deterministic.
 fn broadcast_reference(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
     let b = broadcast_setup(ctx, s)?;
-    let full = args_with(&b, s, &b.setup.payload, &b.setup.bias)?;
-    let views = ctx.reference_tensor(
-        "quantized_switch",
-        &full,
-        &[("expert0_views", Arg::from(true))],
-    )?;
-    let meaning = ctx.reference_tensor(
-        "quantized_switch",
-        &args_with(&b, s, &b.meaning, &b.meaning_bias)?,
-        &[],
-    )?;
-    let buffer = ctx.reference_tensor(
-        "quantized_switch",
-        &args_with(&b, s, &b.setup.payload, &b.meaning_bias)?,
-        &[],
-    )?;
+    let views = reference_with(ctx, &b, s, &b.setup.payload, &b.setup.bias, true)?.into_tensor();
+    let meaning = reference_with(ctx, &b, s, &b.meaning, &b.meaning_bias, false)?.into_tensor();
+    let buffer =
+        reference_with(ctx, &b, s, &b.setup.payload, &b.meaning_bias, false)?.into_tensor();
     let reads = match (views == meaning, views == buffer) {
         (true, _) => "the broadcast (strides honoured)",
         (false, true) => "past expert 0 into the buffer (strides ignored)",
         (false, false) => "neither the broadcast nor the buffer",
     };
     let mut out = CaseOutput::new("mlx.core");
-    out.digest_tensor(&views);
+    out.digest("reference y (stride-0 experts)", &views);
     Ok(out.with_finding(serde_json::json!({
         "gather_qmm_over_stride0_experts_reads": reads,
         "vs_broadcast_meaning": relation(&views, &meaning),
@@ -568,8 +562,8 @@ fn chunks(ctx: &Ctx, s: &Shape, chunk: usize) -> Result<CaseOutput, CaseError> {
     }
     let chunked = host(&ops::concatenate(&parts, 1)?)?;
     let mut out = CaseOutput::new("mlx.core");
-    out.digest_tensor(&whole);
-    out.digest_tensor(&chunked);
+    out.digest("whole", &whole);
+    out.digest("chunked", &chunked);
     Ok(out.with_finding(relation(&whole, &chunked)))
 }
 
@@ -580,8 +574,8 @@ fn sorted_vs_unsorted(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
     let sorted = host(&port_apply(&layer, &x, &indices, true)?)?;
     let unsorted = host(&port_apply(&layer, &x, &indices, false)?)?;
     let mut out = CaseOutput::new("mlx.core");
-    out.digest_tensor(&sorted);
-    out.digest_tensor(&unsorted);
+    out.digest("sorted", &sorted);
+    out.digest("unsorted", &unsorted);
     Ok(out.with_finding(relation(&sorted, &unsorted)))
 }
 
@@ -608,7 +602,7 @@ impl Drop for TempFile {
 
 /// The fixture's switch layer loaded resident and with its expert weight
 /// served from a page-aligned map; both against the reference's
-/// `load_model` of the same directory, and the two weights bit for bit.
+/// `load_model` of the same directory.
 fn offload(ctx: &Ctx, fixture: &str, path: &str) -> Result<CaseOutput, CaseError> {
     let dir = fixture_dir(fixture);
     let checkpoint = Checkpoint::open(&dir).map_err(port)?;
@@ -635,24 +629,12 @@ fn offload(ctx: &Ctx, fixture: &str, path: &str) -> Result<CaseOutput, CaseError
     )
     .map_err(port)?;
 
-    let args = [
-        Arg::from(x.clone()),
-        Arg::from(indices.clone()),
-        Arg::from(dir.display().to_string().as_str()),
-        Arg::List(vec![Arg::from(path)]),
-    ];
-    let mut result = dict(
-        ctx.reference("quantized_checkpoint", &args, &[])?,
-        "quantized_checkpoint",
-    )?;
-    let reference = match result
-        .remove("outputs")
-        .and_then(Value::into_list)
-        .and_then(|mut v| v.pop())
-    {
-        Some(Value::Tensor(t)) => t,
-        other => return Err(CaseError::Harness(format!("reference output is {other:?}"))),
-    };
+    let loaded = reference::checkpoint::quantized_checkpoint(ctx, &x, &indices, &dir, &[path])?;
+    let reference = loaded.outputs.into_iter().next().flatten().ok_or_else(|| {
+        CaseError::Harness(format!(
+            "the reference loaded no quantized switch module at {path}"
+        ))
+    })?;
     // (1, tokens, in) as the glue's x[None]; indices (1, tokens, top).
     let (xa, ia) = (
         x.to_array().expand_dims(0)?,
@@ -663,11 +645,6 @@ fn offload(ctx: &Ctx, fixture: &str, path: &str) -> Result<CaseOutput, CaseError
     let mut out = CaseOutput::new("mlx.core");
     out.compare("y (resident experts)", &y_resident, &reference);
     out.compare("y (offloaded experts)", &y_mapped, &reference);
-    out.compare(
-        "weight (offloaded vs resident)",
-        &host(mapped.payload().weight())?,
-        &host(resident.payload().weight())?,
-    );
     drop(offloaded);
     Ok(out)
 }

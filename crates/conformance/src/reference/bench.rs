@@ -1,0 +1,106 @@
+//! The reference side of the Rust/Python benchmarks (`benches/`): seconds
+//! per forward, timed inside Python after one warm-up. Benchmarks run
+//! outside cases, so these take the [`Oracle`] itself; nothing is perturbed.
+
+use oracle::{Arg, HostTensor, Oracle, OracleError, Value};
+
+use super::ints;
+use super::position::Rotary;
+use super::quantized::{Adapter, QuantizedTensors};
+
+/// Which reference layer `quantized_bench` times.
+#[derive(Debug, Clone, Copy)]
+pub enum QuantizedLayer<'a> {
+    /// `nn.QuantizedLinear` (LoRA-wrapped when `adapters` is not empty).
+    Linear { adapters: &'a [Adapter] },
+    /// `QuantizedSwitchLinear` driven as `SwitchGLU` drives it, unsorted.
+    Switch { indices: &'a HostTensor },
+}
+
+fn seconds(function: &str, value: Value) -> Result<f64, OracleError> {
+    match value {
+        Value::Float(s) => Ok(s),
+        other => Err(OracleError::Unsupported {
+            case: "bench".into(),
+            function: function.into(),
+            what: format!("{other:?} instead of seconds"),
+        }),
+    }
+}
+
+/// Seconds per forward of the reference layer holding `tensors` on `x`.
+pub fn quantized_bench(
+    oracle: &Oracle,
+    x: &HostTensor,
+    tensors: &QuantizedTensors,
+    layer: QuantizedLayer,
+    iterations: usize,
+) -> Result<f64, OracleError> {
+    const F: &str = "quantized_bench";
+    let (kind, adapters, indices): (&str, &[Adapter], Arg) = match layer {
+        QuantizedLayer::Linear { adapters } => ("linear", adapters, Arg::None),
+        QuantizedLayer::Switch { indices } => ("switch", &[], Arg::from(indices.clone())),
+    };
+    let list = |f: &dyn Fn(&Adapter) -> Arg| Arg::List(adapters.iter().map(f).collect());
+    let kwargs = [
+        ("kind", Arg::from(kind)),
+        ("x", Arg::from(x.clone())),
+        ("weight", Arg::from(tensors.weight.clone())),
+        ("scales", Arg::from(tensors.scales.clone())),
+        ("biases", Arg::from(tensors.biases.clone())),
+        ("mode", Arg::from(tensors.spec.mode.as_str())),
+        ("bits", Arg::from(tensors.spec.bits)),
+        ("group_size", Arg::from(tensors.spec.group_size)),
+        ("iterations", Arg::from(iterations)),
+        ("lora_a", list(&|a| Arg::from(a.lora_a.clone()))),
+        ("lora_b", list(&|a| Arg::from(a.lora_b.clone()))),
+        ("lora_scales", list(&|a| Arg::from(a.scale))),
+        ("indices", indices),
+    ];
+    seconds(F, oracle.call("bench/quantized", F, &[], &kwargs)?)
+}
+
+/// Seconds per `MRoPERotaryEmbedding.apply_rotary(q, k, position_ids)`.
+pub fn position_bench_mrope(
+    oracle: &Oracle,
+    q: &HostTensor,
+    k: &HostTensor,
+    position_ids: &HostTensor,
+    rotary: Rotary,
+    iterations: usize,
+) -> Result<f64, OracleError> {
+    const F: &str = "position_bench_mrope";
+    let kwargs = [
+        ("q", Arg::from(q.clone())),
+        ("k", Arg::from(k.clone())),
+        ("position_ids", Arg::from(position_ids.clone())),
+        ("head_dim", Arg::from(rotary.head_dim)),
+        (
+            "partial_rotary_factor",
+            Arg::from(rotary.partial_rotary_factor),
+        ),
+        ("rope_theta", Arg::from(rotary.rope_theta)),
+        ("mrope_section", ints(rotary.mrope_section)),
+        ("iterations", Arg::from(iterations)),
+    ];
+    seconds(F, oracle.call("bench/position", F, &[], &kwargs)?)
+}
+
+/// Seconds per `apply_multidimensional_rope(inputs, positions,
+/// base_frequency)`.
+pub fn position_bench_rope2d(
+    oracle: &Oracle,
+    inputs: &HostTensor,
+    positions: &HostTensor,
+    base_frequency: f64,
+    iterations: usize,
+) -> Result<f64, OracleError> {
+    const F: &str = "position_bench_rope2d";
+    let kwargs = [
+        ("inputs", Arg::from(inputs.clone())),
+        ("positions", Arg::from(positions.clone())),
+        ("base_frequency", Arg::from(base_frequency)),
+        ("iterations", Arg::from(iterations)),
+    ];
+    seconds(F, oracle.call("bench/position", F, &[], &kwargs)?)
+}

@@ -1,0 +1,359 @@
+//! Positions: mlx-vlm's mRoPE (`rope_utils`), Qwen3.5's `get_rope_index`
+//! and decode positions (`LanguageModel.__call__`), mlx-optiq's Gemma
+//! vision 2-D RoPE. Tensors (q, k, positions, masks), `rope_theta`,
+//! `mrope_section` and cache offsets are perturbable; shapes, paths and
+//! token layouts are constants.
+
+use layers::position::GridThw;
+use oracle::{Arg, HostTensor};
+
+use super::{fixed, int32, ints, list, one_array, tensor, text, varied, Fields, Param, Perturb};
+use crate::case::{CaseError, Ctx, Expected};
+
+/// The rotary configuration, as `MRoPERotaryEmbedding` is built from a
+/// text config.
+#[derive(Debug, Clone, Copy)]
+pub struct Rotary<'a> {
+    pub head_dim: usize,
+    pub partial_rotary_factor: f64,
+    pub rope_theta: f64,
+    pub mrope_section: &'a [usize],
+}
+
+impl Rotary<'_> {
+    fn params(&self) -> [Param; 4] {
+        [
+            fixed("head_dim", self.head_dim),
+            fixed("partial_rotary_factor", self.partial_rotary_factor),
+            varied("rope_theta", self.rope_theta, Perturb::NextUp),
+            varied("mrope_section", ints(self.mrope_section), Perturb::MoveOne),
+        ]
+    }
+}
+
+/// A prompt as `get_rope_index` receives it: token ids [B, L] int32 and
+/// the vision grids in row order (`None` when the prompt has none of that
+/// kind).
+#[derive(Debug, Clone, Copy)]
+pub struct Prompt<'a> {
+    pub input_ids: &'a HostTensor,
+    pub image_grid_thw: Option<&'a [GridThw]>,
+    pub video_grid_thw: Option<&'a [GridThw]>,
+}
+
+fn grids(g: Option<&[GridThw]>) -> Arg {
+    g.map_or(Arg::None, |g| {
+        Arg::List(g.iter().map(|g| ints(&[g.t, g.h, g.w])).collect())
+    })
+}
+
+impl Prompt<'_> {
+    fn params(&self) -> [Param; 3] {
+        [
+            fixed("input_ids", self.input_ids.clone()),
+            fixed("image_grid_thw", grids(self.image_grid_thw)),
+            fixed("video_grid_thw", grids(self.video_grid_thw)),
+        ]
+    }
+}
+
+/// `MRoPERotaryEmbedding.apply_rotary(q, k, position_ids)` and the rotary's
+/// own tensors, after the rope index of a prompt.
+#[derive(Debug)]
+pub struct MropeApplied {
+    /// The path the reference took (`pure-mlx`, `metal-kernel`).
+    pub path: String,
+    pub q: Expected,
+    pub k: Expected,
+    pub inv_freq: Expected,
+    pub position_selector: Expected,
+    /// The prompt's positions ([B, L] text, [3, B, L] with vision).
+    pub position_ids: Expected,
+    pub rope_deltas: Expected,
+    /// The decode positions (decode calls only).
+    pub decode_position_ids: Option<Expected>,
+}
+
+fn applied(function: &'static str, value: oracle::Value) -> Result<MropeApplied, CaseError> {
+    let mut r = Fields::of(function, value)?;
+    Ok(MropeApplied {
+        path: r.string("path")?,
+        q: r.tensor("q")?,
+        k: r.tensor("k")?,
+        inv_freq: r.tensor("inv_freq")?,
+        position_selector: r.tensor("position_selector")?,
+        position_ids: r.tensor("position_ids")?,
+        rope_deltas: r.tensor("rope_deltas")?,
+        decode_position_ids: r.opt_tensor("decode_position_ids")?,
+    })
+}
+
+/// Prefill: the rope index of `prompt`, then the apply with its positions
+/// on `path`.
+pub fn position_mrope_prompt(
+    ctx: &Ctx,
+    q: &HostTensor,
+    k: &HostTensor,
+    prompt: Prompt,
+    rotary: Rotary,
+    path: &str,
+) -> Result<MropeApplied, CaseError> {
+    const F: &str = "position_mrope_prompt";
+    let mut params = vec![tensor("q", q), tensor("k", k)];
+    params.extend(prompt.params());
+    params.extend(rotary.params());
+    params.push(fixed("path", path));
+    applied(F, ctx.call(F, params)?)
+}
+
+/// Decode: the rope index of `prompt`, the decode positions of q's tokens
+/// at `cache_offset` (as `LanguageModel.__call__` computes them), then the
+/// apply.
+pub fn position_mrope_decode(
+    ctx: &Ctx,
+    q: &HostTensor,
+    k: &HostTensor,
+    prompt: Prompt,
+    cache_offset: usize,
+    rotary: Rotary,
+    path: &str,
+) -> Result<MropeApplied, CaseError> {
+    const F: &str = "position_mrope_decode";
+    let mut params = vec![tensor("q", q), tensor("k", k)];
+    params.extend(prompt.params());
+    params.push(varied("cache_offset", cache_offset, Perturb::Add(1)));
+    params.extend(rotary.params());
+    params.push(fixed("path", path));
+    applied(F, ctx.call(F, params)?)
+}
+
+/// `rope_utils.compute_inv_freq(dim, base)` for each of `dims`,
+/// concatenated.
+pub fn position_inv_freq(ctx: &Ctx, dims: &[usize], base: f64) -> Result<Expected, CaseError> {
+    const F: &str = "position_inv_freq";
+    let params = vec![
+        fixed("dims", ints(dims)),
+        varied("base", base, Perturb::NextUp),
+    ];
+    one_array(F, ctx.call(F, params)?)
+}
+
+/// `rope_utils._interleaved_position_selector(section, freq_dim)` for each
+/// `(freq_dim, section)`, concatenated.
+pub fn position_selectors(ctx: &Ctx, rows: &[(usize, [usize; 3])]) -> Result<Expected, CaseError> {
+    const F: &str = "position_selectors";
+    let freq_dims: Vec<usize> = rows.iter().map(|r| r.0).collect();
+    let sections = Arg::List(rows.iter().map(|r| ints(&r.1)).collect());
+    let params = vec![
+        fixed("freq_dims", ints(&freq_dims)),
+        varied("sections", sections, Perturb::MoveOne),
+    ];
+    one_array(F, ctx.call(F, params)?)
+}
+
+/// What `rope_utils._mrope_apply_kernel(rotary_dim, position_ndim,
+/// pairing)` hands to `mx.fast.metal_kernel`. Texts come back as UTF-8
+/// bytes (uint8 arrays), names joined by NUL.
+#[derive(Debug)]
+pub struct KernelSource {
+    pub name: Expected,
+    pub input_names: Expected,
+    pub output_names: Expected,
+    pub source: Expected,
+    pub header: Expected,
+    /// int32 [3]: ensure_row_contiguous, atomic_outputs, compile options given.
+    pub flags: Expected,
+}
+
+/// [`KernelSource`] of the reference's kernel builder.
+pub fn position_mrope_kernel_source(
+    ctx: &Ctx,
+    rotary_dim: usize,
+    position_ndim: usize,
+    pairing: &str,
+) -> Result<KernelSource, CaseError> {
+    const F: &str = "position_mrope_kernel_source";
+    let params = vec![
+        varied("rotary_dim", rotary_dim, Perturb::Add(2)),
+        fixed("position_ndim", position_ndim),
+        fixed("pairing", pairing),
+    ];
+    let mut r = Fields::of(F, ctx.call(F, params)?)?;
+    Ok(KernelSource {
+        name: r.tensor("name")?,
+        input_names: r.tensor("input_names")?,
+        output_names: r.tensor("output_names")?,
+        source: r.tensor("source")?,
+        header: r.tensor("header")?,
+        flags: r.tensor("flags")?,
+    })
+}
+
+/// One kernel launch of `_fast_mrope_apply`.
+#[derive(Debug)]
+pub struct KernelLaunch {
+    pub grid: Expected,
+    pub threadgroup: Expected,
+    /// `name=dtype` pairs, comma-separated, as UTF-8 bytes.
+    pub template: Expected,
+    /// int32 [outputs, 4].
+    pub output_shapes: Expected,
+    /// The `mlx.core` dtype names, comma-separated, as UTF-8 bytes.
+    pub output_dtypes: Expected,
+    /// How many inputs the kernel was given, int32 [1].
+    pub inputs: Expected,
+}
+
+/// The q [B, Hq, L, D] and k [B, Hk, L, D] launches `_fast_mrope_apply`
+/// makes, with the kernel recorded instead of run.
+#[derive(Debug, Clone, Copy)]
+pub struct LaunchShape {
+    pub batch: usize,
+    pub q_heads: usize,
+    pub kv_heads: usize,
+    pub length: usize,
+    pub head_dim: usize,
+}
+
+/// `[q launch, k launch]` of the reference's kernel apply.
+pub fn position_mrope_kernel_launch(
+    ctx: &Ctx,
+    shape: LaunchShape,
+    dtype_name: &str,
+    position_ndim: usize,
+    rotary_dim: usize,
+) -> Result<[KernelLaunch; 2], CaseError> {
+    const F: &str = "position_mrope_kernel_launch";
+    let params = vec![
+        varied("batch", shape.batch, Perturb::Add(1)),
+        fixed("q_heads", shape.q_heads),
+        varied("kv_heads", shape.kv_heads, Perturb::Add(1)),
+        varied("length", shape.length, Perturb::Add(1)),
+        fixed("head_dim", shape.head_dim),
+        varied("dtype_name", dtype_name, Perturb::OtherDtype),
+        fixed("position_ndim", position_ndim),
+        fixed("rotary_dim", rotary_dim),
+    ];
+    let rows = list(F, ctx.call(F, params)?)?;
+    let launches = rows
+        .into_iter()
+        .map(|row| {
+            let mut r = Fields::of(F, row)?;
+            Ok(KernelLaunch {
+                grid: r.tensor("grid")?,
+                threadgroup: r.tensor("threadgroup")?,
+                template: text(&r.string("template")?),
+                output_shapes: r.tensor("output_shapes")?,
+                output_dtypes: text(&r.strings("output_dtypes")?.join(",")),
+                inputs: int32(&[i32::try_from(r.int("inputs")?).unwrap_or(-1)]),
+            })
+        })
+        .collect::<Result<Vec<_>, CaseError>>()?;
+    launches.try_into().map_err(|v: Vec<_>| {
+        CaseError::Harness(format!("`{F}` made {} launches, not 2 (q, k)", v.len()))
+    })
+}
+
+/// The rope index of a prompt, and the decode positions after it.
+#[derive(Debug)]
+pub struct RopeIndex {
+    pub position_ids: Expected,
+    pub rope_deltas: Expected,
+    /// `length` decode tokens at `cache_offset` (decode calls only).
+    pub decode_position_ids: Option<Expected>,
+}
+
+/// `LanguageModel.get_rope_index(input_ids, image_grid_thw,
+/// video_grid_thw, attention_mask)`; `attention_mask` [B, L] int32 (all
+/// ones stands for no mask).
+pub fn position_rope_index(
+    ctx: &Ctx,
+    attention_mask: &HostTensor,
+    prompt: Prompt,
+) -> Result<RopeIndex, CaseError> {
+    const F: &str = "position_rope_index";
+    let mut params = vec![varied(
+        "attention_mask",
+        attention_mask.clone(),
+        Perturb::FirstElement,
+    )];
+    params.extend(prompt.params());
+    let mut r = Fields::of(F, ctx.call(F, params)?)?;
+    Ok(RopeIndex {
+        position_ids: r.tensor("position_ids")?,
+        rope_deltas: r.tensor("rope_deltas")?,
+        decode_position_ids: None,
+    })
+}
+
+/// The rope index, then `LanguageModel.__call__`'s decode positions of
+/// `length` tokens at `cache_offset`.
+pub fn position_rope_decode(
+    ctx: &Ctx,
+    attention_mask: &HostTensor,
+    prompt: Prompt,
+    cache_offset: usize,
+    length: usize,
+) -> Result<RopeIndex, CaseError> {
+    const F: &str = "position_rope_decode";
+    let mut params = vec![varied(
+        "attention_mask",
+        attention_mask.clone(),
+        Perturb::FirstElement,
+    )];
+    params.extend(prompt.params());
+    params.push(varied("cache_offset", cache_offset, Perturb::Add(1)));
+    params.push(fixed("length", length));
+    let mut r = Fields::of(F, ctx.call(F, params)?)?;
+    Ok(RopeIndex {
+        position_ids: r.tensor("position_ids")?,
+        rope_deltas: r.tensor("rope_deltas")?,
+        decode_position_ids: Some(r.tensor("decode_position_ids")?),
+    })
+}
+
+/// The reference mRoPE with three equal position streams, and
+/// `mx.fast.rope` on the same q (the `vs-rope` finding).
+#[derive(Debug)]
+pub struct MropeVsRope {
+    pub path: String,
+    pub mrope: Expected,
+    pub rope: Expected,
+}
+
+/// [`MropeVsRope`] on q [B, H, L, D] at `position_ids` [3, B, L].
+pub fn position_mrope_vs_rope(
+    ctx: &Ctx,
+    q: &HostTensor,
+    position_ids: &HostTensor,
+    rotary: Rotary,
+    path: &str,
+) -> Result<MropeVsRope, CaseError> {
+    const F: &str = "position_mrope_vs_rope";
+    let mut params = vec![tensor("q", q), tensor("position_ids", position_ids)];
+    params.extend(rotary.params());
+    params.push(fixed("path", path));
+    let mut r = Fields::of(F, ctx.call(F, params)?)?;
+    Ok(MropeVsRope {
+        path: r.string("path")?,
+        mrope: r.tensor("mrope")?,
+        rope: r.tensor("rope")?,
+    })
+}
+
+/// `optiq.vlm.gemma4.vision.apply_multidimensional_rope(inputs, positions,
+/// base_frequency)`.
+pub fn position_rope2d(
+    ctx: &Ctx,
+    inputs: &HostTensor,
+    positions: &HostTensor,
+    base_frequency: f64,
+) -> Result<Expected, CaseError> {
+    const F: &str = "position_rope2d";
+    let params = vec![
+        tensor("inputs", inputs),
+        tensor("positions", positions),
+        varied("base_frequency", base_frequency, Perturb::NextUp),
+    ];
+    one_array(F, ctx.call(F, params)?)
+}

@@ -1,0 +1,226 @@
+//! Quantized and float layers: glue module `quantized_*`, `dense`, `smoke`.
+//! Activations, indices and every tensor of a layer are perturbable; the
+//! quantization spec, expert counts and flags are constants.
+
+use layers::quantized::QuantSpec;
+use oracle::HostTensor;
+
+use super::{fixed, list, one_array, opt_tensor, tensor, tensors, varied, Fields, Param, Perturb};
+use crate::case::{CaseError, Ctx, Expected};
+
+/// One quantized layer's tensors and spec, as the reference's layer holds
+/// them (`weight` uint32 packed, `scales`, `biases` for affine only, the
+/// additive `bias`).
+#[derive(Debug, Clone)]
+pub struct QuantizedTensors {
+    pub weight: HostTensor,
+    pub scales: HostTensor,
+    pub biases: Option<HostTensor>,
+    pub bias: Option<HostTensor>,
+    pub spec: QuantSpec,
+}
+
+impl QuantizedTensors {
+    fn params(&self) -> Vec<Param> {
+        vec![
+            tensor("weight", &self.weight),
+            tensor("scales", &self.scales),
+            opt_tensor("biases", self.biases.as_ref()),
+            opt_tensor("bias", self.bias.as_ref()),
+            fixed("mode", self.spec.mode.as_str()),
+            fixed("bits", self.spec.bits),
+            fixed("group_size", self.spec.group_size),
+        ]
+    }
+}
+
+/// One LoRA adapter: `lora_a` [K, r], `lora_b` [r, N], its scale (a Python
+/// float, as a config's `scale` reaches the reference).
+#[derive(Debug, Clone)]
+pub struct Adapter {
+    pub lora_a: HostTensor,
+    pub lora_b: HostTensor,
+    pub scale: f64,
+}
+
+fn adapter_params(adapters: &[Adapter]) -> [Param; 3] {
+    [
+        tensors("lora_a", adapters.iter().map(|a| &a.lora_a)),
+        tensors("lora_b", adapters.iter().map(|a| &a.lora_b)),
+        varied(
+            "lora_scales",
+            oracle::Arg::List(
+                adapters
+                    .iter()
+                    .map(|a| oracle::Arg::from(a.scale))
+                    .collect(),
+            ),
+            Perturb::Fixed,
+        ),
+    ]
+}
+
+/// `mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size,
+/// bits)` (affine).
+pub fn smoke_quantized_matmul(
+    ctx: &Ctx,
+    x: &HostTensor,
+    w: &HostTensor,
+    scales: &HostTensor,
+    biases: &HostTensor,
+    group_size: i32,
+    bits: i32,
+) -> Result<Expected, CaseError> {
+    const F: &str = "smoke_quantized_matmul";
+    let params = vec![
+        tensor("x", x),
+        tensor("w", w),
+        tensor("scales", scales),
+        tensor("biases", biases),
+        fixed("group_size", group_size),
+        fixed("bits", bits),
+    ];
+    one_array(F, ctx.call(F, params)?)
+}
+
+/// `mlx.nn.QuantizedLinear.__call__(x)` holding `layer`.
+pub fn quantized_linear(
+    ctx: &Ctx,
+    x: &HostTensor,
+    layer: &QuantizedTensors,
+) -> Result<Expected, CaseError> {
+    const F: &str = "quantized_linear";
+    let mut params = vec![tensor("x", x)];
+    params.extend(layer.params());
+    one_array(F, ctx.call(F, params)?)
+}
+
+/// The reference layer (LoRA-wrapped when `adapters` is not empty) called
+/// once per row of `x`, rows concatenated.
+pub fn quantized_linear_rows(
+    ctx: &Ctx,
+    x: &HostTensor,
+    layer: &QuantizedTensors,
+    adapters: &[Adapter],
+) -> Result<Expected, CaseError> {
+    const F: &str = "quantized_linear_rows";
+    let mut params = vec![tensor("x", x)];
+    params.extend(layer.params());
+    params.extend(adapter_params(adapters));
+    one_array(F, ctx.call(F, params)?)
+}
+
+/// `mlx_lm.tuner.lora.LoRALinear.__call__`, nested once per adapter.
+pub fn quantized_lora(
+    ctx: &Ctx,
+    x: &HostTensor,
+    layer: &QuantizedTensors,
+    adapters: &[Adapter],
+) -> Result<Expected, CaseError> {
+    const F: &str = "quantized_lora";
+    let mut params = vec![tensor("x", x)];
+    params.extend(layer.params());
+    params.extend(adapter_params(adapters));
+    one_array(F, ctx.call(F, params)?)
+}
+
+/// mlx-lm's `QuantizedSwitchLinear.__call__` driven as `SwitchGLU` drives
+/// it (`global_scale=None` dropped from its `gather_qmm` call).
+/// `expert0_views`: the reference's own layer holds stride-0 views of
+/// expert 0 (the broadcast finding).
+pub fn quantized_switch(
+    ctx: &Ctx,
+    x: &HostTensor,
+    indices: &HostTensor,
+    layer: &QuantizedTensors,
+    sort: bool,
+    expert0_views: bool,
+) -> Result<Expected, CaseError> {
+    const F: &str = "quantized_switch";
+    let mut params = vec![tensor("x", x), tensor("indices", indices)];
+    params.extend(layer.params());
+    params.push(fixed("sort", sort));
+    params.push(fixed("expert0_views", expert0_views));
+    one_array(F, ctx.call(F, params)?)
+}
+
+/// What `QuantizedSwitchLinear.__call__` does exactly as pinned.
+#[derive(Debug, Clone)]
+pub enum AsPinned {
+    /// It raised: the exception's type and first line.
+    Raised { kind: String, message: String },
+    /// It returned.
+    Returned(Expected),
+}
+
+/// `QuantizedSwitchLinear.__call__` exactly as pinned (no shim).
+pub fn quantized_switch_as_pinned(
+    ctx: &Ctx,
+    x: &HostTensor,
+    indices: &HostTensor,
+    layer: &QuantizedTensors,
+) -> Result<AsPinned, CaseError> {
+    const F: &str = "quantized_switch_as_pinned";
+    let mut params = vec![tensor("x", x), tensor("indices", indices)];
+    params.extend(layer.params());
+    let mut r = Fields::of(F, ctx.call(F, params)?)?;
+    Ok(if r.bool("raised")? {
+        AsPinned::Raised {
+            kind: r.string("type")?,
+            message: r.string("message")?,
+        }
+    } else {
+        AsPinned::Returned(r.tensor("y")?)
+    })
+}
+
+/// `mlx.nn.Linear` holding `weight` [N, K] and `bias`, on x.
+pub fn float_linear(
+    ctx: &Ctx,
+    x: &HostTensor,
+    weight: &HostTensor,
+    bias: Option<&HostTensor>,
+) -> Result<Expected, CaseError> {
+    const F: &str = "float_linear";
+    let params = vec![
+        tensor("x", x),
+        tensor("weight", weight),
+        opt_tensor("bias", bias),
+    ];
+    one_array(F, ctx.call(F, params)?)
+}
+
+/// mlx-lm's `SwitchLinear` holding `weight` [E, N, K] and `bias`, driven
+/// as `SwitchGLU` drives it.
+pub fn float_switch(
+    ctx: &Ctx,
+    x: &HostTensor,
+    indices: &HostTensor,
+    weight: &HostTensor,
+    bias: Option<&HostTensor>,
+    sort: bool,
+) -> Result<Expected, CaseError> {
+    const F: &str = "float_switch";
+    let params = vec![
+        tensor("x", x),
+        tensor("indices", indices),
+        tensor("weight", weight),
+        opt_tensor("bias", bias),
+        fixed("sort", sort),
+    ];
+    one_array(F, ctx.call(F, params)?)
+}
+
+/// The outputs of a list of results (`None` items kept as `None`).
+pub(crate) fn opt_arrays(
+    function: &'static str,
+    value: oracle::Value,
+) -> Result<Vec<Option<Expected>>, CaseError> {
+    list(function, value)?
+        .into_iter()
+        .map(|v| match v {
+            oracle::Value::None => Ok(None),
+            other => one_array(function, other).map(Some),
+        })
+        .collect()
+}
