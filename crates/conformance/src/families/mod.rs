@@ -8,6 +8,7 @@ pub mod position;
 pub mod quantized;
 pub mod safetensors;
 pub mod smoke;
+mod support;
 
 /// Every registered case, in report order.
 pub fn all() -> Vec<Case> {

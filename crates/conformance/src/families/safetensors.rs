@@ -11,8 +11,9 @@
 //! the reference a perturbed copy of the file (see `perturbed_copy`).
 
 use layers::checkpoint::SafetensorsFile;
-use oracle::{DType, HostTensor};
+use oracle::HostTensor;
 
+use super::support::{bytes_tensor, port};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
 use crate::reference;
 
@@ -38,16 +39,6 @@ pub fn cases() -> Vec<Case> {
         .collect()
 }
 
-fn port(e: impl std::fmt::Display) -> CaseError {
-    CaseError::Port(e.to_string())
-}
-
-/// Text as a uint8 tensor, so names and metadata are compared like bits.
-fn text_tensor(text: &str) -> HostTensor {
-    HostTensor::new(DType::Uint8, vec![text.len()], text.as_bytes().to_vec())
-        .expect("sized by construction")
-}
-
 fn read(ctx: &Ctx, form: &str) -> Result<CaseOutput, CaseError> {
     let path = crate::home::Home::get()
         .fixtures_dir()
@@ -67,7 +58,7 @@ fn read(ctx: &Ctx, form: &str) -> Result<CaseOutput, CaseError> {
     let port_names: Vec<&str> = file.tensors().map(|(n, _)| n).collect();
     out.compare(
         "tensor names",
-        &text_tensor(&port_names.join("\n")),
+        &bytes_tensor(&port_names.join("\n")),
         &loaded.names_text(),
     );
     if loaded.arrays.len() != port_names.len() {
@@ -89,7 +80,7 @@ fn read(ctx: &Ctx, form: &str) -> Result<CaseOutput, CaseError> {
         .unwrap_or_default();
     out.compare(
         "metadata",
-        &text_tensor(&port_metadata.join("\n")),
+        &bytes_tensor(&port_metadata.join("\n")),
         &loaded.metadata_text(),
     );
     Ok(out)

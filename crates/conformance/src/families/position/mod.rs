@@ -10,10 +10,10 @@
 //! The glue functions live in the `# --- position families` section of
 //! `crates/oracle/python/reference_glue.py`.
 
-use layers::position::{GridThw, MropePath, PositionError, VisionTokens};
-use mlx_rs::Array;
+use layers::position::{GridThw, MropePath, VisionTokens};
 use oracle::{DType, HostTensor};
 
+use super::support::{bytes_tensor, dtype_tag, host, int32_tensor, port};
 use crate::case::{Backend, Case, CaseError, Ctx, Expected};
 use crate::inputs::Inputs;
 
@@ -41,11 +41,6 @@ const VISION_END: i32 = 248_046;
 /// The float dtypes activations are tested in.
 const FLOAT_DTYPES: [DType; 3] = DType::FLOATS;
 
-/// Short dtype name for case names.
-fn dtype_tag(dtype: DType) -> &'static str {
-    dtype.tag()
-}
-
 /// The mlx-rs dtype of an activation dtype.
 fn mlx_dtype(dtype: DType) -> Result<mlx_rs::Dtype, CaseError> {
     if dtype.is_float() {
@@ -56,28 +51,6 @@ fn mlx_dtype(dtype: DType) -> Result<mlx_rs::Dtype, CaseError> {
             dtype.name()
         )))
     }
-}
-
-/// A port error as a case error.
-fn port(e: PositionError) -> CaseError {
-    CaseError::Port(e.to_string())
-}
-
-/// Copies an mlx-rs array to the host.
-fn host(a: &Array) -> Result<HostTensor, CaseError> {
-    Ok(HostTensor::from_array(a)?)
-}
-
-fn int32_tensor(values: &[i32], shape: &[usize]) -> HostTensor {
-    let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    HostTensor::new(DType::Int32, shape.to_vec(), bytes).expect("sized by the caller")
-}
-
-/// UTF-8 bytes of `text` as a uint8 tensor, so a string comparison reports
-/// the first differing byte and feeds the digest.
-fn bytes_tensor(text: &str) -> HostTensor {
-    HostTensor::new(DType::Uint8, vec![text.len()], text.as_bytes().to_vec())
-        .expect("one byte each")
 }
 
 /// An int32 or int64 tensor widened to int64 (positions: the reference

@@ -22,9 +22,9 @@
 use std::path::PathBuf;
 
 use layers::quantized::{Mode, QuantSpec, QuantizedPayload};
-use mlx_rs::Array;
 use oracle::{DType, HostTensor};
 
+use super::support::{dtype_tag, host, port};
 use crate::case::{Case, CaseError};
 use crate::inputs::Inputs;
 use crate::reference::quantized::QuantizedTensors;
@@ -53,11 +53,6 @@ const QUANTIZED_LINEAR: &str = "mlx.nn.QuantizedLinear.__call__ (mlx 0.32.2)";
 
 /// The float dtypes activations are tested in.
 const FLOAT_DTYPES: [DType; 3] = DType::FLOATS;
-
-/// Short dtype name for case names.
-fn dtype_tag(dtype: DType) -> &'static str {
-    dtype.tag()
-}
 
 /// A spec the reference accepts (panics otherwise: a registry typo).
 fn spec(mode: Mode, bits: i32, group_size: i32) -> QuantSpec {
@@ -103,16 +98,6 @@ fn mode_specs() -> [QuantSpec; 4] {
 /// bit width.
 fn base_k(spec: QuantSpec) -> usize {
     3 * spec.group_size as usize
-}
-
-/// A port error as a case error.
-fn port(e: impl std::fmt::Display) -> CaseError {
-    CaseError::Port(e.to_string())
-}
-
-/// Copies an mlx-rs array to the host.
-fn host(a: &Array) -> Result<HostTensor, CaseError> {
-    Ok(HostTensor::from_array(a)?)
 }
 
 /// Seeded activations: uniform in `[-1, 1)`.

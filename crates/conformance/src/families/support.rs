@@ -1,0 +1,35 @@
+//! Helpers every family shares: results to the host, the port's errors,
+//! small tensors built on the host.
+
+use mlx_rs::Array;
+use oracle::{DType, HostTensor};
+
+use crate::case::CaseError;
+
+/// A port (`layers`) error as a case error.
+pub(crate) fn port(e: impl std::fmt::Display) -> CaseError {
+    CaseError::Port(e.to_string())
+}
+
+/// Copies an mlx-rs array to the host.
+pub(crate) fn host(a: &Array) -> Result<HostTensor, CaseError> {
+    Ok(HostTensor::from_array(a)?)
+}
+
+/// The short name of a dtype in case names (`bf16`, `f16`, `f32`).
+pub(crate) fn dtype_tag(dtype: DType) -> &'static str {
+    dtype.tag()
+}
+
+/// An int32 tensor of `values` with `shape` (sized by the caller).
+pub(crate) fn int32_tensor(values: &[i32], shape: &[usize]) -> HostTensor {
+    let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    HostTensor::new(DType::Int32, shape.to_vec(), bytes).expect("sized by the caller")
+}
+
+/// UTF-8 bytes of `text` as a uint8 tensor, so a string comparison reports
+/// the first differing byte and feeds the digest.
+pub(crate) fn bytes_tensor(text: &str) -> HostTensor {
+    HostTensor::new(DType::Uint8, vec![text.len()], text.as_bytes().to_vec())
+        .expect("one byte each")
+}
