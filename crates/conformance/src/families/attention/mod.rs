@@ -16,7 +16,7 @@
 //! * `attention/append/…/policy-<table>/cache<a>-<b>` (finding): the port
 //!   appending in the chunks [`RegimeTable::append_chunk_size`] chooses
 //!   versus the port at M = 1. The CPU table (from the boundary finder) on
-//!   CPU, the seed's Metal table on Metal.
+//!   CPU, the origin's Metal table (the TypeScript original's) on Metal.
 //! * `attention/append/…/crossing/cache<a>-<b>` (finding, negative
 //!   control): one chunk of 4 straddling each Metal boundary in the window,
 //!   appended to the M = 1 cache, versus M = 1, on whatever backend runs.
@@ -83,7 +83,7 @@ pub fn cases() -> Vec<Case> {
             ),
             (
                 Backend::Metal,
-                "the seed's Metal regime table applies to the Metal backend only",
+                "the origin's Metal regime table applies to the Metal backend only",
             ),
             (
                 Backend::Cuda,

@@ -229,11 +229,19 @@ impl DecodeStep {
     /// M = 1 is the decode step, M > 1 a chunked append (causal within the
     /// chunk). Evaluates the outputs and the cache before returning.
     pub fn forward(&self, x: &Array, cache: &mut KvCache) -> Result<StepOutput, CaseError> {
+        self.forward_ops(x, cache).map_err(|e| match e {
+            // The step's own MLX ops are the port's computation.
+            StepFail::Mlx(e) => CaseError::Port(format!("the port's attention step: {e}")),
+            StepFail::Case(e) => e,
+        })
+    }
+
+    fn forward_ops(&self, x: &Array, cache: &mut KvCache) -> Result<StepOutput, StepFail> {
         let s = &self.shape;
         let m = x.shape()[0];
         let (h, h_kv, d) = (s.n_heads as i32, s.n_kv_heads as i32, s.head_dim as i32);
         let x = x.reshape(&[1, m, s.hidden as i32])?;
-        let project = |layer: &QuantizedLinear, heads: i32| -> Result<Array, CaseError> {
+        let project = |layer: &QuantizedLinear, heads: i32| -> Result<Array, StepFail> {
             let y = layer
                 .forward(&x)
                 .map_err(|e| CaseError::Port(e.to_string()))?;
@@ -275,7 +283,7 @@ impl DecodeStep {
             .o
             .forward(&attn)
             .map_err(|e| CaseError::Port(e.to_string()))?;
-        let token_major = |a: &Array, width: i32| -> Result<Array, CaseError> {
+        let token_major = |a: &Array, width: i32| -> Result<Array, StepFail> {
             Ok(a.transpose_axes(&[0, 2, 1, 3])?.reshape(&[m, width])?)
         };
         let out = StepOutput {
@@ -293,6 +301,25 @@ impl DecodeStep {
             &all_values,
         ])?;
         Ok(out)
+    }
+}
+
+/// Why the step's ops stopped: an MLX error in the port's own ops, or a
+/// case error from the layers or the cache.
+enum StepFail {
+    Mlx(mlx_rs::error::Exception),
+    Case(CaseError),
+}
+
+impl From<mlx_rs::error::Exception> for StepFail {
+    fn from(e: mlx_rs::error::Exception) -> Self {
+        StepFail::Mlx(e)
+    }
+}
+
+impl From<CaseError> for StepFail {
+    fn from(e: CaseError) -> Self {
+        StepFail::Case(e)
     }
 }
 
