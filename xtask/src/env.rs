@@ -145,6 +145,30 @@ pub struct Layout {
     /// Cargo's target dir for builds against this env; `None`: cargo's own
     /// (`target/`, or `CARGO_TARGET_DIR`).
     pub target_dir: Option<&'static str>,
+    /// A candidate environment's name (`reference/candidates/<name>/`), for
+    /// the release gate; `None` for the baseline and CUDA environments.
+    pub candidate: Option<&'static str>,
+}
+
+/// A candidate name: 1 to 64 of lowercase letters, digits, `.`, `_`, `-`.
+pub fn check_candidate_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b));
+    if !ok {
+        bail!(
+            "`{name}` is not a candidate name: use 1 to 64 lowercase letters, digits, `.`, `_` \
+             or `-` (e.g. `mlx-0.32.4`), as in reference/candidates/<name>/"
+        );
+    }
+    Ok(())
+}
+
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
 }
 
 impl Layout {
@@ -180,6 +204,26 @@ impl Layout {
         Layout::of(Backend::host_default())
     }
 
+    /// The candidate environment `name`: pins in
+    /// `reference/candidates/<name>/`, built into
+    /// `.reference-candidates/<name>/` and `target/candidates/<name>/`, for
+    /// this machine's default backend. It shares nothing mutable with the
+    /// baseline.
+    pub fn candidate(name: &str) -> Result<Layout> {
+        check_candidate_name(name)?;
+        Ok(Layout {
+            backend: Backend::host_default(),
+            dir: leak(format!(".reference-candidates/{name}")),
+            requirements_in: leak(format!("reference/candidates/{name}/requirements.in")),
+            lock: leak(format!("reference/candidates/{name}/requirements.lock")),
+            lock_sha256: leak(format!(
+                "reference/candidates/{name}/requirements.lock.sha256"
+            )),
+            target_dir: Some(leak(format!("target/candidates/{name}"))),
+            candidate: Some(leak(name.to_owned())),
+        })
+    }
+
     /// The layout of `backend` whether or not it can be built here (locking
     /// works on any machine: `cpu` and `metal` share the default lock).
     pub fn of(backend: Backend) -> Layout {
@@ -191,6 +235,7 @@ impl Layout {
                 lock: LOCK,
                 lock_sha256: LOCK_SHA256,
                 target_dir: None,
+                candidate: None,
             },
             Backend::Cuda => Layout {
                 backend,
@@ -199,6 +244,7 @@ impl Layout {
                 lock: "reference/cuda/requirements.lock",
                 lock_sha256: "reference/cuda/requirements.lock.sha256",
                 target_dir: Some("target/cuda"),
+                candidate: None,
             },
         }
     }
@@ -235,6 +281,9 @@ impl Layout {
     /// ` --backend cuda` for the non-default env, else empty (for commands
     /// printed to the user).
     pub fn flag(&self) -> &'static str {
+        if let Some(name) = self.candidate {
+            return leak(format!(" --candidate {name}"));
+        }
         match self.backend {
             Backend::Cuda => " --backend cuda",
             Backend::Cpu | Backend::Metal => "",
@@ -606,10 +655,28 @@ pub fn select_and_check<'a>(
     root: &Path,
     args: &'a [OsString],
 ) -> Result<(Layout, Fingerprint, &'a [OsString])> {
-    let (backend, rest) = peel_backend(args)?;
-    let layout = Layout::for_backend(backend)?;
+    let (layout, rest) = peel_env(args)?;
     let fingerprint = check_environment(root, &layout)?;
     Ok((layout, fingerprint, rest))
+}
+
+/// Splits an optional leading `--candidate NAME` (or `--candidate=NAME`) or
+/// `--backend B` off the arguments of a pass-through command.
+pub fn peel_env(args: &[OsString]) -> Result<(Layout, &[OsString])> {
+    let first = args.first().and_then(|a| a.to_str()).unwrap_or_default();
+    if first == "--candidate" {
+        let name = args
+            .get(1)
+            .and_then(|v| v.to_str())
+            .filter(|v| !v.starts_with('-'))
+            .context("`--candidate` needs a name (a folder of reference/candidates/)")?;
+        return Ok((Layout::candidate(name)?, &args[2..]));
+    }
+    if let Some(name) = first.strip_prefix("--candidate=") {
+        return Ok((Layout::candidate(name)?, &args[1..]));
+    }
+    let (backend, rest) = peel_backend(args)?;
+    Ok((Layout::for_backend(backend)?, rest))
 }
 
 #[cfg(test)]

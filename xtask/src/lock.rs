@@ -27,8 +27,11 @@ use crate::util;
 /// mlx-cuda-13 0.32.2 wheels are tagged `manylinux_2_35_x86_64`.
 pub const CUDA_PYTHON_PLATFORM: &str = "x86_64-manylinux_2_35";
 
-pub fn run(root: &Path, backend: Option<Backend>) -> Result<()> {
-    let layout = Layout::of(backend.unwrap_or_else(Backend::host_default));
+pub fn run(root: &Path, backend: Option<Backend>, candidate: Option<&str>) -> Result<()> {
+    let layout = match candidate {
+        Some(name) => Layout::candidate(name)?,
+        None => Layout::of(backend.unwrap_or_else(Backend::host_default)),
+    };
     let uv = find_uv(None, false)?;
     println!("lock: {} via `{}`", uv.version, uv.describe());
     let input = root.join(layout.requirements_in);

@@ -12,6 +12,7 @@ mod bundle;
 mod conformance;
 mod env;
 mod fixtures;
+mod gate;
 mod lock;
 mod macos;
 mod setup;
@@ -50,6 +51,9 @@ enum Command {
         /// `cpu` and `metal` share the default lock; `cuda` has its own
         #[arg(long, value_enum, value_name = "BACKEND")]
         backend: Option<env::Backend>,
+        /// Lock the candidate reference/candidates/<NAME>/ instead
+        #[arg(long, value_name = "NAME", conflicts_with = "backend")]
+        candidate: Option<String>,
     },
     /// Check the reference environment, run `cargo test --workspace`, then the CPU conformance run
     /// (a leading `--backend cuda` selects the CUDA environment)
@@ -79,6 +83,11 @@ enum Command {
     /// fixtures) for a Linux x86-64 machine without Rust, uv or network; `--archive`
     /// also writes it as <out>.tar.zst parts of at most 60 MiB
     Bundle(bundle::Args),
+    /// Release gate: run the suite on the baseline and on a candidate reference environment
+    /// (same seeds) and classify every case's change; writes target/gate/<candidate>/gate.json
+    /// and gate.md; exit 0 unchanged, 2 changed, 1 a must-equal case fails on the candidate, 3
+    /// environment
+    Gate(gate::Args),
 }
 
 /// The workspace root: xtask lives in `<root>/xtask`.
@@ -99,11 +108,14 @@ fn main() {
     let root = workspace_root();
     let result = match cli.command {
         Command::Setup(args) => setup::run(&root, &args).map(|()| 0),
-        Command::Lock { backend } => lock::run(&root, backend).map(|()| 0),
+        Command::Lock { backend, candidate } => {
+            lock::run(&root, backend, candidate.as_deref()).map(|()| 0)
+        }
         Command::Test { args } => testing::run(&root, &args),
         Command::Conformance { args } => conformance::run(&root, &args),
         Command::Fixtures { backend, action } => fixtures::run(&root, backend, &action),
         Command::Bundle(args) => bundle::run(&root, &args),
+        Command::Gate(args) => gate::run(&root, &args),
     };
     match result {
         Ok(code) => std::process::exit(code),

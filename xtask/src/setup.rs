@@ -44,6 +44,11 @@ pub struct Args {
     /// `.reference/`; `cuda` (Linux x86-64) is `.reference-cuda/`
     #[arg(long, value_enum, value_name = "BACKEND")]
     backend: Option<Backend>,
+    /// A candidate environment for the release gate: the pins in
+    /// reference/candidates/<NAME>/, built into .reference-candidates/<NAME>/
+    /// (and target/candidates/<NAME>/); the baseline is untouched
+    #[arg(long, value_name = "NAME", conflicts_with = "backend")]
+    candidate: Option<String>,
     /// Rebuild the environment even if the fingerprint says it is up to date
     #[arg(long)]
     force: bool,
@@ -53,8 +58,17 @@ pub struct Args {
 }
 
 pub fn run(root: &Path, args: &Args) -> Result<()> {
+    let layout = match &args.candidate {
+        Some(name) => Layout::candidate(name)?,
+        None => Layout::for_backend(args.backend.unwrap_or_else(Backend::host_default))?,
+    };
+    build(root, &layout, args.force, args.python.as_deref())
+}
+
+/// Builds (or confirms up to date) the environment of `layout`.
+pub fn build(root: &Path, layout: &Layout, force: bool, base_python: Option<&Path>) -> Result<()> {
     let started = Instant::now();
-    let layout = Layout::for_backend(args.backend.unwrap_or_else(Backend::host_default))?;
+    let layout = layout.clone();
     let backend = layout.backend;
     let fingerprint_path = root.join(layout.fingerprint());
 
@@ -63,11 +77,14 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
     let lock_sha256 = verify_lock_hash(root, &layout)?;
     // The build's system packages (cheap file checks when present).
     crate::system::ensure()?;
-    if !args.force {
+    if !force {
         match env::environment_status(root, &layout) {
             Ok(fingerprint) => {
                 println!(
-                    "{backend} reference environment is up to date ({})",
+                    "{}{backend} reference environment is up to date ({})",
+                    layout
+                        .candidate
+                        .map_or_else(String::new, |c| format!("candidate {c}: ")),
                     fingerprint_path.display()
                 );
                 if backend == Backend::Cuda {
@@ -82,7 +99,7 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
     }
 
     // Preflight: nothing is modified until these pass.
-    let python = find_python(args.python.as_deref())?;
+    let python = find_python(base_python)?;
     println!(
         "setup: python {} at {} (shared libpython in {})",
         python.version,
@@ -201,6 +218,9 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
         fingerprint_path.display(),
         started.elapsed().as_secs_f64()
     );
+    if let Some(name) = layout.candidate {
+        build_candidate_runner(root, &layout, name)?;
+    }
     if let Some(runtime) = cuda {
         println!(
             "setup: build against it with `cargo xtask conformance --backend cuda` \
@@ -209,6 +229,30 @@ pub fn run(root: &Path, args: &Args) -> Result<()> {
         );
         print!("{}", runtime.render(root));
     }
+    Ok(())
+}
+
+/// Builds the conformance runner against a candidate environment, in its
+/// own target dir. A build that fails here (mlx-c or mlx-sys against the
+/// candidate's headers) is version skew: reported, and the gate reports it
+/// as an environment error too.
+fn build_candidate_runner(root: &Path, layout: &Layout, name: &str) -> Result<()> {
+    let target = layout.target_dir.unwrap_or("target");
+    println!("setup: building the conformance runner against candidate {name} in {target} (a cold build the first time)");
+    let output = util::output(
+        layout
+            .cargo(root)
+            .args(["build", "-p", "conformance", "--bin", "conformance"]),
+        "cargo build (candidate runner)",
+    )?;
+    if !output.status.success() {
+        bail!(
+            "candidate {name}: the runner does not build against its MLX (version skew: mlx-c or \
+             mlx-sys against the candidate's headers or libmlx):\n{}",
+            util::tail(&output, 30)
+        );
+    }
+    println!("setup: candidate {name} runner built");
     Ok(())
 }
 

@@ -11,12 +11,17 @@ use sha2::{Digest, Sha256};
 /// Lowercase hex SHA-256 of a file's bytes.
 pub fn sha256_file(path: &Path) -> Result<String> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let digest = Sha256::digest(&bytes);
+    Ok(sha256_bytes(&bytes))
+}
+
+/// Hex SHA-256 of `bytes`.
+pub fn sha256_bytes(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
     let mut hex = String::with_capacity(64);
     for byte in digest {
         write!(hex, "{byte:02x}").expect("writing to a String");
     }
-    Ok(hex)
+    hex
 }
 
 /// The cargo that runs us (`cargo xtask` sets `CARGO`), else `cargo` on PATH.

@@ -225,6 +225,23 @@ pub struct CaseOutput {
     /// sha256 chained over the same tensors in order: one value for the
     /// whole case (reported; the snapshot pins [`CaseOutput::digests`]).
     pub case_digest: String,
+    /// With `--keep-outputs`: every compared or digested tensor, named
+    /// `port/<output>` or `reference/<output>` (the release gate compares
+    /// two environments' tensors element by element).
+    #[serde(skip)]
+    pub kept: Vec<(String, HostTensor)>,
+}
+
+static KEEP_TENSORS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes every [`CaseOutput`] of this process keep its tensors
+/// (`--keep-outputs`).
+pub fn keep_tensors() {
+    KEEP_TENSORS.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn keeping() -> bool {
+    KEEP_TENSORS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// sha256 over a tensor's dtype name, shape (u64 LE) and bytes.
@@ -248,6 +265,10 @@ impl CaseOutput {
     /// Compares one port output with the reference's and records its digest.
     pub fn compare(&mut self, name: &str, port: &HostTensor, expected: &Expected) {
         self.digest(name, port);
+        if keeping() {
+            self.kept
+                .push((format!("reference/{name}"), expected.tensor().clone()));
+        }
         self.outputs.push(Output {
             name: name.into(),
             comparison: compare(port, expected.tensor()),
@@ -271,6 +292,9 @@ impl CaseOutput {
     /// Records the digest of a port tensor a finding measured.
     pub fn digest(&mut self, name: &str, t: &HostTensor) {
         self.digests.push((name.to_owned(), digest_of(t)));
+        if keeping() {
+            self.kept.push((format!("port/{name}"), t.clone()));
+        }
         let mut h = Sha256::new();
         h.update(self.case_digest.as_bytes());
         h.update(t.dtype.name().as_bytes());

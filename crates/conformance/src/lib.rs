@@ -9,8 +9,10 @@
 pub mod bench;
 pub mod case;
 pub mod families;
+pub mod gate;
 pub mod home;
 pub mod inputs;
+pub mod kept;
 pub mod reference;
 pub mod relation;
 pub mod report;

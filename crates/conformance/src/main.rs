@@ -65,6 +65,14 @@ struct Cli {
     /// must-equal output must then differ, unless declared derived.
     #[arg(long)]
     perturb: bool,
+    /// Do not check snapshots (runs of the release gate, which compares two
+    /// environments' runs with each other instead).
+    #[arg(long)]
+    no_snapshots: bool,
+    /// Also write each case's port and reference tensors to
+    /// DIR/<case>.safetensors (what `cargo xtask gate` compares).
+    #[arg(long, value_name = "DIR")]
+    keep_outputs: Option<PathBuf>,
     /// Where reports are written.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -121,6 +129,14 @@ fn parse() -> Result<Cli, Exit> {
     }
 }
 
+impl Cli {
+    /// Whether this run checks snapshots: they pin seed 0's unperturbed
+    /// outputs.
+    fn snapshots_checked(&self) -> bool {
+        !self.perturb && self.seed == 0 && !self.no_snapshots
+    }
+}
+
 /// `--worker`: one interpreter serving the parent's cases (runner/worker.rs).
 fn worker_main(cli: &Cli) -> Result<ExitCode, Exit> {
     let Some(backend) = cli
@@ -131,6 +147,9 @@ fn worker_main(cli: &Cli) -> Result<ExitCode, Exit> {
         return Err(fail("--worker needs --worker-backend cpu|metal|cuda"));
     };
     let cases = families::all();
+    if let Some(dir) = &cli.keep_outputs {
+        runner::keep_outputs(dir.clone());
+    }
     let oracle = Oracle::start().map_err(|e| fail(format!("worker: {e}")))?;
     runner::set_device(backend);
     oracle

@@ -208,6 +208,20 @@ fn skipped(case: &Case, backend: Backend) -> Option<CaseResult> {
     Some(result)
 }
 
+static KEEP_OUTPUTS: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+/// `--keep-outputs DIR`: every case of this process writes its port and
+/// reference tensors to `DIR/<case>.safetensors` (see [`crate::kept`]).
+pub fn keep_outputs(dir: std::path::PathBuf) {
+    crate::case::keep_tensors();
+    let _ = KEEP_OUTPUTS.set(dir);
+}
+
+/// The `--keep-outputs` directory of this process, if any.
+pub fn kept_outputs_dir() -> Option<&'static std::path::Path> {
+    KEEP_OUTPUTS.get().map(|p| p.as_path())
+}
+
 fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
     if let Some(skip) = skipped(case, options.backend) {
         return skip;
@@ -240,12 +254,19 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
                 output.duplicate_name().unwrap_or_default()
             ));
         }
-        Ok(Ok(output)) => {
+        Ok(Ok(mut output)) => {
             result.verdict = match case.expect {
                 Expect::MustEqual if output.all_equal() => Verdict::Pass,
                 Expect::MustEqual => Verdict::Fail,
                 Expect::Finding => Verdict::Finding,
             };
+            if let Some(dir) = KEEP_OUTPUTS.get() {
+                let kept = std::mem::take(&mut output.kept);
+                if let Err(e) = crate::kept::write(dir, &case.name, &kept) {
+                    result.verdict = Verdict::Error;
+                    result.message = Some(format!("harness error: --keep-outputs: {e}"));
+                }
+            }
             result.output = Some(output);
         }
         Ok(Err(e)) => {

@@ -145,6 +145,10 @@ impl WorkerCommand {
         if options.perturb {
             args.push("--perturb".to_owned());
         }
+        if let Some(dir) = super::kept_outputs_dir() {
+            args.push("--keep-outputs".to_owned());
+            args.push(dir.display().to_string());
+        }
         Ok(WorkerCommand {
             program: std::env::current_exe()?,
             args,

@@ -64,12 +64,11 @@ impl Session {
         }
         // A whole missing set is one line, not a DRIFT row per case.
         let missing_set = (mode != Mode::Accept
-            && !cli.perturb
-            && cli.seed == 0
+            && cli.snapshots_checked()
             && !snapshots::set_exists(&self.set_dir))
         .then(|| snapshots::missing_set_line(&self.set_dir, &environment.set_commands));
         let (statuses, orphans) =
-            if cli.perturb || cli.seed != 0 || missing_set.is_some() || refusal.is_some() {
+            if !cli.snapshots_checked() || missing_set.is_some() || refusal.is_some() {
                 (vec![snapshots::Status::NotChecked; results.len()], vec![])
             } else {
                 snapshots::gate(&self.set_dir, &results, mode, &provenance, complete)

@@ -32,6 +32,15 @@ impl Session {
         // be writable, and a declared set key must be usable as a name.
         report::check_writable(&out_dir).map_err(fail)?;
         report::clear(&out_dir);
+        if let Some(dir) = &cli.keep_outputs {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                fail(format!(
+                    "--keep-outputs {}: {e}; choose a writable directory",
+                    dir.display()
+                ))
+            })?;
+            runner::keep_outputs(dir.clone());
+        }
         let declared = match cli.device_family.as_deref().filter(|k| !k.is_empty()) {
             None => None,
             Some(key) => {
@@ -73,8 +82,7 @@ impl Session {
             snapshots::SetCommands::new(xtask_prefix, &selecting.join(" "))
         };
         // Said at the start too, so nobody waits for a whole run to learn it.
-        if mode != Mode::Accept && !cli.perturb && cli.seed == 0 && !snapshots::set_exists(&set_dir)
-        {
+        if mode != Mode::Accept && cli.snapshots_checked() && !snapshots::set_exists(&set_dir) {
             eprintln!(
                 "note: {}",
                 snapshots::missing_set_line(&set_dir, &set_commands)

@@ -1,0 +1,582 @@
+//! The release gate's comparison: two runs of the suite (a baseline and a
+//! candidate reference environment, same seeds), each a `report.json` plus
+//! the `--keep-outputs` tensors, compared per case and per output. Every
+//! case gets one [`Class`]; `gate.json` and `gate.md` say why, with the
+//! first differing element's bits and ULP on both sides.
+//!
+//! Driven by `cargo xtask gate` through the `conformance-gate` binary.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use oracle::{compare, Comparison, HostTensor};
+use serde::Serialize;
+use serde_json::Value;
+
+/// What happened to a case between the baseline and the candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Class {
+    /// Same verdict, same port bits, same reference bits, same finding.
+    Unchanged,
+    /// An MLX kernel or op changed and the port still matches: port and
+    /// reference bits moved, the must-equal case still passes (or a
+    /// finding's tensors moved with the same relation).
+    BothMovedTogether,
+    /// The reference changed and the port must follow: a must-equal FAIL on
+    /// the candidate with the port's bits unchanged (or both moved apart).
+    ReferenceMovedAlone,
+    /// The port's bits changed and the reference's did not: a must-equal
+    /// FAIL on the candidate.
+    PortMovedAlone,
+    /// A finding's measured relation changed.
+    FindingChanged,
+    /// The case exists in one run only (or runs in one only).
+    NewOrRemoved,
+    /// The case errored on the candidate (e.g. a reference function renamed
+    /// or given a new keyword).
+    CandidateError,
+    /// The baseline itself does not pass this case: fix that first.
+    BaselineProblem,
+}
+
+impl Class {
+    pub fn word(self) -> &'static str {
+        match self {
+            Class::Unchanged => "unchanged",
+            Class::BothMovedTogether => "both moved together",
+            Class::ReferenceMovedAlone => "reference moved alone",
+            Class::PortMovedAlone => "port moved alone",
+            Class::FindingChanged => "finding changed",
+            Class::NewOrRemoved => "new or removed case",
+            Class::CandidateError => "candidate error",
+            Class::BaselineProblem => "baseline problem",
+        }
+    }
+}
+
+/// One output compared across the runs: the port's bits (baseline vs
+/// candidate) and the reference's.
+#[derive(Debug, Clone, Serialize)]
+pub struct OutputChange {
+    pub name: String,
+    /// `Equal`, or where the candidate's port bits differ from the
+    /// baseline's (`actual` = baseline, `expected` = candidate).
+    pub port: Comparison,
+    /// The same for the reference's bits (must-equal outputs only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reference: Option<Comparison>,
+}
+
+/// One case's classification.
+#[derive(Debug, Clone, Serialize)]
+pub struct CaseChange {
+    pub name: String,
+    pub family: String,
+    pub expect: String,
+    pub class: Class,
+    pub baseline_verdict: Option<String>,
+    pub candidate_verdict: Option<String>,
+    /// Outputs whose bits moved (every output when the tensors are absent).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<OutputChange>,
+    /// A finding's top-level keys that changed: key → [baseline, candidate].
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub finding: BTreeMap<String, [Value; 2]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// The whole comparison (`gate.json`, schema version 1).
+#[derive(Debug, Clone, Serialize)]
+pub struct Gate {
+    pub schema_version: u32,
+    pub candidate: String,
+    pub baseline_environment: Value,
+    pub candidate_environment: Value,
+    pub summary: BTreeMap<String, usize>,
+    pub exit_code: i32,
+    /// Environment or harness problems that stopped the comparison.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub environment_errors: Vec<String>,
+    pub cases: Vec<CaseChange>,
+}
+
+/// Exit codes of the gate (README: "Gating an MLX upgrade").
+pub mod exit {
+    pub const UNCHANGED: i32 = 0;
+    pub const MUST_EQUAL_FAILS: i32 = 1;
+    pub const CHANGED: i32 = 2;
+    pub const ENVIRONMENT: i32 = 3;
+}
+
+/// A run directory: `report.json` and `outputs/`.
+struct Run {
+    environment: Value,
+    cases: BTreeMap<String, Value>,
+    outputs: std::path::PathBuf,
+}
+
+fn load(dir: &Path) -> Result<Run, String> {
+    let path = dir.join("report.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let report: Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let cases = report["cases"]
+        .as_array()
+        .ok_or_else(|| format!("{}: no cases", path.display()))?
+        .iter()
+        .filter_map(|c| Some((c["name"].as_str()?.to_owned(), c.clone())))
+        .collect();
+    Ok(Run {
+        environment: report["environment"].clone(),
+        cases,
+        outputs: dir.join("outputs"),
+    })
+}
+
+fn tensors(dir: &Path, case: &str) -> BTreeMap<String, HostTensor> {
+    crate::kept::read(dir, case)
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+        .into_iter()
+        .collect()
+}
+
+/// Compares the runs in `baseline` and `candidate`.
+pub fn compare_runs(candidate_name: &str, baseline: &Path, candidate: &Path) -> Gate {
+    let mut gate = Gate {
+        schema_version: 1,
+        candidate: candidate_name.to_owned(),
+        baseline_environment: Value::Null,
+        candidate_environment: Value::Null,
+        summary: BTreeMap::new(),
+        exit_code: exit::UNCHANGED,
+        environment_errors: Vec::new(),
+        cases: Vec::new(),
+    };
+    let (base, cand) = match (load(baseline), load(candidate)) {
+        (Ok(b), Ok(c)) => (b, c),
+        (b, c) => {
+            gate.environment_errors
+                .extend(b.err().into_iter().chain(c.err()));
+            gate.exit_code = exit::ENVIRONMENT;
+            return gate;
+        }
+    };
+    gate.baseline_environment = base.environment.clone();
+    gate.candidate_environment = cand.environment.clone();
+    let names: BTreeSet<&String> = base.cases.keys().chain(cand.cases.keys()).collect();
+    for name in names {
+        gate.cases.push(classify(
+            name,
+            base.cases.get(name),
+            cand.cases.get(name),
+            &base,
+            &cand,
+        ));
+    }
+    for c in &gate.cases {
+        *gate.summary.entry(c.class.word().to_owned()).or_default() += 1;
+    }
+    let has = |class: Class| gate.cases.iter().any(|c| c.class == class);
+    gate.exit_code = if has(Class::ReferenceMovedAlone) || has(Class::PortMovedAlone) {
+        exit::MUST_EQUAL_FAILS
+    } else if has(Class::CandidateError) || has(Class::BaselineProblem) {
+        exit::ENVIRONMENT
+    } else if gate.cases.iter().any(|c| c.class != Class::Unchanged) {
+        exit::CHANGED
+    } else {
+        exit::UNCHANGED
+    };
+    gate
+}
+
+fn verdict(c: Option<&Value>) -> Option<String> {
+    c.and_then(|c| c["verdict"].as_str()).map(str::to_owned)
+}
+
+fn classify(
+    name: &str,
+    base: Option<&Value>,
+    cand: Option<&Value>,
+    b: &Run,
+    c: &Run,
+) -> CaseChange {
+    let any = base.or(cand).cloned().unwrap_or(Value::Null);
+    let mut change = CaseChange {
+        name: name.to_owned(),
+        family: any["family"].as_str().unwrap_or_default().to_owned(),
+        expect: any["expect"].as_str().unwrap_or_default().to_owned(),
+        class: Class::Unchanged,
+        baseline_verdict: verdict(base),
+        candidate_verdict: verdict(cand),
+        outputs: Vec::new(),
+        finding: BTreeMap::new(),
+        note: None,
+    };
+    let (Some(base), Some(cand)) = (base, cand) else {
+        change.class = Class::NewOrRemoved;
+        change.note = Some(
+            if base.is_some() {
+                "removed on the candidate"
+            } else {
+                "new on the candidate"
+            }
+            .into(),
+        );
+        return change;
+    };
+    let (bv, cv) = (
+        base["verdict"].as_str().unwrap_or(""),
+        cand["verdict"].as_str().unwrap_or(""),
+    );
+    if bv == "error" || bv == "fail" {
+        change.class = Class::BaselineProblem;
+        change.note = base["message"].as_str().map(str::to_owned);
+        return change;
+    }
+    if cv == "error" {
+        change.class = Class::CandidateError;
+        change.note = cand["message"].as_str().map(str::to_owned);
+        return change;
+    }
+    if (bv == "skip") != (cv == "skip") {
+        change.class = Class::NewOrRemoved;
+        change.note = Some(format!("runs on one side only ({bv} vs {cv})"));
+        return change;
+    }
+    if bv == "skip" {
+        return change;
+    }
+    // Output bits, baseline vs candidate, port and reference.
+    let (bt, ct) = (tensors(&b.outputs, name), tensors(&c.outputs, name));
+    let keys: BTreeSet<String> = bt
+        .keys()
+        .chain(ct.keys())
+        .filter_map(|k| k.split_once('/').map(|(_, n)| n.to_owned()))
+        .collect();
+    let side = |prefix: &str, key: &str| -> Option<Comparison> {
+        let k = format!("{prefix}/{key}");
+        match (bt.get(&k), ct.get(&k)) {
+            (Some(x), Some(y)) => Some(compare(x, y)),
+            (None, None) => None,
+            _ => Some(Comparison::ShapeMismatch {
+                actual: vec![],
+                expected: vec![],
+            }),
+        }
+    };
+    let (mut port_moved, mut reference_moved) = (false, false);
+    for key in keys {
+        let port = side("port", &key).unwrap_or(Comparison::Equal);
+        let reference = side("reference", &key);
+        port_moved |= !port.is_equal();
+        reference_moved |= reference.as_ref().is_some_and(|r| !r.is_equal());
+        if !port.is_equal() || reference.as_ref().is_some_and(|r| !r.is_equal()) {
+            change.outputs.push(OutputChange {
+                name: key,
+                port,
+                reference,
+            });
+        }
+    }
+    if bt.is_empty() || ct.is_empty() {
+        change.note =
+            Some("no kept tensors for this case: compared by verdicts and digests".into());
+        let digests = |v: &Value| v["output"]["digests"].clone();
+        port_moved = digests(base) != digests(cand);
+    }
+    // Findings: top-level keys that changed.
+    let (bf, cf) = (&base["output"]["finding"], &cand["output"]["finding"]);
+    if bf != cf {
+        match (bf.as_object(), cf.as_object()) {
+            (Some(x), Some(y)) => {
+                for k in x.keys().chain(y.keys()).collect::<BTreeSet<_>>() {
+                    if x.get(k) != y.get(k) {
+                        change.finding.insert(
+                            k.clone(),
+                            [
+                                x.get(k).cloned().unwrap_or(Value::Null),
+                                y.get(k).cloned().unwrap_or(Value::Null),
+                            ],
+                        );
+                    }
+                }
+            }
+            _ => {
+                change
+                    .finding
+                    .insert("(value)".into(), [bf.clone(), cf.clone()]);
+            }
+        }
+    }
+    change.class = if cv == "fail" {
+        if !port_moved {
+            Class::ReferenceMovedAlone
+        } else if !reference_moved {
+            Class::PortMovedAlone
+        } else {
+            change.note = Some(
+                "port and reference both moved, apart: the port must follow the reference".into(),
+            );
+            Class::ReferenceMovedAlone
+        }
+    } else if !change.finding.is_empty() {
+        Class::FindingChanged
+    } else if port_moved || reference_moved {
+        Class::BothMovedTogether
+    } else {
+        Class::Unchanged
+    };
+    change
+}
+
+/// `gate.md`: a summary, then each changed case with its first differing
+/// element on both sides.
+pub fn markdown(g: &Gate) -> String {
+    use std::fmt::Write;
+    let mut md = String::new();
+    let env = |v: &Value| {
+        format!(
+            "MLX {} · lock `{}`",
+            v["mlx_version"].as_str().unwrap_or("?"),
+            &v["lock_sha256"].as_str().unwrap_or("?")
+                [..12.min(v["lock_sha256"].as_str().unwrap_or("?").len())]
+        )
+    };
+    let _ = writeln!(md, "# Release gate: baseline → `{}`\n", g.candidate);
+    let _ = writeln!(
+        md,
+        "baseline {} → candidate {} · exit code **{}**\n",
+        env(&g.baseline_environment),
+        env(&g.candidate_environment),
+        g.exit_code
+    );
+    for e in &g.environment_errors {
+        let _ = writeln!(md, "> environment error: {e}\n");
+    }
+    let _ = writeln!(md, "| class | cases |\n|---|---:|");
+    for (class, n) in &g.summary {
+        let _ = writeln!(md, "| {class} | {n} |");
+    }
+    let changed: Vec<&CaseChange> = g
+        .cases
+        .iter()
+        .filter(|c| c.class != Class::Unchanged)
+        .collect();
+    let _ = writeln!(md, "\n## Changed cases ({})\n", changed.len());
+    for c in changed {
+        let _ = writeln!(
+            md,
+            "### `{}`\n\n**{}** · {} · baseline `{}` → candidate `{}`\n",
+            c.name,
+            c.class.word(),
+            c.expect,
+            c.baseline_verdict.as_deref().unwrap_or("-"),
+            c.candidate_verdict.as_deref().unwrap_or("-")
+        );
+        if let Some(note) = &c.note {
+            let _ = writeln!(md, "- {}", note.lines().next().unwrap_or(""));
+        }
+        for o in &c.outputs {
+            let _ = writeln!(md, "- `{}`: port {}", o.name, side(&o.port));
+            if let Some(r) = &o.reference {
+                let _ = writeln!(md, "  reference {}", side(r));
+            }
+        }
+        for (k, [old, new]) in &c.finding {
+            let _ = writeln!(md, "- finding `{k}`: `{}` → `{}`", short(old), short(new));
+        }
+        md.push('\n');
+    }
+    md
+}
+
+fn side(c: &Comparison) -> String {
+    match c {
+        Comparison::Equal => "unchanged".into(),
+        Comparison::Differs(d) => format!(
+            "{}/{} elements moved; first at {:?}: baseline {} ({}) → candidate {} ({}); max {} ulp",
+            d.count,
+            d.total,
+            d.first_index,
+            d.actual.value,
+            d.actual.bits,
+            d.expected.value,
+            d.expected.bits,
+            d.max_ulp
+        ),
+        other => other.summary(),
+    }
+}
+
+fn short(v: &Value) -> String {
+    let t = v.to_string();
+    if t.chars().count() > 200 {
+        format!("{}…", t.chars().take(200).collect::<String>())
+    } else {
+        t
+    }
+}
+
+/// The terminal table: the class counts and every changed case.
+pub fn table(g: &Gate) -> String {
+    let mut out = String::new();
+    for e in &g.environment_errors {
+        out.push_str(&format!("environment error: {e}\n"));
+    }
+    for (class, n) in &g.summary {
+        out.push_str(&format!("{n:>5}  {class}\n"));
+    }
+    for c in g.cases.iter().filter(|c| c.class != Class::Unchanged) {
+        out.push_str(&format!("{:<22} {}\n", c.class.word(), c.name));
+    }
+    out.push_str(&format!("gate: exit {}\n", g.exit_code));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oracle::DType;
+    use serde_json::json;
+
+    fn t(v: u8) -> HostTensor {
+        HostTensor::new(DType::Uint8, vec![2], vec![v, 1]).unwrap()
+    }
+
+    /// (name, expect, verdict, port, reference, finding).
+    type Row<'a> = (&'a str, &'a str, &'a str, Option<u8>, Option<u8>, Value);
+
+    /// A run dir with these cases.
+    fn run_dir(tag: &str, cases: &[Row]) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("gate-test-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("outputs")).unwrap();
+        let mut rows = Vec::new();
+        for (name, expect, verdict, port, reference, finding) in cases {
+            let mut kept = Vec::new();
+            if let Some(p) = port {
+                kept.push(("port/y".to_owned(), t(*p)));
+            }
+            if let Some(r) = reference {
+                kept.push(("reference/y".to_owned(), t(*r)));
+            }
+            crate::kept::write(&dir.join("outputs"), name, &kept).unwrap();
+            rows.push(json!({"name": name, "family": "f", "expect": expect, "verdict": verdict,
+                "message": if *verdict == "error" { json!("TypeError: new keyword") } else { Value::Null },
+                "output": {"finding": finding, "digests": []}}));
+        }
+        std::fs::write(
+            dir.join("report.json"),
+            json!({"environment": {"mlx_version": tag, "lock_sha256": "0123456789abcdef"}, "cases": rows}).to_string(),
+        )
+        .unwrap();
+        dir
+    }
+
+    #[test]
+    fn every_class_is_told_apart_and_the_exit_code_follows_the_table() {
+        let n = Value::Null;
+        let base = run_dir(
+            "base",
+            &[
+                ("same", "must_equal", "pass", Some(1), Some(1), n.clone()),
+                (
+                    "together",
+                    "must_equal",
+                    "pass",
+                    Some(1),
+                    Some(1),
+                    n.clone(),
+                ),
+                (
+                    "reference",
+                    "must_equal",
+                    "pass",
+                    Some(1),
+                    Some(1),
+                    n.clone(),
+                ),
+                ("port", "must_equal", "pass", Some(1), Some(1), n.clone()),
+                (
+                    "finding",
+                    "finding",
+                    "finding",
+                    Some(1),
+                    None,
+                    json!({"equal": true}),
+                ),
+                ("errors", "must_equal", "pass", Some(1), Some(1), n.clone()),
+                ("removed", "must_equal", "pass", Some(1), Some(1), n.clone()),
+            ],
+        );
+        let cand = run_dir(
+            "cand",
+            &[
+                ("same", "must_equal", "pass", Some(1), Some(1), n.clone()),
+                (
+                    "together",
+                    "must_equal",
+                    "pass",
+                    Some(2),
+                    Some(2),
+                    n.clone(),
+                ),
+                (
+                    "reference",
+                    "must_equal",
+                    "fail",
+                    Some(1),
+                    Some(3),
+                    n.clone(),
+                ),
+                ("port", "must_equal", "fail", Some(4), Some(1), n.clone()),
+                (
+                    "finding",
+                    "finding",
+                    "finding",
+                    Some(1),
+                    None,
+                    json!({"equal": false}),
+                ),
+                ("errors", "must_equal", "error", None, None, n.clone()),
+                ("new", "must_equal", "pass", Some(1), Some(1), n.clone()),
+            ],
+        );
+        let g = compare_runs("c", &base, &cand);
+        let class = |name: &str| g.cases.iter().find(|c| c.name == name).unwrap().class;
+        assert_eq!(class("same"), Class::Unchanged);
+        assert_eq!(class("together"), Class::BothMovedTogether);
+        assert_eq!(class("reference"), Class::ReferenceMovedAlone);
+        assert_eq!(class("port"), Class::PortMovedAlone);
+        assert_eq!(class("finding"), Class::FindingChanged);
+        assert_eq!(class("errors"), Class::CandidateError);
+        assert_eq!(class("removed"), Class::NewOrRemoved);
+        assert_eq!(class("new"), Class::NewOrRemoved);
+        assert_eq!(g.exit_code, exit::MUST_EQUAL_FAILS);
+        let md = markdown(&g);
+        assert!(
+            md.contains("baseline 1 (0x01) → candidate 3 (0x03)"),
+            "{md}"
+        );
+        // Without the failing cases: a candidate error is an environment problem (3);
+        // without it, changes alone are 2; a run against itself is 0.
+        let g = compare_runs("c", &base, &base);
+        assert_eq!(g.exit_code, exit::UNCHANGED);
+        assert!(g.cases.iter().all(|c| c.class == Class::Unchanged));
+    }
+
+    #[test]
+    fn a_missing_run_is_an_environment_error() {
+        let g = compare_runs(
+            "c",
+            Path::new("/nonexistent/a"),
+            Path::new("/nonexistent/b"),
+        );
+        assert_eq!(g.exit_code, exit::ENVIRONMENT);
+        assert!(!g.environment_errors.is_empty());
+    }
+}

@@ -1,0 +1,81 @@
+//! `--keep-outputs DIR`: each case's tensors as one safetensors file,
+//! `DIR/<case with / as __>.safetensors`, tensors named `port/<output>` and
+//! `reference/<output>`. The release gate (`conformance-gate`) reads two
+//! such directories and compares them element by element.
+
+use std::path::{Path, PathBuf};
+
+use oracle::{DType, HostTensor};
+use safetensors::tensor::{Dtype, TensorView};
+
+/// The file a case's tensors go to.
+pub fn file(dir: &Path, case: &str) -> PathBuf {
+    dir.join(format!("{}.safetensors", case.replace('/', "__")))
+}
+
+fn to_safetensors(d: DType) -> Dtype {
+    match d {
+        DType::Bool => Dtype::BOOL,
+        DType::Uint8 => Dtype::U8,
+        DType::Uint16 => Dtype::U16,
+        DType::Uint32 => Dtype::U32,
+        DType::Int32 => Dtype::I32,
+        DType::Int64 => Dtype::I64,
+        DType::Float16 => Dtype::F16,
+        DType::Bfloat16 => Dtype::BF16,
+        DType::Float32 => Dtype::F32,
+    }
+}
+
+fn from_safetensors(d: Dtype) -> Option<DType> {
+    Some(match d {
+        Dtype::BOOL => DType::Bool,
+        Dtype::U8 => DType::Uint8,
+        Dtype::U16 => DType::Uint16,
+        Dtype::U32 => DType::Uint32,
+        Dtype::I32 => DType::Int32,
+        Dtype::I64 => DType::Int64,
+        Dtype::F16 => DType::Float16,
+        Dtype::BF16 => DType::Bfloat16,
+        Dtype::F32 => DType::Float32,
+        _ => return None,
+    })
+}
+
+/// Writes `tensors` for `case` (temporary name, then rename).
+pub fn write(dir: &Path, case: &str, tensors: &[(String, HostTensor)]) -> Result<(), String> {
+    let views = tensors
+        .iter()
+        .map(|(name, t)| {
+            TensorView::new(to_safetensors(t.dtype), t.shape.clone(), &t.bytes)
+                .map(|v| (name.clone(), v))
+                .map_err(|e| format!("{name}: {e}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let path = file(dir, case);
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    safetensors::serialize_to_file(views, None, &tmp)
+        .map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Reads a case's tensors (`None` when the file does not exist).
+pub fn read(dir: &Path, case: &str) -> Result<Option<Vec<(String, HostTensor)>>, String> {
+    let path = file(dir, case);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut out = Vec::new();
+    for (name, view) in st.tensors() {
+        let dtype = from_safetensors(view.dtype())
+            .ok_or_else(|| format!("{}: {name}: unsupported dtype", path.display()))?;
+        let t = HostTensor::new(dtype, view.shape().to_vec(), view.data().to_vec())
+            .map_err(|e| format!("{}: {name}: {e}", path.display()))?;
+        out.push((name, t));
+    }
+    Ok(Some(out))
+}

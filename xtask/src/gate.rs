@@ -1,0 +1,215 @@
+//! `cargo xtask gate <candidate>` / `cargo xtask gate --wheel <mlx*.whl>…`:
+//! the release gate. Runs the suite on the baseline environment and on a
+//! candidate environment with the same seeds (snapshots not checked, every
+//! case's port and reference tensors kept), then `conformance-gate`
+//! compares the runs per case and per output and writes
+//! `target/gate/<candidate>/gate.json` and `gate.md`.
+//!
+//! Exit codes: 0 nothing changed; 2 bits or findings changed but every
+//! must-equal case passes on the candidate; 1 a must-equal case fails on
+//! the candidate; 3 environment or harness problem (also when the runner
+//! does not build against the candidate, or its reference's API moved).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+use crate::env::{self, Layout};
+use crate::util;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The candidate: a folder of reference/candidates/ (built with
+    /// `cargo xtask setup --candidate NAME`), or `baseline` to gate the
+    /// baseline against itself
+    #[arg(value_name = "CANDIDATE", required_unless_present = "wheels")]
+    candidate: Option<String>,
+    /// A throwaway candidate: the baseline's pins with its MLX wheels (mlx,
+    /// mlx-cpu / mlx-metal) replaced by these local wheels, hashes recorded
+    #[arg(long = "wheel", value_name = "PATH", num_args = 1.., conflicts_with = "candidate")]
+    wheels: Vec<PathBuf>,
+    /// Only cases whose name contains this text, on both sides
+    #[arg(long)]
+    filter: Option<String>,
+    /// Self-test of the gate: the candidate's reference receives perturbed
+    /// inputs (`conformance --perturb`), so must-equal cases are "reference
+    /// moved alone"
+    #[arg(long)]
+    perturb_candidate: bool,
+}
+
+pub fn run(root: &Path, args: &Args) -> Result<i32> {
+    let baseline = Layout::host_default();
+    let (name, candidate) = match (&args.candidate, args.wheels.is_empty()) {
+        (Some(name), _) if name == "baseline" => ("baseline".to_owned(), baseline.clone()),
+        (Some(name), _) => (name.clone(), Layout::candidate(name)?),
+        (None, false) => wheel_candidate(root, &args.wheels)?,
+        (None, true) => {
+            bail!("name a candidate (a folder of reference/candidates/) or pass --wheel")
+        }
+    };
+    let out = root.join("target/gate").join(&name);
+    let _ = std::fs::remove_dir_all(out.join("baseline"));
+    let _ = std::fs::remove_dir_all(out.join("candidate"));
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let mut errors = Vec::new();
+    env::check_environment(root, &baseline).context("the baseline environment")?;
+    if let Err(e) = env::check_environment(root, &candidate) {
+        errors.push(format!("candidate {name}: {e:#}"));
+    }
+    println!("gate: baseline run");
+    if let Err(e) = suite(
+        root,
+        &baseline,
+        &out.join("baseline"),
+        args.filter.as_deref(),
+        false,
+    ) {
+        errors.push(format!("baseline: {e:#}"));
+    }
+    if errors.is_empty() {
+        println!("gate: candidate {name} run");
+        if let Err(e) = suite(
+            root,
+            &candidate,
+            &out.join("candidate"),
+            args.filter.as_deref(),
+            args.perturb_candidate,
+        ) {
+            errors.push(format!("candidate {name}: {e:#}"));
+        }
+    }
+    let mut cmd = baseline.cargo(root);
+    cmd.args([
+        "run",
+        "-q",
+        "-p",
+        "conformance",
+        "--bin",
+        "conformance-gate",
+        "--",
+    ])
+    .arg(&name)
+    .arg(out.join("baseline"))
+    .arg(out.join("candidate"))
+    .arg("--out")
+    .arg(&out);
+    for e in &errors {
+        cmd.arg("--environment-error").arg(e);
+    }
+    util::status(&mut cmd, "conformance-gate")
+}
+
+/// One run of the suite against `layout` into `dir` (report.json and
+/// outputs/). A run that ends without a report is an environment error,
+/// with what it printed.
+fn suite(
+    root: &Path,
+    layout: &Layout,
+    dir: &Path,
+    filter: Option<&str>,
+    perturb: bool,
+) -> Result<()> {
+    let mut cmd = layout.cargo(root);
+    cmd.args([
+        "run",
+        "-q",
+        "-p",
+        "conformance",
+        "--bin",
+        "conformance",
+        "--",
+        "--no-snapshots",
+        "--keep-outputs",
+    ])
+    .arg(dir.join("outputs"))
+    .arg("--out")
+    .arg(dir);
+    if let Some(f) = filter {
+        cmd.arg("--filter").arg(f);
+    }
+    if perturb {
+        cmd.arg("--perturb");
+    }
+    let output = util::output(&mut cmd, "the conformance runner")?;
+    if !dir.join("report.json").exists() {
+        bail!(
+            "the suite did not run (exit {}; a runner that does not build or start against this \
+             environment is version skew):\n{}",
+            util::exit_code(output.status),
+            util::tail(&output, 25)
+        );
+    }
+    Ok(())
+}
+
+/// A throwaway candidate from local MLX wheels: the baseline lock with its
+/// `mlx`, `mlx-cpu` and `mlx-metal` pins replaced by the wheel files (their
+/// SHA-256 recorded), built like any candidate.
+fn wheel_candidate(root: &Path, wheels: &[PathBuf]) -> Result<(String, Layout)> {
+    let mut hashes = Vec::new();
+    for w in wheels {
+        let file = w.file_name().and_then(|f| f.to_str()).unwrap_or_default();
+        if !file.ends_with(".whl") || !file.starts_with("mlx") {
+            bail!("--wheel {}: not an mlx*.whl file", w.display());
+        }
+        hashes.push((
+            std::fs::canonicalize(w).with_context(|| format!("--wheel {}", w.display()))?,
+            util::sha256_file(w)?,
+        ));
+    }
+    let tag = util::sha256_bytes(
+        hashes
+            .iter()
+            .map(|(_, h)| h.as_str())
+            .collect::<String>()
+            .as_bytes(),
+    );
+    let name = format!("wheel-{}", &tag[..12]);
+    let replaced: Vec<String> = hashes
+        .iter()
+        .map(|(p, _)| {
+            let file = p.file_name().and_then(|f| f.to_str()).unwrap_or_default();
+            env::normalize(file.split('-').next().unwrap_or_default())
+        })
+        .collect();
+    let base_lock = std::fs::read_to_string(root.join(env::LOCK))?;
+    let mut lock =
+        String::from("# Throwaway gate candidate: the baseline lock with local MLX wheels\n");
+    let mut skipping = false;
+    for line in base_lock.lines() {
+        let starts_pin = !line.starts_with(' ') && !line.starts_with('#') && !line.is_empty();
+        if starts_pin {
+            let pin_name = env::normalize(line.split(['=', ' ', ';']).next().unwrap_or_default());
+            let platform_pkg = matches!(pin_name.as_str(), "mlx-cpu" | "mlx-metal");
+            skipping = replaced.contains(&pin_name)
+                || (platform_pkg && replaced.iter().any(|r| r == "mlx-cpu" || r == "mlx-metal"));
+        }
+        if !skipping {
+            lock.push_str(line);
+            lock.push('\n');
+        }
+    }
+    for (path, sha) in &hashes {
+        lock.push_str(&format!("{} \\\n    --hash=sha256:{sha}\n", path.display()));
+    }
+    let dir = root.join("target/gate").join(&name);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("requirements.lock"), &lock)?;
+    let lock_sha = util::sha256_file(&dir.join("requirements.lock"))?;
+    std::fs::write(
+        dir.join("requirements.lock.sha256"),
+        format!("{lock_sha}\n"),
+    )?;
+    let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+    let mut layout = Layout::candidate(&name)?;
+    layout.requirements_in = leak(format!("target/gate/{name}/requirements.lock"));
+    layout.lock = leak(format!("target/gate/{name}/requirements.lock"));
+    layout.lock_sha256 = leak(format!("target/gate/{name}/requirements.lock.sha256"));
+    println!(
+        "gate: throwaway candidate {name} from {} wheel(s)",
+        hashes.len()
+    );
+    crate::setup::build(root, &layout, false, None)?;
+    Ok((name, layout))
+}
