@@ -138,6 +138,44 @@ fn read_reference(workspace: &Path) -> Reference {
     }
 }
 
+/// MLX 0.32.3 added `global_scale` to `mlx::core::gather_qmm` before
+/// `sorted_indices`; mlx-c 0.x (mlx-sys 0.7.0) still passes
+/// `sorted_indices` there, which no longer compiles. When the headers
+/// declare it, `ops.cpp` is compiled from a copy that passes
+/// `std::nullopt` for it (the C API, and so the port, has no global scale
+/// for `gather_qmm`). Other sources, and older MLX, compile unchanged.
+fn gather_qmm_compat(source: &Path, include: &Path, out_dir: &Path) -> Option<PathBuf> {
+    if source.file_name()? != "ops.cpp" {
+        return None;
+    }
+    let header = std::fs::read_to_string(include.join("mlx/ops.h")).ok()?;
+    let declaration = header
+        .split("array gather_qmm(")
+        .nth(1)?
+        .split(';')
+        .next()?;
+    if !declaration.contains("global_scale") {
+        return None;
+    }
+    let text = std::fs::read_to_string(source).ok()?;
+    let (head, tail) = text.split_once("int mlx_gather_qmm(")?;
+    let (body, rest) = tail.split_once("extern \"C\"")?;
+    let call = "std::string(mode),\n            sorted_indices,";
+    if !body.contains(call) {
+        return None;
+    }
+    let patched_body = body.replacen(
+        call,
+        "std::string(mode),\n            std::nullopt,\n            sorted_indices,",
+        1,
+    );
+    let patched = format!("{head}int mlx_gather_qmm({patched_body}extern \"C\"{rest}");
+    let file = out_dir.join("ops_gather_qmm_compat.cpp");
+    std::fs::write(&file, patched).ok()?;
+    println!("cargo:warning=mlx-sys: MLX headers declare gather_qmm(..., global_scale, sorted_indices): compiling mlx-c ops.cpp with std::nullopt for it");
+    Some(file)
+}
+
 fn main() {
     let manifest = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let workspace = manifest.join("../..").canonicalize().unwrap();
@@ -171,8 +209,10 @@ fn main() {
             "-include{}",
             native.join("format_compat.h").display()
         ));
+    let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
     for name in MLX_C_SOURCES {
-        build.file(mlx_c.join(format!("mlx/c/{name}.cpp")));
+        let source = mlx_c.join(format!("mlx/c/{name}.cpp"));
+        build.file(gather_qmm_compat(&source, &include, &out_dir).unwrap_or(source));
     }
     build.file(native.join("half_accessors.cpp"));
     build.compile("mlxc");
