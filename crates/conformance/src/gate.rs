@@ -66,6 +66,9 @@ pub struct OutputChange {
     /// The same for the reference's bits (must-equal outputs only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reference: Option<Comparison>,
+    /// `baseline` or `candidate` when the output exists in one run only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub only_in: Option<&'static str>,
 }
 
 /// One case's classification.
@@ -261,28 +264,36 @@ fn classify(
         let k = format!("{prefix}/{key}");
         match (bt.get(&k), ct.get(&k)) {
             (Some(x), Some(y)) => Some(compare(x, y)),
-            (None, None) => None,
-            _ => Some(Comparison::ShapeMismatch {
-                actual: vec![],
-                expected: vec![],
-            }),
+            _ => None,
         }
     };
     let (mut port_moved, mut reference_moved) = (false, false);
     for key in keys {
+        let present = |t: &BTreeMap<String, HostTensor>| {
+            t.contains_key(&format!("port/{key}")) || t.contains_key(&format!("reference/{key}"))
+        };
+        let only_in = match (present(&bt), present(&ct)) {
+            (true, false) => Some("baseline"),
+            (false, true) => Some("candidate"),
+            _ => None,
+        };
         let port = side("port", &key).unwrap_or(Comparison::Equal);
         let reference = side("reference", &key);
-        port_moved |= !port.is_equal();
+        port_moved |= !port.is_equal() || only_in.is_some();
         reference_moved |= reference.as_ref().is_some_and(|r| !r.is_equal());
-        if !port.is_equal() || reference.as_ref().is_some_and(|r| !r.is_equal()) {
+        if only_in.is_some()
+            || !port.is_equal()
+            || reference.as_ref().is_some_and(|r| !r.is_equal())
+        {
             change.outputs.push(OutputChange {
                 name: key,
                 port,
                 reference,
+                only_in,
             });
         }
     }
-    if bt.is_empty() || ct.is_empty() {
+    if bt.is_empty() && ct.is_empty() {
         change.note =
             Some("no kept tensors for this case: compared by verdicts and digests".into());
         let digests = |v: &Value| v["output"]["digests"].clone();
@@ -381,6 +392,10 @@ pub fn markdown(g: &Gate) -> String {
             let _ = writeln!(md, "- {}", note.lines().next().unwrap_or(""));
         }
         for o in &c.outputs {
+            if let Some(run) = o.only_in {
+                let _ = writeln!(md, "- `{}`: recorded by the {run} run only", o.name);
+                continue;
+            }
             let _ = writeln!(md, "- `{}`: port {}", o.name, side(&o.port));
             if let Some(r) = &o.reference {
                 let _ = writeln!(md, "  reference {}", side(r));
