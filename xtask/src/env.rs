@@ -420,7 +420,14 @@ pub fn parse_lock(text: &str) -> Result<Vec<Pin>> {
             Some((r, m)) => (r.trim(), Some(m.trim().to_owned())),
             None => (line, None),
         };
-        let Some((name, version)) = requirement.split_once("==") else {
+        // `name @ file:///…/name-version-….whl`: a local wheel (the gate's
+        // `--wheel` candidates); its version is in the file name.
+        let local = requirement.split_once(" @ ").and_then(|(name, url)| {
+            let file = url.rsplit('/').next()?;
+            let version = file.strip_suffix(".whl")?.split('-').nth(1)?;
+            Some((name, version))
+        });
+        let Some((name, version)) = local.or_else(|| requirement.split_once("==")) else {
             bail!(
                 "line {}: expected `name==version`, found `{line}`",
                 number + 1

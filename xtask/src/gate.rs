@@ -190,8 +190,11 @@ fn wheel_candidate(root: &Path, wheels: &[PathBuf]) -> Result<(String, Layout)> 
             lock.push('\n');
         }
     }
-    for (path, sha) in &hashes {
-        lock.push_str(&format!("{} \\\n    --hash=sha256:{sha}\n", path.display()));
+    for ((path, sha), name) in hashes.iter().zip(&replaced) {
+        lock.push_str(&format!(
+            "{name} @ file://{} \\\n    --hash=sha256:{sha}\n",
+            path.display()
+        ));
     }
     let dir = root.join("target/gate").join(&name);
     std::fs::create_dir_all(&dir)?;
