@@ -57,26 +57,28 @@ pub fn run(root: &Path, args: &Args) -> Result<i32> {
     if let Err(e) = env::check_environment(root, &candidate) {
         errors.push(format!("candidate {name}: {e:#}"));
     }
-    println!("gate: baseline run");
-    if let Err(e) = suite(
-        root,
-        &baseline,
-        &out.join("baseline"),
-        args.filter.as_deref(),
-        false,
-    ) {
-        errors.push(format!("baseline: {e:#}"));
-    }
-    if errors.is_empty() {
-        println!("gate: candidate {name} run");
+    let sides = [
+        ("baseline", "baseline".to_owned(), &baseline, false),
+        (
+            "candidate",
+            format!("candidate {name}"),
+            &candidate,
+            args.perturb_candidate,
+        ),
+    ];
+    for (dir, label, layout, perturb) in sides {
+        if !errors.is_empty() {
+            break;
+        }
+        println!("gate: {label} run");
         if let Err(e) = suite(
             root,
-            &candidate,
-            &out.join("candidate"),
+            layout,
+            &out.join(dir),
             args.filter.as_deref(),
-            args.perturb_candidate,
+            perturb,
         ) {
-            errors.push(format!("candidate {name}: {e:#}"));
+            errors.push(format!("{label}: {e:#}"));
         }
     }
     let mut cmd = baseline.cargo(root);

@@ -412,17 +412,7 @@ pub fn markdown(g: &Gate) -> String {
 fn side(c: &Comparison) -> String {
     match c {
         Comparison::Equal => "unchanged".into(),
-        Comparison::Differs(d) => format!(
-            "{}/{} elements moved; first at {:?}: baseline {} ({}) → candidate {} ({}); max {} ulp",
-            d.count,
-            d.total,
-            d.first_index,
-            d.actual.value,
-            d.actual.bits,
-            d.expected.value,
-            d.expected.bits,
-            d.max_ulp
-        ),
+        Comparison::Differs(d) => d.line("elements moved", "baseline ", "→ candidate"),
         other => other.summary(),
     }
 }

@@ -67,18 +67,26 @@ impl Comparison {
             Comparison::ShapeMismatch { actual, expected } => {
                 format!("shape {actual:?} != reference {expected:?}")
             }
-            Comparison::Differs(d) => format!(
-                "{}/{} differ; first at {:?}: {} ({}) vs reference {} ({}); max {} ulp",
-                d.count,
-                d.total,
-                d.first_index,
-                d.actual.value,
-                d.actual.bits,
-                d.expected.value,
-                d.expected.bits,
-                d.max_ulp
-            ),
+            Comparison::Differs(d) => d.line("differ", "", "vs reference"),
         }
+    }
+}
+
+impl Difference {
+    /// One line: `{count}/{total} {what}; first at {index}: {actual_label}{value}
+    /// ({bits}) {between} {value} ({bits}); max {ulp} ulp`.
+    pub fn line(&self, what: &str, actual_label: &str, between: &str) -> String {
+        format!(
+            "{}/{} {what}; first at {:?}: {actual_label}{} ({}) {between} {} ({}); max {} ulp",
+            self.count,
+            self.total,
+            self.first_index,
+            self.actual.value,
+            self.actual.bits,
+            self.expected.value,
+            self.expected.bits,
+            self.max_ulp
+        )
     }
 }
 
