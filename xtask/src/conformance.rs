@@ -22,7 +22,7 @@ pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
     let code = util::status(
         layout
             .cargo(root)
-            .args(["run", "-p", "conformance", "--"])
+            .args(["run", "-p", "conformance", "--bin", "conformance", "--"])
             .args(args),
         "the conformance runner",
     )?;

@@ -28,7 +28,7 @@ pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
         return Ok(0);
     }
     let mut cmd = layout.cargo(root);
-    cmd.args(["run", "-p", "conformance", "--"]);
+    cmd.args(["run", "-p", "conformance", "--bin", "conformance", "--"]);
     // The CPU run is the default; an explicit `--device` replaces it.
     if !extra
         .iter()
