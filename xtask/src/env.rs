@@ -150,6 +150,31 @@ pub struct Layout {
     pub candidate: Option<&'static str>,
 }
 
+/// The candidate `name`, which must exist as reference/candidates/<name>/
+/// with its requirements.in.
+pub fn existing_candidate(root: &Path, name: &str) -> Result<Layout> {
+    let layout = Layout::candidate(name)?;
+    if !root.join(layout.requirements_in).is_file() {
+        let known: Vec<String> = std::fs::read_dir(root.join("reference/candidates"))
+            .map(|d| {
+                d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        bail!(
+            "no candidate `{name}`: {} not found (candidates here: {}); a candidate is a \
+             folder of reference/candidates/ with a requirements.in",
+            layout.requirements_in,
+            if known.is_empty() {
+                "none".to_owned()
+            } else {
+                known.join(", ")
+            }
+        );
+    }
+    Ok(layout)
+}
+
 /// A candidate name: 1 to 64 of lowercase letters, digits, `.`, `_`, `-`.
 pub fn check_candidate_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()

@@ -67,7 +67,16 @@ pub fn run(root: &Path, backend: Option<Backend>, action: &Action) -> Result<i32
     let code = util::status(
         layout
             .cargo(root)
-            .args(["run", "-p", "conformance", "--bin", "conformance", "--", "--fixtures", mode])
+            .args([
+                "run",
+                "-p",
+                "conformance",
+                "--bin",
+                "conformance",
+                "--",
+                "--fixtures",
+                mode,
+            ])
             .args(args),
         "the conformance runner",
     )?;

@@ -42,16 +42,25 @@ pub fn run(root: &Path, args: &Args) -> Result<i32> {
     let baseline = Layout::host_default();
     let (name, candidate) = match (&args.candidate, args.wheels.is_empty()) {
         (Some(name), _) if name == "baseline" => ("baseline".to_owned(), baseline.clone()),
-        (Some(name), _) => (name.clone(), Layout::candidate(name)?),
+        (Some(name), _) => (name.clone(), env::existing_candidate(root, name)?),
         (None, false) => wheel_candidate(root, &args.wheels)?,
         (None, true) => {
             bail!("name a candidate (a folder of reference/candidates/) or pass --wheel")
         }
     };
     let out = root.join("target/gate").join(&name);
-    let _ = std::fs::remove_dir_all(out.join("baseline"));
-    let _ = std::fs::remove_dir_all(out.join("candidate"));
     std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    // One gate of a candidate at a time: a second would delete the first's runs.
+    let lock = std::fs::File::create(out.join(".lock"))?;
+    if lock.try_lock().is_err() {
+        bail!("another `cargo xtask gate {name}` is running on this workspace; wait for it");
+    }
+    for stale in ["baseline", "candidate"] {
+        let _ = std::fs::remove_dir_all(out.join(stale));
+    }
+    for stale in ["gate.json", "gate.md"] {
+        let _ = std::fs::remove_file(out.join(stale));
+    }
     let mut errors = Vec::new();
     env::check_environment(root, &baseline).context("the baseline environment")?;
     if let Err(e) = env::check_environment(root, &candidate) {
@@ -98,6 +107,12 @@ pub fn run(root: &Path, args: &Args) -> Result<i32> {
     .arg(&out);
     for e in &errors {
         cmd.arg("--environment-error").arg(e);
+    }
+    if let Some(f) = &args.filter {
+        cmd.arg("--filter").arg(f);
+    }
+    if args.perturb_candidate {
+        cmd.arg("--perturbed-candidate");
     }
     util::status(&mut cmd, "conformance-gate")
 }
@@ -151,9 +166,26 @@ fn suite(
 fn wheel_candidate(root: &Path, wheels: &[PathBuf]) -> Result<(String, Layout)> {
     let mut hashes = Vec::new();
     for w in wheels {
+        // A wheel file name: name-version(-build)?-python-abi-platform.whl.
         let file = w.file_name().and_then(|f| f.to_str()).unwrap_or_default();
-        if !file.ends_with(".whl") || !file.starts_with("mlx") {
-            bail!("--wheel {}: not an mlx*.whl file", w.display());
+        let parts: Vec<&str> = file
+            .strip_suffix(".whl")
+            .unwrap_or_default()
+            .split('-')
+            .collect();
+        let package = env::normalize(parts.first().copied().unwrap_or_default());
+        if !file.ends_with(".whl") || !(5..=6).contains(&parts.len()) {
+            bail!(
+                "--wheel {}: not a wheel file name (name-version-python-abi-platform.whl)",
+                w.display()
+            );
+        }
+        if !matches!(package.as_str(), "mlx" | "mlx-cpu" | "mlx-metal") {
+            bail!(
+                "--wheel {}: a `{package}` wheel; the gate replaces the baseline's MLX wheels only \
+                 (mlx, mlx-cpu, mlx-metal)",
+                w.display()
+            );
         }
         hashes.push((
             std::fs::canonicalize(w).with_context(|| format!("--wheel {}", w.display()))?,

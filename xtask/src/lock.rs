@@ -29,7 +29,7 @@ pub const CUDA_PYTHON_PLATFORM: &str = "x86_64-manylinux_2_35";
 
 pub fn run(root: &Path, backend: Option<Backend>, candidate: Option<&str>) -> Result<()> {
     let layout = match candidate {
-        Some(name) => Layout::candidate(name)?,
+        Some(name) => crate::env::existing_candidate(root, name)?,
         None => Layout::of(backend.unwrap_or_else(Backend::host_default)),
     };
     let uv = find_uv(None, false)?;

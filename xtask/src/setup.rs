@@ -59,7 +59,7 @@ pub struct Args {
 
 pub fn run(root: &Path, args: &Args) -> Result<()> {
     let layout = match &args.candidate {
-        Some(name) => Layout::candidate(name)?,
+        Some(name) => env::existing_candidate(root, name)?,
         None => Layout::for_backend(args.backend.unwrap_or_else(Backend::host_default))?,
     };
     build(root, &layout, args.force, args.python.as_deref())

@@ -36,8 +36,9 @@ pub enum Class {
     /// The case errored on the candidate (e.g. a reference function renamed
     /// or given a new keyword).
     CandidateError,
-    /// The baseline itself does not pass this case: fix that first.
-    BaselineProblem,
+    /// The baseline itself does not pass this case, or a run's kept
+    /// outputs are missing or unreadable: fix that first.
+    HarnessProblem,
 }
 
 impl Class {
@@ -50,7 +51,46 @@ impl Class {
             Class::FindingChanged => "finding changed",
             Class::NewOrRemoved => "new or removed case",
             Class::CandidateError => "candidate error",
-            Class::BaselineProblem => "baseline problem",
+            Class::HarnessProblem => "harness problem",
+        }
+    }
+}
+
+/// How one side's bits of an output moved from the baseline run to the
+/// candidate run.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Bits {
+    Unchanged,
+    Moved {
+        count: usize,
+        total: usize,
+        first_index: Vec<usize>,
+        baseline: oracle::compare::ElementValue,
+        candidate: oracle::compare::ElementValue,
+        max_ulp: u64,
+    },
+    /// Another dtype or shape.
+    Mismatch {
+        what: String,
+    },
+}
+
+impl From<Comparison> for Bits {
+    fn from(c: Comparison) -> Self {
+        match c {
+            Comparison::Equal => Bits::Unchanged,
+            Comparison::Differs(d) => Bits::Moved {
+                count: d.count,
+                total: d.total,
+                first_index: d.first_index,
+                baseline: d.actual,
+                candidate: d.expected,
+                max_ulp: d.max_ulp,
+            },
+            other => Bits::Mismatch {
+                what: other.summary().replace("reference", "candidate"),
+            },
         }
     }
 }
@@ -60,12 +100,10 @@ impl Class {
 #[derive(Debug, Clone, Serialize)]
 pub struct OutputChange {
     pub name: String,
-    /// `Equal`, or where the candidate's port bits differ from the
-    /// baseline's (`actual` = baseline, `expected` = candidate).
-    pub port: Comparison,
+    pub port: Bits,
     /// The same for the reference's bits (must-equal outputs only).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub reference: Option<Comparison>,
+    pub reference: Option<Bits>,
     /// `baseline` or `candidate` when the output exists in one run only.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub only_in: Option<&'static str>,
@@ -95,6 +133,10 @@ pub struct CaseChange {
 pub struct Gate {
     pub schema_version: u32,
     pub candidate: String,
+    /// `--filter` of both runs (`None`: every case).
+    pub filter: Option<String>,
+    /// The self-test: the candidate's reference received perturbed inputs.
+    pub perturbed_candidate: bool,
     pub baseline_environment: Value,
     pub candidate_environment: Value,
     pub summary: BTreeMap<String, usize>,
@@ -138,27 +180,45 @@ fn load(dir: &Path) -> Result<Run, String> {
     })
 }
 
-fn tensors(dir: &Path, case: &str) -> BTreeMap<String, HostTensor> {
-    crate::kept::read(dir, case)
-        .ok()
-        .flatten()
-        .unwrap_or_default()
-        .into_iter()
-        .collect()
+/// A case's kept tensors; an error when the file is unreadable, or missing
+/// although the run recorded outputs for the case.
+fn tensors(dir: &Path, case: &str, row: &Value) -> Result<BTreeMap<String, HostTensor>, String> {
+    match crate::kept::read(dir, case)? {
+        Some(t) => Ok(t.into_iter().collect()),
+        None if row["output"]["digests"]
+            .as_array()
+            .is_some_and(|d| !d.is_empty()) =>
+        {
+            Err(format!(
+                "{} is missing although the run recorded outputs for `{case}`",
+                crate::kept::file(dir, case).display()
+            ))
+        }
+        None => Ok(BTreeMap::new()),
+    }
+}
+
+impl Gate {
+    /// A gate with nothing compared yet.
+    pub fn empty(candidate_name: &str) -> Gate {
+        Gate {
+            schema_version: 1,
+            candidate: candidate_name.to_owned(),
+            filter: None,
+            perturbed_candidate: false,
+            baseline_environment: Value::Null,
+            candidate_environment: Value::Null,
+            summary: BTreeMap::new(),
+            exit_code: exit::UNCHANGED,
+            environment_errors: Vec::new(),
+            cases: Vec::new(),
+        }
+    }
 }
 
 /// Compares the runs in `baseline` and `candidate`.
 pub fn compare_runs(candidate_name: &str, baseline: &Path, candidate: &Path) -> Gate {
-    let mut gate = Gate {
-        schema_version: 1,
-        candidate: candidate_name.to_owned(),
-        baseline_environment: Value::Null,
-        candidate_environment: Value::Null,
-        summary: BTreeMap::new(),
-        exit_code: exit::UNCHANGED,
-        environment_errors: Vec::new(),
-        cases: Vec::new(),
-    };
+    let mut gate = Gate::empty(candidate_name);
     let (base, cand) = match (load(baseline), load(candidate)) {
         (Ok(b), Ok(c)) => (b, c),
         (b, c) => {
@@ -186,7 +246,7 @@ pub fn compare_runs(candidate_name: &str, baseline: &Path, candidate: &Path) -> 
     let has = |class: Class| gate.cases.iter().any(|c| c.class == class);
     gate.exit_code = if has(Class::ReferenceMovedAlone) || has(Class::PortMovedAlone) {
         exit::MUST_EQUAL_FAILS
-    } else if has(Class::CandidateError) || has(Class::BaselineProblem) {
+    } else if has(Class::CandidateError) || has(Class::HarnessProblem) {
         exit::ENVIRONMENT
     } else if gate.cases.iter().any(|c| c.class != Class::Unchanged) {
         exit::CHANGED
@@ -236,7 +296,7 @@ fn classify(
         cand["verdict"].as_str().unwrap_or(""),
     );
     if bv == "error" || bv == "fail" {
-        change.class = Class::BaselineProblem;
+        change.class = Class::HarnessProblem;
         change.note = base["message"].as_str().map(str::to_owned);
         return change;
     }
@@ -254,7 +314,20 @@ fn classify(
         return change;
     }
     // Output bits, baseline vs candidate, port and reference.
-    let (bt, ct) = (tensors(&b.outputs, name), tensors(&c.outputs, name));
+    let (bt, ct) = match (
+        tensors(&b.outputs, name, base),
+        tensors(&c.outputs, name, cand),
+    ) {
+        (Ok(bt), Ok(ct)) => (bt, ct),
+        (b, c) => {
+            change.class = Class::HarnessProblem;
+            change.note = Some(format!(
+                "kept outputs: {}",
+                b.err().or(c.err()).unwrap_or_default()
+            ));
+            return change;
+        }
+    };
     let keys: BTreeSet<String> = bt
         .keys()
         .chain(ct.keys())
@@ -287,8 +360,8 @@ fn classify(
         {
             change.outputs.push(OutputChange {
                 name: key,
-                port,
-                reference,
+                port: port.into(),
+                reference: reference.map(Bits::from),
                 only_in,
             });
         }
@@ -358,6 +431,12 @@ pub fn markdown(g: &Gate) -> String {
         )
     };
     let _ = writeln!(md, "# Release gate: baseline → `{}`\n", g.candidate);
+    if let Some(f) = &g.filter {
+        let _ = writeln!(md, "> filtered: only cases whose name contains `{f}`\n");
+    }
+    if g.perturbed_candidate {
+        let _ = writeln!(md, "> self-test: the candidate's reference received perturbed inputs (`--perturb-candidate`)\n");
+    }
     let _ = writeln!(
         md,
         "baseline {} → candidate {} · exit code **{}**\n",
@@ -366,7 +445,7 @@ pub fn markdown(g: &Gate) -> String {
         g.exit_code
     );
     for e in &g.environment_errors {
-        let _ = writeln!(md, "> environment error: {e}\n");
+        let _ = writeln!(md, "> environment error: {}\n", e.replace('\n', "\n> "));
     }
     let _ = writeln!(md, "| class | cases |\n|---|---:|");
     for (class, n) in &g.summary {
@@ -409,11 +488,14 @@ pub fn markdown(g: &Gate) -> String {
     md
 }
 
-fn side(c: &Comparison) -> String {
-    match c {
-        Comparison::Equal => "unchanged".into(),
-        Comparison::Differs(d) => d.line("elements moved", "baseline ", "→ candidate"),
-        other => other.summary(),
+fn side(b: &Bits) -> String {
+    match b {
+        Bits::Unchanged => "unchanged".into(),
+        Bits::Moved { count, total, first_index, baseline, candidate, max_ulp } => format!(
+            "{count}/{total} elements moved; first at {first_index:?}: baseline {} ({}) → candidate {} ({}); max {max_ulp} ulp",
+            baseline.value, baseline.bits, candidate.value, candidate.bits
+        ),
+        Bits::Mismatch { what } => what.clone(),
     }
 }
 

@@ -77,7 +77,7 @@ fn baseline_against_itself_is_unchanged_and_a_moved_reference_fails() {
                 .as_array()
                 .unwrap()
                 .iter()
-                .all(|o| o["port"]["outcome"] == "equal");
+                .all(|o| o["port"]["outcome"] == "unchanged");
             assert!(port_unchanged, "{c:#}");
         }
     }

@@ -28,6 +28,12 @@ struct Cli {
     /// (recorded in gate.json; the exit code is then 3).
     #[arg(long = "environment-error", value_name = "TEXT")]
     environment_errors: Vec<String>,
+    /// The runs' `--filter` (recorded in the reports).
+    #[arg(long)]
+    filter: Option<String>,
+    /// The candidate run was the self-test (`--perturb`; recorded).
+    #[arg(long)]
+    perturbed_candidate: bool,
 }
 
 fn main() -> ExitCode {
@@ -38,14 +44,14 @@ fn main() -> ExitCode {
             return ExitCode::from(if e.use_stderr() { 3 } else { 0 });
         }
     };
+    // Nothing to compare when a side did not run: only the errors.
     let mut g = if cli.environment_errors.is_empty() {
         gate::compare_runs(&cli.candidate, &cli.baseline_run, &cli.candidate_run)
     } else {
-        let mut g = gate::compare_runs(&cli.candidate, &cli.baseline_run, &cli.baseline_run);
-        g.cases.clear();
-        g.summary.clear();
-        g
+        gate::Gate::empty(&cli.candidate)
     };
+    g.filter = cli.filter;
+    g.perturbed_candidate = cli.perturbed_candidate;
     if !cli.environment_errors.is_empty() {
         g.environment_errors.extend(cli.environment_errors);
         g.exit_code = gate::exit::ENVIRONMENT;

@@ -33,6 +33,18 @@ pub fn render(report: &Report) -> String {
     if let Some(line) = &s.missing_snapshot_set {
         let _ = writeln!(md, "> {line}\n");
     }
+    if e.perturb {
+        let _ = writeln!(
+            md,
+            "> proof run (`--perturb`): the reference received perturbed inputs, so every must-equal case is meant to FAIL with each output differing (except \"Derived outputs\")\n"
+        );
+    }
+    if let Some(f) = &e.filter {
+        let _ = writeln!(md, "> filtered: only cases whose name contains `{f}`\n");
+    }
+    if !e.snapshots_checked && !e.perturb {
+        let _ = writeln!(md, "> snapshots not checked in this run\n");
+    }
     if !e.host.is_empty() {
         let host: Vec<String> = e.host.iter().map(|(k, v)| format!("{k} {v}")).collect();
         let _ = writeln!(md, "host: {}\n", host.join(" · "));

@@ -45,6 +45,14 @@ pub struct Environment {
     pub lock_sha256: String,
     pub libmlx: String,
     pub seed: u64,
+    /// `--filter` of this run (absent: every case).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub filter: Option<String>,
+    /// A proof run (`--perturb`): must-equal cases are meant to fail.
+    pub perturb: bool,
+    /// Whether snapshots were checked (not under `--perturb`, another
+    /// `--seed` or `--no-snapshots`).
+    pub snapshots_checked: bool,
 }
 
 /// One case in the report.

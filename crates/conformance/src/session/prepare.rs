@@ -102,6 +102,9 @@ impl Session {
             lock_sha256: fingerprint.lock_sha256.clone(),
             libmlx: oracle.info().libmlx.clone(),
             seed: cli.seed,
+            filter: cli.filter.clone().filter(|f| !f.is_empty()),
+            perturb: cli.perturb,
+            snapshots_checked: cli.snapshots_checked(),
         };
 
         let options = RunOptions {

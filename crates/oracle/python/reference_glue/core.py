@@ -73,6 +73,8 @@ _NP_RAW = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def to_mx(dtype_name, shape, data):
+    """Raw little-endian bytes from Rust as an mx.array of that dtype and
+    shape (the bits unchanged)."""
     dtype = mx.bool_ if dtype_name == "bool" else getattr(mx, dtype_name)
     size = dtype.size
     raw = np.frombuffer(data, dtype=_NP_RAW[size]).reshape(shape)
@@ -81,6 +83,7 @@ def to_mx(dtype_name, shape, data):
 
 
 def from_mx(array):
+    """An mx.array back to Rust: its dtype name, shape and raw bytes."""
     mx.eval(array)
     name = str(array.dtype).removeprefix("mlx.core.")
     raw = array.view(_RAW_VIEW[array.dtype.size])
@@ -88,6 +91,7 @@ def from_mx(array):
 
 
 def is_array(value):
+    """Whether a result value is an mx.array (the transfer's dispatch)."""
     return isinstance(value, mx.array)
 
 
@@ -160,6 +164,7 @@ def device_info(backend):
 
 
 def environment():
+    """The reference's versions and paths (mlx, its libmlx, packages)."""
     return {
         "mlx_version": mx.__version__,
         "gpu_backend": _gpu_backend(),

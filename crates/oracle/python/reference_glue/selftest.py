@@ -7,4 +7,5 @@ def echo(value):
 
 
 def raise_value_error(message):
+    """Raises ValueError(message): errors surface with traceback and case."""
     raise ValueError(message)
