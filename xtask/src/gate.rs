@@ -90,21 +90,12 @@ pub fn run(root: &Path, args: &Args) -> Result<i32> {
             errors.push(format!("{label}: {e:#}"));
         }
     }
-    let mut cmd = baseline.cargo(root);
-    cmd.args([
-        "run",
-        "-q",
-        "-p",
-        "conformance",
-        "--bin",
-        "conformance-gate",
-        "--",
-    ])
-    .arg(&name)
-    .arg(out.join("baseline"))
-    .arg(out.join("candidate"))
-    .arg("--out")
-    .arg(&out);
+    let mut cmd = cargo_run(root, &baseline, "conformance-gate");
+    cmd.arg(&name)
+        .arg(out.join("baseline"))
+        .arg(out.join("candidate"))
+        .arg("--out")
+        .arg(&out);
     for e in &errors {
         cmd.arg("--environment-error").arg(e);
     }
@@ -117,6 +108,13 @@ pub fn run(root: &Path, args: &Args) -> Result<i32> {
     util::status(&mut cmd, "conformance-gate")
 }
 
+/// `cargo run -q -p conformance --bin <bin> --` built against `layout`.
+fn cargo_run(root: &Path, layout: &Layout, bin: &str) -> std::process::Command {
+    let mut cmd = layout.cargo(root);
+    cmd.args(["run", "-q", "-p", "conformance", "--bin", bin, "--"]);
+    cmd
+}
+
 /// One run of the suite against `layout` into `dir` (report.json and
 /// outputs/). A run that ends without a report is an environment error,
 /// with what it printed.
@@ -127,21 +125,11 @@ fn suite(
     filter: Option<&str>,
     perturb: bool,
 ) -> Result<()> {
-    let mut cmd = layout.cargo(root);
-    cmd.args([
-        "run",
-        "-q",
-        "-p",
-        "conformance",
-        "--bin",
-        "conformance",
-        "--",
-        "--no-snapshots",
-        "--keep-outputs",
-    ])
-    .arg(dir.join("outputs"))
-    .arg("--out")
-    .arg(dir);
+    let mut cmd = cargo_run(root, layout, "conformance");
+    cmd.args(["--no-snapshots", "--keep-outputs"])
+        .arg(dir.join("outputs"))
+        .arg("--out")
+        .arg(dir);
     if let Some(f) = filter {
         cmd.arg("--filter").arg(f);
     }
@@ -166,27 +154,8 @@ fn suite(
 fn wheel_candidate(root: &Path, wheels: &[PathBuf]) -> Result<(String, Layout)> {
     let mut hashes = Vec::new();
     for w in wheels {
-        // A wheel file name: name-version(-build)?-python-abi-platform.whl.
         let file = w.file_name().and_then(|f| f.to_str()).unwrap_or_default();
-        let parts: Vec<&str> = file
-            .strip_suffix(".whl")
-            .unwrap_or_default()
-            .split('-')
-            .collect();
-        let package = env::normalize(parts.first().copied().unwrap_or_default());
-        if !file.ends_with(".whl") || !(5..=6).contains(&parts.len()) {
-            bail!(
-                "--wheel {}: not a wheel file name (name-version-python-abi-platform.whl)",
-                w.display()
-            );
-        }
-        if !matches!(package.as_str(), "mlx" | "mlx-cpu" | "mlx-metal") {
-            bail!(
-                "--wheel {}: a `{package}` wheel; the gate replaces the baseline's MLX wheels only \
-                 (mlx, mlx-cpu, mlx-metal)",
-                w.display()
-            );
-        }
+        wheel_package(file).with_context(|| format!("--wheel {}", w.display()))?;
         hashes.push((
             std::fs::canonicalize(w).with_context(|| format!("--wheel {}", w.display()))?,
             util::sha256_file(w)?,
@@ -249,4 +218,57 @@ fn wheel_candidate(root: &Path, wheels: &[PathBuf]) -> Result<(String, Layout)> 
     );
     crate::setup::build(root, &layout, false, None)?;
     Ok((name, layout))
+}
+
+/// The MLX package a wheel file name carries (`mlx`, `mlx-cpu`,
+/// `mlx-metal`); an error for another package or a name that is not a
+/// wheel's (`name-version(-build)?-python-abi-platform.whl`).
+fn wheel_package(file: &str) -> Result<String> {
+    let parts: Vec<&str> = file
+        .strip_suffix(".whl")
+        .unwrap_or_default()
+        .split('-')
+        .collect();
+    if !file.ends_with(".whl") || !(5..=6).contains(&parts.len()) {
+        bail!("not a wheel file name (name-version-python-abi-platform.whl)");
+    }
+    let package = env::normalize(parts[0]);
+    if !matches!(package.as_str(), "mlx" | "mlx-cpu" | "mlx-metal") {
+        bail!("a `{package}` wheel; the gate replaces the baseline's MLX wheels only (mlx, mlx-cpu, mlx-metal)");
+    }
+    Ok(package)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wheel_package;
+    use crate::env::check_candidate_name;
+
+    #[test]
+    fn wheel_names_are_checked() {
+        assert_eq!(
+            wheel_package("mlx-0.32.4-cp311-cp311-manylinux_2_35_x86_64.whl").unwrap(),
+            "mlx"
+        );
+        assert_eq!(
+            wheel_package("mlx_cpu-0.32.4-py3-none-manylinux_2_35_x86_64.whl").unwrap(),
+            "mlx-cpu"
+        );
+        for bad in [
+            "mlx_bad.whl",
+            "mlx-0.32.4.tar.gz",
+            "numpy-2.3.5-cp311-cp311-linux_x86_64.whl",
+            "",
+        ] {
+            assert!(wheel_package(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn candidate_names_are_checked() {
+        assert!(check_candidate_name("mlx-0.32.4").is_ok());
+        for bad in ["", "UPPER", "../x", "a/b", ".", "..", &"x".repeat(65)] {
+            assert!(check_candidate_name(bad).is_err(), "{bad}");
+        }
+    }
 }

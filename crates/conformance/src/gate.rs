@@ -657,6 +657,30 @@ mod tests {
     }
 
     #[test]
+    fn unreadable_or_missing_kept_outputs_are_a_harness_problem() {
+        let n = Value::Null;
+        let rows: &[Row] = &[("c", "must_equal", "pass", Some(1), Some(1), n.clone())];
+        let base = run_dir("kept-base", rows);
+        let cand = run_dir("kept-cand", rows);
+        let file = crate::kept::file(&cand.join("outputs"), "c");
+        std::fs::write(&file, b"junk").unwrap();
+        // The case recorded outputs: make its digests non-empty.
+        let report = std::fs::read_to_string(cand.join("report.json")).unwrap();
+        std::fs::write(
+            cand.join("report.json"),
+            report.replace("\"digests\":[]", "\"digests\":[[\"y\",\"ab\"]]"),
+        )
+        .unwrap();
+        let g = compare_runs("c", &base, &cand);
+        assert_eq!(g.cases[0].class, Class::HarnessProblem, "{:?}", g.cases[0]);
+        assert_eq!(g.exit_code, exit::ENVIRONMENT);
+        std::fs::remove_file(&file).unwrap();
+        let g = compare_runs("c", &base, &cand);
+        assert_eq!(g.cases[0].class, Class::HarnessProblem);
+        assert!(g.cases[0].note.as_deref().unwrap_or("").contains("missing"));
+    }
+
+    #[test]
     fn a_missing_run_is_an_environment_error() {
         let g = compare_runs(
             "c",

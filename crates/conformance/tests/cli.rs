@@ -302,3 +302,25 @@ fn ctrl_c_stops_the_run_with_exit_130_and_no_report() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--keep-outputs` that cannot be a directory is refused before any case
+/// runs: one line, exit 3, no report.
+#[test]
+fn an_unusable_keep_outputs_directory_is_a_usage_error() {
+    let out = scratch("keep-outputs");
+    let blocker = scratch("keep-outputs-file");
+    std::fs::write(&blocker, b"a file").unwrap();
+    let run = conformance(&[
+        "--device",
+        "cpu",
+        "--filter",
+        "smoke",
+        "--keep-outputs",
+        blocker.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(run.status.code(), Some(3), "{}", text(&run));
+    assert!(text(&run).contains("--keep-outputs"), "{}", text(&run));
+    assert!(!out.join("report.json").exists());
+}
