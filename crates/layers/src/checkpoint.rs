@@ -348,7 +348,15 @@ impl Checkpoint {
             path: path.to_owned(),
             source,
         };
-        let payload = QuantizedPayload::new(weight, scales, biases, spec).map_err(payload_error)?;
+        let mut payload =
+            QuantizedPayload::new(weight, scales, biases, spec).map_err(payload_error)?;
+        // mlx-lm saves a switch layer's per-expert nvfp4 scales as
+        // `<path>.global_scale` (`_quantize_experts`).
+        if kind == LayerKind::Switch {
+            if let Some(gs) = optional("global_scale")? {
+                payload = payload.with_global_scale(gs).map_err(payload_error)?;
+            }
+        }
         if payload.in_features() != in_features {
             return Err(payload_error(PayloadError::InFeatures {
                 expected: in_features,

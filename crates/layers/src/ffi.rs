@@ -27,5 +27,8 @@ mod mode;
 
 pub use self::error::{install_error_handler, try_array, MlxError};
 pub use self::from_bytes::{array_from_bytes, array_from_owner, dtype_size};
-pub use self::matmul::{dequantize, gather_qmm, quantize, quantized_matmul};
+pub use self::matmul::{
+    dequantize, dequantize_with_global_scale, gather_qmm, quantize, quantize_with_global_scale,
+    quantized_matmul,
+};
 pub use self::mode::{Mode, UnknownMode};

@@ -16,6 +16,7 @@
 
 pub mod backend;
 pub mod checkpoint;
+pub mod config;
 pub mod dense;
 pub mod ffi;
 pub mod position;

@@ -8,20 +8,30 @@
 //! | [`QuantizedPayload::in_features`] | `QuantizedLinear._extra_repr` / `LoRALinear.from_base` (`packed * 32 // bits`) |
 //! | [`QuantSpec::validate`] | the checks of `mlx.core.quantize` |
 //! | [`QuantizedSwitchLinear::forward`] | `mlx_lm.models.switch_layers.QuantizedSwitchLinear.__call__` (mlx-lm 0.32.2) |
+//! | [`QuantizedEmbedding::lookup`], [`QuantizedEmbedding::as_linear`] | `mlx.nn.QuantizedEmbedding.__call__`, `.as_linear` (mlx 0.32.2) |
+//! | [`QuantizedPayload::quantize_with_global_scale`] | `mlx.core.quantize(..., global_scale=)` (mlx 0.32.2) |
+//! | [`QuantizedPayload::quantize_experts_with_global_scale`] | `mlx_lm.models.switch_layers._quantize_experts` (mlx-lm 0.32.2) |
+//! | [`lora::fuse`], [`AdapterSet`] | `mlx_lm.tuner.lora.LoRALinear.fuse`, `mlx_lm.tuner.utils.load_adapters`, `mlx_vlm.trainer.utils.apply_lora_layers` |
 //! | `from_checkpoint` constructors | `mlx_lm.utils.load_model` (`class_predicate`, `infer_quant_config`, `load_weights`) |
 //!
 //! Every constructor takes mlx-rs [`mlx_rs::Array`]s plus a [`QuantSpec`];
 //! every forward returns `Result<Array, LayerError>` and never panics on bad
 //! input.
 
+mod adapters;
+mod embedding;
 mod error;
 mod linear;
-mod lora;
+pub mod lora;
 mod payload;
 mod spec;
 pub(crate) mod switch;
 
 pub use crate::ffi::Mode;
+pub use adapters::{
+    lora_scale_from_alpha, AdapterError, AdapterFormat, AdapterSet, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
+};
+pub use embedding::QuantizedEmbedding;
 pub use error::{LayerError, PayloadError, SpecError};
 pub use linear::{Forward, QuantizedLinear};
 pub use lora::LoraAdapter;

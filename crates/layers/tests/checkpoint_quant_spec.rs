@@ -319,10 +319,10 @@ fn unresolvable_config_shapes() {
 }
 
 #[test]
-fn unresolvable_global_scale_for_switch() {
-    let s = spec(Mode::Nvfp4, 4, 16);
+fn unresolvable_global_scale_for_switch_without_nvfp4() {
+    let s = spec(Mode::Mxfp4, 4, 32);
     let err = resolve(
-        top(json!({P: {"mode": "nvfp4", "group_size": 16, "global_scale": true}})),
+        top(json!({P: {"mode": "mxfp4", "group_size": 32, "global_scale": true}})),
         s,
         LayerKind::Switch,
     )
@@ -331,12 +331,24 @@ fn unresolvable_global_scale_for_switch() {
         matches!(
             err,
             CheckpointError::QuantSpecUnresolvable {
-                reason: Unresolvable::GlobalScaleUnsupported,
+                reason: Unresolvable::GlobalScaleMode { mode: Mode::Mxfp4 },
                 ..
             }
         ),
         "{err}"
     );
+}
+
+#[test]
+fn global_scale_for_switch_resolves_with_nvfp4() {
+    let s = spec(Mode::Nvfp4, 4, 16);
+    let got = resolve(
+        top(json!({P: {"mode": "nvfp4", "group_size": 16, "global_scale": true}})),
+        s,
+        LayerKind::Switch,
+    )
+    .unwrap();
+    assert!(matches!(got, SpecResolution::Quantized { .. }), "{got:?}");
 }
 
 #[test]

@@ -35,7 +35,7 @@
 //! |---|---|---|
 //! | `quantization` (`group_size`, `bits`, `mode`, per-path bool/dict) | `nn.quantize` with `class_predicate` | resolved as above |
 //! | per-path `quantize_input: true` | `nn.QQLinear` | refused ([`Unresolvable::QuantizeInputUnsupported`]) |
-//! | `{path}.global_scale` tensor (switch) | `global_scale=True` | refused ([`Unresolvable::GlobalScaleUnsupported`]) |
+//! | `{path}.global_scale` tensor, or per-path `global_scale: true` (switch) | `global_scale=True`: `_quantize_experts` shapes, nvfp4 only (`ValueError` otherwise) | resolved; the loader attaches the tensor ([`crate::quantized::QuantizedPayload::with_global_scale`]); a mode other than nvfp4 is [`Unresolvable::GlobalScaleMode`] |
 //! | `quantization_config.quant_method` `mxfp4`, `mxfp8`, `fp8` (ue8m0, 32×32), `compressed-tensors`, `modelopt` (NVFP4) | mapped to a `quantization` dict | mapped the same way |
 //! | `quant_method` `bitnet`, `awq`, `gptq` | `BitLinear` / weight transforms | refused ([`Unresolvable::UnsupportedQuantMethod`]) |
 //! | `text_config.quantization_config`, `hf_quant_config.json` | legacy fallbacks | read the same way |
@@ -160,10 +160,13 @@ pub enum Unresolvable {
         /// Whether the layer has an additive bias.
         bias: bool,
     },
-    /// A per-expert nvfp4 global scale, which `gather_qmm` of mlx 0.32.2
-    /// cannot take.
-    #[error("a global scale is not supported (mlx 0.32.2 gather_qmm has no global_scale)")]
-    GlobalScaleUnsupported,
+    /// A per-expert global scale with a mode other than nvfp4
+    /// (`_quantize_experts`' `ValueError`).
+    #[error("A global scale needs 'nvfp4' mode, got '{mode}'.")]
+    GlobalScaleMode {
+        /// The mode.
+        mode: Mode,
+    },
     /// `infer_quant_config`'s `ValueError` for uint8 scales.
     #[error("Cannot infer the quantization mode: {bits} bits with group size {group_size}.")]
     CannotInfer {
@@ -515,8 +518,11 @@ fn resolve_spec(
             }
         }
     };
-    if kind == LayerKind::Switch && tensors.lookup(&format!("{path}.global_scale")).is_some() {
-        return Err(unresolvable(path, Unresolvable::GlobalScaleUnsupported));
+    if kind == LayerKind::Switch
+        && tensors.lookup(&format!("{path}.global_scale")).is_some()
+        && mode != Mode::Nvfp4
+    {
+        return Err(unresolvable(path, Unresolvable::GlobalScaleMode { mode }));
     }
     finish(
         path,
@@ -550,10 +556,10 @@ fn per_path(
     if params.contains_key("quantize_input") {
         return Err(unresolvable(path, Unresolvable::QuantizeInputUnsupported));
     }
-    if params.get("global_scale").is_some_and(truthy) {
-        return Err(unresolvable(path, Unresolvable::GlobalScaleUnsupported));
-    }
     let mode = mode_arg(path, params.get("mode"))?;
+    if params.get("global_scale").is_some_and(truthy) && mode != Mode::Nvfp4 {
+        return Err(unresolvable(path, Unresolvable::GlobalScaleMode { mode }));
+    }
     let gs = int_arg(path, "group_size", params.get("group_size"))?;
     let bits = int_arg(path, "bits", params.get("bits"))?;
     // A missing key takes the keyword's default: None (the mode's default)

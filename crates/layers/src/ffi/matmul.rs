@@ -47,6 +47,34 @@ pub fn quantize(
     bits: impl Into<Option<i32>>,
     mode: Mode,
 ) -> Result<(Array, Array, Option<Array>), MlxError> {
+    quantize_impl(w, group_size.into(), bits.into(), mode, None)
+}
+
+/// [`quantize`] with nvfp4's per-tensor `global_scale` (a float32 scalar):
+/// mirrors `mlx.core.quantize(w, group_size, bits, mode=mode,
+/// global_scale=global_scale)` (mlx 0.32.2). Returns `(wq, scales)`.
+///
+/// # Errors
+/// [`MlxError`] with MLX's message: a mode other than nvfp4, a global scale
+/// that is not a float32 scalar, and everything [`quantize`] rejects.
+pub fn quantize_with_global_scale(
+    w: &Array,
+    group_size: impl Into<Option<i32>>,
+    bits: impl Into<Option<i32>>,
+    mode: Mode,
+    global_scale: &Array,
+) -> Result<(Array, Array), MlxError> {
+    let (wq, scales, _) = quantize_impl(w, group_size.into(), bits.into(), mode, Some(global_scale))?;
+    Ok((wq, scales))
+}
+
+fn quantize_impl(
+    w: &Array,
+    group_size: Option<i32>,
+    bits: Option<i32>,
+    mode: Mode,
+    global_scale: Option<&Array>,
+) -> Result<(Array, Array, Option<Array>), MlxError> {
     const OP: &str = "mlx_quantize";
     install_error_handler();
     clear_last_error();
@@ -57,10 +85,10 @@ pub fn quantize(
         mlx_sys::mlx_quantize(
             &mut out,
             w.as_ptr(),
-            optional_int(group_size.into()),
-            optional_int(bits.into()),
+            optional_int(group_size),
+            optional_int(bits),
             mode.as_cstr().as_ptr(),
-            null_array(),
+            opt_ptr(global_scale),
             stream.as_ptr(),
         )
     };
@@ -110,12 +138,45 @@ pub fn dequantize(
     mode: Mode,
     dtype: Option<Dtype>,
 ) -> Result<Array, MlxError> {
+    dequantize_impl(w, scales, biases, group_size.into(), bits.into(), mode, None, dtype)
+}
+
+/// [`dequantize`] with nvfp4's per-tensor `global_scale`: mirrors
+/// `mlx.core.dequantize(w, scales, group_size=…, bits=…, mode=mode,
+/// global_scale=global_scale, dtype=dtype)` (mlx 0.32.2). Without `dtype`
+/// the result is float32 (measured), not the bfloat16 of [`dequantize`].
+///
+/// # Errors
+/// [`MlxError`] with MLX's message.
+pub fn dequantize_with_global_scale(
+    w: &Array,
+    scales: &Array,
+    group_size: impl Into<Option<i32>>,
+    bits: impl Into<Option<i32>>,
+    mode: Mode,
+    global_scale: &Array,
+    dtype: Option<Dtype>,
+) -> Result<Array, MlxError> {
+    dequantize_impl(w, scales, None, group_size.into(), bits.into(), mode, Some(global_scale), dtype)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn dequantize_impl(
+    w: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    group_size: Option<i32>,
+    bits: Option<i32>,
+    mode: Mode,
+    global_scale: Option<&Array>,
+    dtype: Option<Dtype>,
+) -> Result<Array, MlxError> {
     let stream = Stream::thread_local_or_default();
     let dtype = mlx_optional_dtype {
         value: dtype.map_or(0, u32::from),
         has_value: dtype.is_some(),
     };
-    let (group_size, bits) = (optional_int(group_size.into()), optional_int(bits.into()));
+    let (group_size, bits) = (optional_int(group_size), optional_int(bits));
     try_array("mlx_dequantize", |res| unsafe {
         mlx_sys::mlx_dequantize(
             res,
@@ -125,7 +186,7 @@ pub fn dequantize(
             group_size,
             bits,
             mode.as_cstr().as_ptr(),
-            null_array(),
+            opt_ptr(global_scale),
             dtype,
             stream.as_ptr(),
         )

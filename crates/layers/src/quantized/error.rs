@@ -127,6 +127,26 @@ pub enum PayloadError {
         /// The mode.
         mode: Mode,
     },
+    /// A global scale for a mode other than nvfp4.
+    #[error("a global scale is only supported for nvfp4 (MLX refuses it for {mode}); drop the `.global_scale` tensor or quantize with mode nvfp4")]
+    GlobalScaleMode {
+        /// The mode.
+        mode: Mode,
+    },
+    /// A global scale that is not float32.
+    #[error("the nvfp4 global scale must be float32, got {dtype:?}")]
+    GlobalScaleDtype {
+        /// The dtype found.
+        dtype: Dtype,
+    },
+    /// A global scale of the wrong shape.
+    #[error("the nvfp4 global scale must have shape {expected:?} (a scalar for a linear layer, one per expert for a switch layer), got {actual:?}")]
+    GlobalScaleShape {
+        /// The weight's leading (expert) shape.
+        expected: Vec<i32>,
+        /// The shape found.
+        actual: Vec<i32>,
+    },
     /// Zero points given for a mode that has none.
     #[error("{mode} quantization has no biases (zero points), but biases were given")]
     UnexpectedBiases {
@@ -164,6 +184,16 @@ pub enum LayerError {
     /// Loading from a checkpoint failed.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// A forward with an nvfp4 global scale through an MLX op that has no
+    /// `global_scale` in the pinned MLX (0.32.2: `quantized_matmul` and
+    /// `gather_qmm`; the reference raises `TypeError` there too).
+    #[error("{layer} holds an nvfp4 global scale, but the pinned MLX's `{op}` takes none (the reference raises TypeError); dequantize the weight, or use an MLX whose `{op}` accepts global_scale")]
+    GlobalScaleRefused {
+        /// The layer type.
+        layer: &'static str,
+        /// The MLX op.
+        op: &'static str,
+    },
     /// The input's last dimension is not in_features.
     #[error("input shape {shape:?} does not end in in_features={in_features}")]
     InputShape {
@@ -239,6 +269,16 @@ pub enum LayerError {
         position: usize,
         /// The number of experts.
         num_experts: i32,
+    },
+    /// A token id outside the embedding table.
+    #[error("token id {id} at flat position {position} is out of range for {num_embeddings} embeddings")]
+    TokenIdOutOfRange {
+        /// The offending id.
+        id: i128,
+        /// Its position in the flattened (row-major) ids.
+        position: usize,
+        /// Rows of the table.
+        num_embeddings: i32,
     },
     /// Expert indices must be integers.
     #[error("expert indices must have an integer dtype, got {dtype:?}")]

@@ -317,6 +317,12 @@ impl QuantizedLinear {
     /// # Errors
     /// As [`QuantizedLinear::forward`].
     pub fn forward_as(&self, x: &Array, forward: Forward) -> Result<Array, LayerError> {
+        if self.payload.global_scale().is_some() {
+            return Err(LayerError::GlobalScaleRefused {
+                layer: "QuantizedLinear",
+                op: "mlx.core.quantized_matmul",
+            });
+        }
         let shape = x.shape();
         if shape.last() != Some(&self.in_features()) {
             return Err(LayerError::InputShape {

@@ -113,3 +113,52 @@ impl LoraAdapter {
         Ok(ops::add(y, &self.residual(x)?)?)
     }
 }
+
+/// The fused float weight `[out, in]`: the layer's dequantized weight plus
+/// the adapter's low-rank delta, as `mlx_lm.tuner.lora.LoRALinear.fuse`
+/// (mlx-lm 0.32.2) computes it:
+///
+/// ```python
+/// weight = mx.dequantize(weight, linear.scales, linear.biases,
+///     group_size=linear.group_size, bits=linear.bits, mode=linear.mode)
+/// delta = ((self.scale * self.lora_b.T) @ self.lora_a.T).astype(weight.dtype)
+/// fused_linear.weight = weight + delta
+/// ```
+///
+/// # Errors
+/// [`LayerError::AdapterShape`] when the adapter does not fit the layer;
+/// [`LayerError::Mlx`] otherwise.
+pub fn fused_weight(
+    linear: &super::QuantizedLinear,
+    adapter: &LoraAdapter,
+) -> Result<Array, LayerError> {
+    if adapter.in_features() != linear.in_features() || adapter.out_features() != linear.out_features() {
+        return Err(LayerError::AdapterShape {
+            name: "fuse".to_owned(),
+            in_features: linear.in_features(),
+            out_features: linear.out_features(),
+            lora_a: adapter.lora_a().shape().to_vec(),
+            lora_b: adapter.lora_b().shape().to_vec(),
+        });
+    }
+    let weight = linear.payload().dequantize(None)?;
+    let b_t = adapter.lora_b().t();
+    let scale = Array::from_f32(adapter.scale()).as_dtype(b_t.dtype())?;
+    let delta = ops::matmul(&ops::multiply(&scale, &b_t)?, &adapter.lora_a().t())?.as_dtype(weight.dtype())?;
+    Ok(ops::add(&weight, &delta)?)
+}
+
+/// `LoRALinear.fuse(dequantize=False)`: [`fused_weight`] requantized with
+/// the layer's spec (`nn.QuantizedLinear.from_linear(fused, group_size,
+/// bits, mode=mode)`), the additive bias kept. The result has no adapters.
+///
+/// # Errors
+/// As [`fused_weight`], and [`LayerError::Mlx`] from `mx.quantize`.
+pub fn fuse(
+    linear: &super::QuantizedLinear,
+    adapter: &LoraAdapter,
+) -> Result<super::QuantizedLinear, LayerError> {
+    let weight = fused_weight(linear, adapter)?;
+    let payload = super::QuantizedPayload::quantize(&weight, linear.spec())?;
+    super::QuantizedLinear::new(payload, linear.bias().cloned())
+}

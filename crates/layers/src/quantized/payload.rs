@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 
 use crate::ffi::{self, Mode};
@@ -39,6 +40,7 @@ pub struct QuantizedPayload {
     biases: Option<Array>,
     spec: QuantSpec,
     in_features: i32,
+    global_scale: Option<Array>,
 }
 
 impl fmt::Debug for QuantizedPayload {
@@ -54,6 +56,13 @@ impl fmt::Debug for QuantizedPayload {
                     .biases
                     .as_ref()
                     .map(|b| (b.shape().to_vec(), b.dtype())),
+            )
+            .field(
+                "global_scale",
+                &self
+                    .global_scale
+                    .as_ref()
+                    .map(|g| (g.shape().to_vec(), g.dtype())),
             )
             .finish()
     }
@@ -80,7 +89,127 @@ impl QuantizedPayload {
             biases,
             spec,
             in_features,
+            global_scale: None,
         })
+    }
+
+    /// Adds nvfp4's two-level scaling: a float32 per-tensor `global_scale`
+    /// next to the per-group `scales`. Shape: a scalar for a linear payload
+    /// (`mx.quantize`'s `global_scale`), `[E]` for a switch payload (one per
+    /// expert, as `mlx_lm.models.switch_layers._quantize_experts` stores
+    /// it; mlx-lm 0.32.2 saves it as `<path>.global_scale`).
+    ///
+    /// # Errors
+    /// [`PayloadError::GlobalScaleMode`] unless the mode is nvfp4 (MLX:
+    /// "Global scale is only supported for 'nvfp4'"),
+    /// [`PayloadError::GlobalScaleDtype`] unless float32,
+    /// [`PayloadError::GlobalScaleShape`] for any other shape.
+    pub fn with_global_scale(mut self, global_scale: Array) -> Result<Self, PayloadError> {
+        if self.spec.mode != Mode::Nvfp4 {
+            return Err(PayloadError::GlobalScaleMode {
+                mode: self.spec.mode,
+            });
+        }
+        if global_scale.dtype() != Dtype::Float32 {
+            return Err(PayloadError::GlobalScaleDtype {
+                dtype: global_scale.dtype(),
+            });
+        }
+        let leading = self.leading_shape().to_vec();
+        let fits = match leading.as_slice() {
+            [] => global_scale.size() == 1 && global_scale.ndim() <= 1,
+            lead => global_scale.shape() == lead,
+        };
+        if !fits {
+            return Err(PayloadError::GlobalScaleShape {
+                expected: leading,
+                actual: global_scale.shape().to_vec(),
+            });
+        }
+        self.global_scale = Some(global_scale);
+        Ok(self)
+    }
+
+    /// nvfp4 with a global scale: `mx.quantize(w, group_size, bits,
+    /// mode="nvfp4", global_scale=global_scale)` (mlx 0.32.2) of a 2-D `w`
+    /// `[out, in]`; `global_scale` a float32 scalar.
+    ///
+    /// # Errors
+    /// [`LayerError::Payload`] for an invalid spec, a rank other than 2, or
+    /// a global scale [`QuantizedPayload::with_global_scale`] refuses;
+    /// [`LayerError::Mlx`] for anything `mx.quantize` rejects.
+    pub fn quantize_with_global_scale(
+        w: &Array,
+        spec: QuantSpec,
+        global_scale: &Array,
+    ) -> Result<Self, LayerError> {
+        spec.validate().map_err(PayloadError::from)?;
+        if w.ndim() != 2 {
+            return Err(PayloadError::Rank {
+                tensor: "weight",
+                expected: 2,
+                shape: w.shape().to_vec(),
+            }
+            .into());
+        }
+        if spec.mode != Mode::Nvfp4 {
+            return Err(PayloadError::GlobalScaleMode { mode: spec.mode }.into());
+        }
+        let (weight, scales) =
+            ffi::quantize_with_global_scale(w, spec.group_size, spec.bits, spec.mode, global_scale)?;
+        Ok(Self::new(weight, scales, None, spec)?.with_global_scale(global_scale.clone())?)
+    }
+
+    /// Each expert of `w` `[E, out, in]` quantized with its own nvfp4
+    /// global scale, as `mlx_lm.models.switch_layers._quantize_experts`
+    /// (mlx-lm 0.32.2) does for `SwitchLinear.to_quantized(...,
+    /// global_scale=True)`:
+    ///
+    /// ```python
+    /// gs = mx.max(mx.abs(w), axis=(-2, -1)).astype(mx.float32)
+    /// qs = [mx.quantize(w[e], group_size, bits, mode=mode, global_scale=gs[e])
+    ///       for e in range(w.shape[0])]
+    /// return mx.stack([q for q, _ in qs]), mx.stack([s for _, s in qs]), gs
+    /// ```
+    ///
+    /// # Errors
+    /// As [`QuantizedPayload::quantize_with_global_scale`], for a rank
+    /// other than 3.
+    pub fn quantize_experts_with_global_scale(w: &Array, spec: QuantSpec) -> Result<Self, LayerError> {
+        spec.validate().map_err(PayloadError::from)?;
+        if w.ndim() != 3 {
+            return Err(PayloadError::Rank {
+                tensor: "weight",
+                expected: 3,
+                shape: w.shape().to_vec(),
+            }
+            .into());
+        }
+        if spec.mode != Mode::Nvfp4 {
+            return Err(PayloadError::GlobalScaleMode { mode: spec.mode }.into());
+        }
+        let gs = mlx_rs::ops::max_axes(&mlx_rs::ops::abs(w)?, &[-2, -1], false)?.as_dtype(Dtype::Float32)?;
+        let (mut packed, mut scales) = (Vec::new(), Vec::new());
+        for e in 0..w.shape()[0] {
+            let (q, s) = ffi::quantize_with_global_scale(
+                &w.index(e),
+                spec.group_size,
+                spec.bits,
+                spec.mode,
+                &gs.index(e),
+            )?;
+            packed.push(q);
+            scales.push(s);
+        }
+        let weight = mlx_rs::ops::stack(&packed, 0)?;
+        let scales = mlx_rs::ops::stack(&scales, 0)?;
+        Ok(Self::new(weight, scales, None, spec)?.with_global_scale(gs)?)
+    }
+
+    /// The nvfp4 global scale, if any: a float32 scalar (linear) or `[E]`
+    /// (switch).
+    pub fn global_scale(&self) -> Option<&Array> {
+        self.global_scale.as_ref()
     }
 
     /// Quantizes a floating matrix `w` (`[.., out, in]`) with `mx.quantize`,
@@ -102,6 +231,20 @@ impl QuantizedPayload {
     /// # Errors
     /// [`LayerError::Mlx`] with MLX's message.
     pub fn dequantize(&self, dtype: Option<Dtype>) -> Result<Array, LayerError> {
+        if let Some(gs) = &self.global_scale {
+            let spec = self.spec;
+            let one = |w: &Array, s: &Array, g: &Array| {
+                ffi::dequantize_with_global_scale(w, s, spec.group_size, spec.bits, spec.mode, g, dtype)
+            };
+            if self.weight.ndim() == 2 {
+                return Ok(one(&self.weight, &self.scales, gs)?);
+            }
+            // One expert at a time: MLX takes a scalar global scale only.
+            let experts = (0..self.weight.shape()[0])
+                .map(|e| one(&self.weight.index(e), &self.scales.index(e), &gs.index(e)))
+                .collect::<Result<Vec<_>, _>>()?;
+            return Ok(mlx_rs::ops::stack(&experts, 0)?);
+        }
         Ok(ffi::dequantize(
             &self.weight,
             &self.scales,

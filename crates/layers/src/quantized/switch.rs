@@ -188,6 +188,12 @@ impl QuantizedSwitchLinear {
         indices: &Array,
         sorted_indices: bool,
     ) -> Result<Array, LayerError> {
+        if self.payload.global_scale().is_some() {
+            return Err(LayerError::GlobalScaleRefused {
+                layer: "QuantizedSwitchLinear",
+                op: "mlx.core.gather_qmm",
+            });
+        }
         if x.shape().last() != Some(&self.in_features()) {
             return Err(LayerError::InputShape {
                 in_features: self.in_features(),
