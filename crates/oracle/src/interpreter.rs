@@ -43,6 +43,9 @@ const GLUE_MODULES: &[(&str, &str)] = glue_modules![
     "position_mrope",
     "position_kernel",
     "position_gemma4",
+    "configs",
+    "quantized_extras",
+    "adapters",
     "attention",
     "bench",
 ];
@@ -118,6 +121,11 @@ impl From<f64> for Arg {
 impl From<bool> for Arg {
     fn from(v: bool) -> Self {
         Arg::Bool(v)
+    }
+}
+impl From<String> for Arg {
+    fn from(v: String) -> Self {
+        Arg::Str(v)
     }
 }
 impl From<&str> for Arg {

@@ -4,11 +4,12 @@
 use crate::case::Case;
 
 pub mod attention;
-pub mod position;
+pub mod configs;
+pub(crate) mod position;
 pub mod quantized;
 pub mod safetensors;
 pub mod smoke;
-mod support;
+pub(crate) mod support;
 
 /// Every registered case, in report order.
 pub fn all() -> Vec<Case> {
@@ -18,5 +19,6 @@ pub fn all() -> Vec<Case> {
     cases.extend(safetensors::cases());
     cases.extend(position::cases());
     cases.extend(attention::cases());
+    cases.extend(configs::cases());
     cases
 }

@@ -12,12 +12,17 @@
 //! - [`checkpoint`]: `mx.load` of safetensors, `load_model` checkpoints.
 //! - [`position`]: mRoPE, rope index and decode positions, 2-D RoPE.
 //! - [`attention`]: the decode step.
+//! - [`configs`]: real `config.json`s read by mlx-vlm's config classes.
+//! - [`adapters`]: LoRA adapter directories, written, loaded and fused by
+//!   mlx-lm and mlx-vlm.
 //! - [`selftest`]: the transfer round trip and a Python error.
 //! - [`bench`]: the reference side of the Rust/Python benchmarks.
 
+pub mod adapters;
 pub mod attention;
 pub mod bench;
 pub mod checkpoint;
+pub mod configs;
 pub mod position;
 pub mod quantized;
 pub mod selftest;
@@ -48,6 +53,15 @@ pub enum Perturb {
     NextUp,
     /// A float dtype name: another float dtype.
     OtherDtype,
+    /// A tensor: the top mantissa bit of every float element flipped (a
+    /// change of up to half the value; the lowest bit of integers), for
+    /// outputs that round a one-ulp change away (quantization codes and
+    /// scales).
+    EveryElementCoarse,
+    /// A JSON text (a `config.json`): every integer plus 8 and every
+    /// float to the next float32 above it, so every number the reader
+    /// keeps (and every value computed from them) moves.
+    JsonNumbers,
     /// A list of integers (an `mrope_section`): one moved from its last
     /// non-zero entry to entry 0 (to entry 1 when that is entry 0), so the
     /// sum stays and the later sections, which the interleaved selector
@@ -120,6 +134,19 @@ pub fn perturb(value: Arg, how: Perturb) -> Result<Arg, String> {
                 .map(|a| perturb(a, Perturb::EveryElement))
                 .collect::<Result<_, _>>()?,
         ),
+        (Perturb::EveryElementCoarse, Arg::Tensor(t)) => Arg::Tensor(flip_top_mantissa(&t)),
+        (Perturb::EveryElementCoarse, Arg::List(items)) => Arg::List(
+            items
+                .into_iter()
+                .map(|a| perturb(a, Perturb::EveryElementCoarse))
+                .collect::<Result<_, _>>()?,
+        ),
+        (Perturb::JsonNumbers, Arg::Str(s)) => {
+            let mut v: serde_json::Value =
+                serde_json::from_str(&s).map_err(|e| format!("not JSON: {e}"))?;
+            bump_numbers(&mut v);
+            Arg::Str(v.to_string())
+        }
         (Perturb::FirstElement, Arg::Tensor(t)) if t.is_empty() => {
             Arg::Tensor(other_float_dtype(&t))
         }
@@ -163,6 +190,44 @@ pub fn perturb(value: Arg, how: Perturb) -> Result<Arg, String> {
         }
         (how, v) => return Err(format!("{how:?} does not apply to {v:?}")),
     })
+}
+
+/// Every number of a JSON value: integers + 8, floats to the next float32.
+fn bump_numbers(v: &mut serde_json::Value) {
+    use serde_json::Value as J;
+    match v {
+        J::Number(n) => {
+            *v = if let Some(i) = n.as_i64() {
+                J::from(i + 8)
+            } else {
+                J::from(f64::from(next_up(n.as_f64().unwrap_or(0.0) as f32)))
+            }
+        }
+        J::Array(items) => items.iter_mut().for_each(bump_numbers),
+        J::Object(map) => map.values_mut().for_each(bump_numbers),
+        _ => {}
+    }
+}
+
+/// The top mantissa bit of every float element flipped (bit 0 of
+/// integers).
+fn flip_top_mantissa(t: &HostTensor) -> HostTensor {
+    if t.is_empty() {
+        return other_float_dtype(t);
+    }
+    let mut out = t.clone();
+    let size = t.dtype.size();
+    // (byte within the element, mask) of the top mantissa bit, little-endian.
+    let (byte, mask) = match t.dtype {
+        DType::Float32 => (2, 0x40),
+        DType::Bfloat16 => (0, 0x40),
+        DType::Float16 => (1, 0x02),
+        _ => (0, 0x01),
+    };
+    for i in (0..out.bytes.len()).step_by(size) {
+        out.bytes[i + byte] ^= mask;
+    }
+    out
 }
 
 /// The next float32 above `v` (towards +infinity).

@@ -48,7 +48,7 @@ fn grids(g: Option<&[GridThw]>) -> Arg {
 }
 
 impl Prompt<'_> {
-    fn params(&self) -> [Param; 3] {
+    pub(crate) fn params(&self) -> [Param; 3] {
         [
             fixed("input_ids", self.input_ids.clone()),
             fixed("image_grid_thw", grids(self.image_grid_thw)),

@@ -224,3 +224,107 @@ pub(crate) fn opt_arrays(
         })
         .collect()
 }
+
+/// `nn.QuantizedEmbedding`'s lookup and `as_linear`.
+#[derive(Debug)]
+pub struct EmbeddingOut {
+    pub lookup: Expected,
+    pub logits: Expected,
+}
+
+/// An `nn.QuantizedEmbedding` holding `table` (its `bias` must be None):
+/// `__call__(ids)` and `as_linear(x)`.
+pub fn quantized_embedding(
+    ctx: &Ctx,
+    ids: &HostTensor,
+    x: &HostTensor,
+    table: &QuantizedTensors,
+) -> Result<EmbeddingOut, CaseError> {
+    const F: &str = "quantized_embedding";
+    let params = vec![
+        tensor("ids", ids),
+        tensor("x", x),
+        fixed("weight", table.weight.clone()),
+        fixed("scales", table.scales.clone()),
+        fixed("biases", table.biases.clone()),
+        fixed("group_size", table.spec.group_size),
+        fixed("bits", table.spec.bits),
+        fixed("mode", table.spec.mode.as_str()),
+    ];
+    let mut r = Fields::of(F, ctx.call(F, params)?)?;
+    Ok(EmbeddingOut {
+        lookup: r.tensor("lookup")?,
+        logits: r.tensor("logits")?,
+    })
+}
+
+/// nvfp4 with a global scale on a linear weight.
+#[derive(Debug)]
+pub struct GlobalScaleOut {
+    pub global_scale: Expected,
+    pub weight: Expected,
+    pub scales: Expected,
+    pub dequantized: Expected,
+    /// The pinned MLX's refusal of `quantized_matmul(..., global_scale=)`
+    /// ("" if it ran).
+    pub matmul_refused: String,
+}
+
+/// `mx.quantize(w, group_size, 4, "nvfp4", global_scale=max|w|)`, its
+/// `mx.dequantize`, and the `quantized_matmul` attempt.
+pub fn quantized_global_scale(
+    ctx: &Ctx,
+    w: &HostTensor,
+    x: &HostTensor,
+    group_size: i32,
+) -> Result<GlobalScaleOut, CaseError> {
+    const F: &str = "quantized_global_scale";
+    let params = vec![
+        varied("w", w.clone(), Perturb::EveryElementCoarse),
+        fixed("x", x.clone()),
+        fixed("group_size", group_size),
+    ];
+    let mut r = Fields::of(F, ctx.call(F, params)?)?;
+    Ok(GlobalScaleOut {
+        global_scale: r.tensor("global_scale")?,
+        weight: r.tensor("weight")?,
+        scales: r.tensor("scales")?,
+        dequantized: r.tensor("dequantized")?,
+        matmul_refused: r.string("matmul_refused")?,
+    })
+}
+
+/// mlx-lm's `SwitchLinear.to_quantized(..., global_scale=True)`.
+#[derive(Debug)]
+pub struct SwitchGlobalScaleOut {
+    pub weight: Expected,
+    pub scales: Expected,
+    pub global_scale: Expected,
+    /// The pinned MLX's refusal of the layer's `__call__` ("" if it ran).
+    pub call_refused: String,
+}
+
+/// `SwitchLinear(...)` holding `w` `[E, out, in]`, quantized with one nvfp4
+/// global scale per expert, then called on `x` with `indices`.
+pub fn quantized_switch_global_scale(
+    ctx: &Ctx,
+    w: &HostTensor,
+    x: &HostTensor,
+    indices: &HostTensor,
+    group_size: i32,
+) -> Result<SwitchGlobalScaleOut, CaseError> {
+    const F: &str = "quantized_switch_global_scale";
+    let params = vec![
+        varied("w", w.clone(), Perturb::EveryElementCoarse),
+        fixed("x", x.clone()),
+        fixed("indices", indices.clone()),
+        fixed("group_size", group_size),
+    ];
+    let mut r = Fields::of(F, ctx.call(F, params)?)?;
+    Ok(SwitchGlobalScaleOut {
+        weight: r.tensor("weight")?,
+        scales: r.tensor("scales")?,
+        global_scale: r.tensor("global_scale")?,
+        call_refused: r.string("call_refused")?,
+    })
+}

@@ -36,7 +36,7 @@ pub fn cases() -> Vec<Case> {
 /// `vision_end_token_id` of Qwen3.5 (`qwen3_5/config.py` `ModelConfig`,
 /// mlx-vlm 0.7.6). The rope index does not read it; prompts carry it as
 /// the processor emits it.
-const VISION_END: i32 = 248_046;
+pub(crate) const VISION_END: i32 = 248_046;
 
 /// The float dtypes activations are tested in.
 const FLOAT_DTYPES: [DType; 3] = DType::FLOATS;
@@ -56,7 +56,7 @@ fn mlx_dtype(dtype: DType) -> Result<mlx_rs::Dtype, CaseError> {
 /// An int32 or int64 tensor widened to int64 (positions: the reference
 /// returns int64 for a masked text prompt, int32 otherwise; the port's are
 /// int32 values).
-fn widen_i64(t: &HostTensor) -> Result<HostTensor, CaseError> {
+pub(crate) fn widen_i64(t: &HostTensor) -> Result<HostTensor, CaseError> {
     let values: Vec<i64> = match t.dtype {
         DType::Int32 => (0..t.len())
             .map(|i| t.bits(i) as u32 as i32 as i64)
@@ -80,7 +80,7 @@ fn ints(inputs: &mut Inputs, n: usize, low: i64, high: i64) -> Vec<i32> {
 }
 
 /// [`widen_i64`] of a reference output.
-fn widen_expected(e: &Expected) -> Result<Expected, CaseError> {
+pub(crate) fn widen_expected(e: &Expected) -> Result<Expected, CaseError> {
     e.map(widen_i64)
 }
 
@@ -89,7 +89,7 @@ fn widen_expected(e: &Expected) -> Result<Expected, CaseError> {
 /// run the pure-MLX path (the reference's choice on a build without Metal;
 /// on a Metal build the glue turns `fused_apply` off to match, since the
 /// kernel cannot launch on a CPU stream).
-fn mrope_path(ctx: &Ctx) -> Result<MropePath, CaseError> {
+pub(crate) fn mrope_path(ctx: &Ctx) -> Result<MropePath, CaseError> {
     // The kernel path exists only on Metal; CPU rows (on every build,
     // macOS included) test the pure-MLX path, CUDA has no Metal.
     match ctx.backend() {
@@ -100,7 +100,7 @@ fn mrope_path(ctx: &Ctx) -> Result<MropePath, CaseError> {
 
 /// One piece of a Qwen3.5 prompt.
 #[derive(Debug, Clone, Copy)]
-enum Piece {
+pub(crate) enum Piece {
     /// Ordinary text tokens (random ids well below the special tokens).
     Text(usize),
     /// `<vision_start>`, `t·(h/2)·(w/2)` image tokens, `<vision_end>`.
@@ -113,14 +113,18 @@ enum Piece {
 
 /// A prompt row: token ids and the grids of its spans, in order.
 #[derive(Debug, Clone, Default)]
-struct Prompt {
-    ids: Vec<i32>,
-    images: Vec<GridThw>,
-    videos: Vec<GridThw>,
+pub(crate) struct Prompt {
+    pub(crate) ids: Vec<i32>,
+    pub(crate) images: Vec<GridThw>,
+    pub(crate) videos: Vec<GridThw>,
 }
 
 fn build_prompt(pieces: &[Piece], inputs: &mut Inputs) -> Prompt {
-    let tokens = VisionTokens::QWEN3_5;
+    build_prompt_for(pieces, inputs, &VisionTokens::QWEN3_5)
+}
+
+/// The token ids of `pieces` with a model's special tokens and merge size.
+pub(crate) fn build_prompt_for(pieces: &[Piece], inputs: &mut Inputs, tokens: &VisionTokens) -> Prompt {
     let merge = tokens.spatial_merge_size;
     let mut prompt = Prompt::default();
     for piece in pieces {

@@ -1,0 +1,93 @@
+//! Gemma 4 configs: the vision config as read, then the 2-D RoPE at the
+//! vision tower's head_dim, heads and theta.
+
+use std::path::PathBuf;
+
+use layers::config::Gemma4VisionConfig;
+use layers::position::apply_multidimensional_rope;
+use oracle::DType;
+
+use super::{f64_bits, int64, models, read_text, LOAD_MODEL_STEPS};
+use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::families::support::{dtype_tag, host, int32_tensor, port};
+use crate::reference;
+
+const FAMILY: &str = "configs/gemma4";
+const READ_REFERENCE: &str =
+    "mlx_vlm.models.gemma4.config ModelConfig, VisionConfig (mlx-vlm 0.7.6), as mlx_vlm.utils.load_model builds them";
+const ROPE_REFERENCE: &str =
+    "mlx_vlm.models.gemma4.vision.apply_multidimensional_rope with VisionAttention's rope_theta (mlx-vlm 0.7.6)";
+
+/// Patch grid (rows, columns) and trailing padding patches.
+const GRID: (usize, usize) = (6, 8);
+const PADDING: usize = 4;
+
+pub(super) fn cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (model, path) in models("gemma4") {
+        let p = path.clone();
+        cases.push(
+            Case::must_equal(format!("{FAMILY}/{model}/read"), FAMILY, READ_REFERENCE, move |ctx| {
+                run_read(ctx, &p)
+            })
+            .glue_composed(LOAD_MODEL_STEPS),
+        );
+        for dtype in [DType::Bfloat16, DType::Float32] {
+            let p = path.clone();
+            cases.push(
+                Case::must_equal(
+                    format!("{FAMILY}/{model}/rope2d/{}", dtype_tag(dtype)),
+                    FAMILY,
+                    ROPE_REFERENCE,
+                    move |ctx| run_rope2d(ctx, &p, dtype),
+                )
+                .glue_composed(LOAD_MODEL_STEPS),
+            );
+        }
+    }
+    cases
+}
+
+fn parse(path: &PathBuf) -> Result<Gemma4VisionConfig, CaseError> {
+    Gemma4VisionConfig::from_file(path).map_err(port)
+}
+
+fn run_read(ctx: &Ctx, path: &PathBuf) -> Result<CaseOutput, CaseError> {
+    let c = parse(path)?;
+    let fields = [
+        c.head_dim,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.hidden_size,
+        c.patch_size,
+    ]
+    .map(|v| v as i64);
+    let r = reference::configs::config_gemma4_vision(ctx, &read_text(path)?)?;
+    let mut out = CaseOutput::new("config");
+    out.compare("fields", &int64(&fields), &r.fields);
+    out.compare("floats", &f64_bits(&[c.rope_theta]), &r.floats);
+    Ok(out)
+}
+
+fn run_rope2d(ctx: &Ctx, path: &PathBuf, dtype: DType) -> Result<CaseOutput, CaseError> {
+    let c = parse(path)?;
+    let (rows, cols) = GRID;
+    let len = rows * cols + PADDING;
+    let mut inputs = ctx.inputs();
+    let x = inputs.uniform(dtype, &[1, len, c.num_attention_heads, c.head_dim], 2.0);
+    let mut positions = Vec::with_capacity(2 * len);
+    for p in 0..len {
+        if p < rows * cols {
+            positions.extend([(p % cols) as i32, (p / cols) as i32]);
+        } else {
+            positions.extend([-1, -1]);
+        }
+    }
+    let positions = int32_tensor(&positions, &[1, len, 2]);
+    let y = apply_multidimensional_rope(&x.to_array(), &positions.to_array(), c.rope_theta)
+        .map_err(port)?;
+    let r = reference::configs::config_gemma4_rope2d(ctx, &read_text(path)?, &x, &positions)?;
+    let mut out = CaseOutput::new("pure-mlx");
+    out.compare("y", &host(&y)?, &r);
+    Ok(out)
+}

@@ -1,0 +1,70 @@
+//! Case family `configs`: the real `config.json`s of `fixtures/configs/`
+//! (see its README for each file's source), read by the port's config
+//! readers (`layers::config`) and by mlx-vlm's own config classes, then
+//! the layers built from them at the real dimensions and theta.
+//!
+//! | sub-family | port | reference |
+//! | --- | --- | --- |
+//! | `configs/qwen3_5/<model>/read` | `Qwen3_5Config::from_file` | `mlx_vlm.utils.load_model`'s config steps with `qwen3_5` / `qwen3_5_moe` `ModelConfig` (mlx-vlm 0.7.6) |
+//! | `configs/qwen3_5/<model>/mrope/<dtype>` | `rope_index` with the config's tokens, `Mrope` from `Qwen3_5Config::mrope` | `get_rope_index` with that config, the attention's rotary built from its text_config |
+//! | `configs/gemma4/<model>/read` | `Gemma4VisionConfig::from_file` | the same steps with `gemma4` `VisionConfig` |
+//! | `configs/gemma4/<model>/rope2d/<dtype>` | `apply_multidimensional_rope` at the config's head_dim and theta | `mlx_vlm.models.gemma4.vision.apply_multidimensional_rope` with the theta `VisionAttention` reads |
+//!
+//! The quantization blocks of real quantized conversions are checked by
+//! `quantized/checkpoint` (fixtures written from them).
+
+use std::path::PathBuf;
+
+use crate::case::{Case, CaseError};
+
+mod gemma4;
+mod qwen3_5;
+
+/// The pieces the glue repeats from `mlx_vlm.utils` (which imports
+/// transformers, absent from the reference environment).
+const LOAD_MODEL_STEPS: &[&str] = &[
+    "mlx_vlm.utils.load_model: config.setdefault(text_config/vision_config/audio_config)",
+    "ModelConfig.from_dict",
+    "mlx_vlm.utils.update_module_configs",
+];
+
+pub fn cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    cases.extend(qwen3_5::cases());
+    cases.extend(gemma4::cases());
+    cases
+}
+
+/// `fixtures/configs/<family>/<model>/config.json` for every model
+/// directory of the family, sorted (empty when the folder is missing: the
+/// registry then has no such cases and the README's fixture test fails).
+fn models(family: &str) -> Vec<(String, PathBuf)> {
+    let dir = crate::home::Home::get().fixtures_dir().join("configs").join(family);
+    let mut found: Vec<(String, PathBuf)> = std::fs::read_dir(&dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().join("config.json").is_file())
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path().join("config.json")))
+        .collect();
+    found.sort();
+    found
+}
+
+fn read_text(path: &PathBuf) -> Result<String, CaseError> {
+    std::fs::read_to_string(path)
+        .map_err(|e| CaseError::Harness(format!("{}: {e}", path.display())))
+}
+
+/// int64 values as a host tensor.
+fn int64(values: &[i64]) -> oracle::HostTensor {
+    let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    oracle::HostTensor::new(oracle::DType::Int64, vec![values.len()], bytes).expect("sized by construction")
+}
+
+/// f64 values as the int64 of their bits (as `reference::configs` returns
+/// floats).
+fn f64_bits(values: &[f64]) -> oracle::HostTensor {
+    let bits: Vec<i64> = values.iter().map(|v| v.to_bits() as i64).collect();
+    int64(&bits)
+}

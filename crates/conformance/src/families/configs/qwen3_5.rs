@@ -1,0 +1,156 @@
+//! Qwen3.5 configs: the text config and vision tokens as read, then the
+//! rope index and mRoPE at the model's head_dim, heads, theta and
+//! sections.
+
+use std::path::PathBuf;
+
+use layers::config::{Qwen3_5Config, RopeTheta};
+use layers::position::{rope_index, GridThw, Mrope, RopeIndexInput};
+use oracle::DType;
+
+use super::{f64_bits, int64, models, read_text, LOAD_MODEL_STEPS};
+use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::families::position::{build_prompt_for, mrope_path, widen_i64, widen_expected, Piece};
+use crate::families::support::{dtype_tag, host, int32_tensor, port};
+use crate::reference;
+
+const FAMILY: &str = "configs/qwen3_5";
+const READ_REFERENCE: &str = "mlx_vlm.models.qwen3_5.config / qwen3_5_moe.config ModelConfig, TextConfig, VisionConfig (mlx-vlm 0.7.6), as mlx_vlm.utils.load_model builds them";
+const MROPE_REFERENCE: &str = "mlx_vlm.models.qwen3_5.language.LanguageModel.get_rope_index with the config, then Qwen3_5RotaryEmbedding.apply_rotary as Qwen3_5Attention builds it (mlx-vlm 0.7.6)";
+
+/// A prompt with an image and a two-frame video between text.
+const PROMPT: [Piece; 5] = [
+    Piece::Text(3),
+    Piece::Image(GridThw::new(1, 8, 8)),
+    Piece::Text(2),
+    Piece::Video(GridThw::new(2, 4, 4)),
+    Piece::Text(3),
+];
+
+pub(super) fn cases() -> Vec<Case> {
+    let mut cases = Vec::new();
+    for (model, path) in models("qwen3_5") {
+        let p = path.clone();
+        cases.push(
+            Case::must_equal(format!("{FAMILY}/{model}/read"), FAMILY, READ_REFERENCE, move |ctx| {
+                run_read(ctx, &p)
+            })
+            .glue_composed(LOAD_MODEL_STEPS),
+        );
+        for dtype in [DType::Bfloat16, DType::Float32] {
+            let p = path.clone();
+            cases.push(
+                Case::must_equal(
+                    format!("{FAMILY}/{model}/mrope/{}", dtype_tag(dtype)),
+                    FAMILY,
+                    MROPE_REFERENCE,
+                    move |ctx| run_mrope(ctx, &p, dtype),
+                )
+                .glue_composed(LOAD_MODEL_STEPS),
+            );
+        }
+    }
+    cases
+}
+
+fn parse(path: &PathBuf) -> Result<Qwen3_5Config, CaseError> {
+    Qwen3_5Config::from_file(path).map_err(port)
+}
+
+fn run_read(ctx: &Ctx, path: &PathBuf) -> Result<CaseOutput, CaseError> {
+    let c = parse(path)?;
+    let mrope = c.mrope().map_err(port)?;
+    let tokens = c.vision_tokens().map_err(port)?;
+    let fields = [
+        c.head_dim,
+        mrope.rotary_dim,
+        tokens.image_token_id as usize,
+        tokens.video_token_id as usize,
+        tokens.vision_start_token_id as usize,
+        tokens.spatial_merge_size,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.hidden_size,
+        c.num_hidden_layers,
+    ]
+    .map(|v| v as i64);
+    let section: Vec<i64> = c.rope.mrope_section.iter().map(|&v| v as i64).collect();
+    let floats = [c.rope.rope_theta.as_f64(), c.rope.partial_rotary_factor];
+    let theta_is_int = i64::from(matches!(c.rope.rope_theta, RopeTheta::Int(_)));
+
+    let r = reference::configs::config_qwen3_5(ctx, &read_text(path)?)?;
+    let mut out = CaseOutput::new("config");
+    out.compare("fields", &int64(&fields), &r.fields);
+    out.compare("mrope_section", &int64(&section), &r.mrope_section);
+    out.compare("floats", &f64_bits(&floats), &r.floats);
+    out.compare_derived(
+        "theta_is_int",
+        &int64(&[theta_is_int]),
+        &r.theta_is_int,
+        "the JSON type of rope_theta, which the number perturbation keeps",
+    );
+    Ok(out)
+}
+
+fn run_mrope(ctx: &Ctx, path: &PathBuf, dtype: DType) -> Result<CaseOutput, CaseError> {
+    let c = parse(path)?;
+    let tokens = c.vision_tokens().map_err(port)?;
+    let mrope_path = mrope_path(ctx)?;
+    let mut inputs = ctx.inputs();
+    let prompt = build_prompt_for(&PROMPT, &mut inputs, &tokens);
+    let len = prompt.ids.len();
+    let q = inputs.uniform(dtype, &[1, c.num_attention_heads, len, c.head_dim], 2.0);
+    let k = inputs.uniform(dtype, &[1, c.num_key_value_heads, len, c.head_dim], 2.0);
+
+    // Port: rope index with the config's tokens → positions → apply.
+    let index = rope_index(
+        &RopeIndexInput {
+            input_ids: &prompt.ids,
+            image_grid_thw: Some(&prompt.images),
+            video_grid_thw: Some(&prompt.videos),
+            attention_mask: None,
+        },
+        &tokens,
+    )
+    .map_err(port)?;
+    let window = index.window(0, len).map_err(port)?;
+    let values: Vec<i32> = window.iter().flat_map(|w| w.iter().copied()).collect();
+    let positions = int32_tensor(&values, &[3, 1, len]);
+    let mrope = Mrope::new(c.mrope().map_err(port)?).map_err(port)?;
+    let (q_port, k_port) = mrope
+        .apply_with_path(mrope_path, &q.to_array(), &k.to_array(), &positions.to_array())
+        .map_err(port)?;
+
+    let ids = int32_tensor(&prompt.ids, &[1, len]);
+    let r = reference::configs::config_qwen3_5_mrope(
+        ctx,
+        &read_text(path)?,
+        &q,
+        &k,
+        reference::position::Prompt {
+            input_ids: &ids,
+            image_grid_thw: Some(&prompt.images),
+            video_grid_thw: Some(&prompt.videos),
+        },
+        mrope_path.as_str(),
+    )?;
+    if r.path != mrope_path.as_str() {
+        return Err(CaseError::Harness(format!(
+            "the reference took {}, the port {}",
+            r.path,
+            mrope_path.as_str()
+        )));
+    }
+    let mut out = CaseOutput::new(mrope_path.as_str());
+    out.compare("q", &host(&q_port)?, &r.q);
+    out.compare("k", &host(&k_port)?, &r.k);
+    let layout = "the prompt layout is a constant of the case (position/rope-index perturbs prompts)";
+    out.compare_derived("position_ids", &widen_i64(&positions)?, &widen_expected(&r.position_ids)?, layout);
+    out.compare_derived(
+        "rope_deltas",
+        &widen_i64(&int32_tensor(&[index.rope_delta()], &[1, 1]))?,
+        &widen_expected(&r.rope_deltas)?,
+        layout,
+    );
+    Ok(out)
+}

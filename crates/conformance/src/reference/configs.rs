@@ -1,0 +1,128 @@
+//! Real model configurations: mlx-vlm's config classes reading a
+//! `config.json` (as `mlx_vlm.utils.load_model` does), and the layers built
+//! from what they read. The config text is perturbable
+//! ([`Perturb::JsonNumbers`]); tensors too.
+
+use oracle::{DType, HostTensor, Value};
+
+use super::{fixed, list, tensor, varied, Fields, Param, Perturb};
+use crate::case::{CaseError, Ctx, Expected};
+use crate::reference::position::Prompt;
+
+/// A float result as the bits of its f64 (int64), so it compares like any
+/// other output.
+fn f64_bits(function: &'static str, values: Value) -> Result<Expected, CaseError> {
+    let bits = list(function, values)?
+        .into_iter()
+        .map(|v| match v {
+            Value::Float(f) => Ok(f.to_bits()),
+            Value::Int(i) => Ok((i as f64).to_bits()),
+            other => Err(CaseError::Harness(format!("`{function}` returned {other:?} for a float"))),
+        })
+        .collect::<Result<Vec<u64>, _>>()?;
+    let bytes = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+    Ok(Expected::from_reference(
+        HostTensor::new(DType::Int64, vec![bits.len()], bytes).expect("sized by construction"),
+    ))
+}
+
+fn config(config_text: &str) -> Param {
+    varied("config_text", config_text.to_owned(), Perturb::JsonNumbers)
+}
+
+/// What mlx-vlm's Qwen3.5 config classes read.
+#[derive(Debug)]
+pub struct Qwen3_5Read {
+    /// int64 [head_dim, rotary dims, image, video, vision_start token ids,
+    /// spatial_merge_size, heads, kv heads, hidden_size, layers].
+    pub fields: Expected,
+    pub mrope_section: Expected,
+    /// int64 bits of the f64s [rope_theta, partial_rotary_factor].
+    pub floats: Expected,
+    /// int64 [1]: 1 when `rope_theta` is a JSON integer.
+    pub theta_is_int: Expected,
+}
+
+/// `_config_model(config_text)` of a Qwen3.5 config, then the fields the
+/// text attention and the rope index read.
+pub fn config_qwen3_5(ctx: &Ctx, config_text: &str) -> Result<Qwen3_5Read, CaseError> {
+    const F: &str = "config_qwen3_5";
+    let mut r = Fields::of(F, ctx.call(F, vec![config(config_text)])?)?;
+    Ok(Qwen3_5Read {
+        fields: r.tensor("fields")?,
+        mrope_section: r.tensor("mrope_section")?,
+        floats: f64_bits(F, r.value("floats")?)?,
+        theta_is_int: r.tensor("theta_is_int")?,
+    })
+}
+
+/// The rope index and mRoPE apply, with the config's tokens and rotary.
+#[derive(Debug)]
+pub struct Qwen3_5Mrope {
+    pub path: String,
+    pub q: Expected,
+    pub k: Expected,
+    pub position_ids: Expected,
+    pub rope_deltas: Expected,
+}
+
+/// `get_rope_index` with the config as the model's config, then the text
+/// attention's rotary (built from the config) on q and k.
+pub fn config_qwen3_5_mrope(
+    ctx: &Ctx,
+    config_text: &str,
+    q: &HostTensor,
+    k: &HostTensor,
+    prompt: Prompt,
+    path: &str,
+) -> Result<Qwen3_5Mrope, CaseError> {
+    const F: &str = "config_qwen3_5_mrope";
+    // The config stays fixed here: q and k are what the proof perturbs.
+    let mut params = vec![fixed("config_text", config_text.to_owned()), tensor("q", q), tensor("k", k)];
+    params.extend(prompt.params());
+    params.push(fixed("path", path));
+    let mut r = Fields::of(F, ctx.call(F, params)?)?;
+    Ok(Qwen3_5Mrope {
+        path: r.string("path")?,
+        q: r.tensor("q")?,
+        k: r.tensor("k")?,
+        position_ids: r.tensor("position_ids")?,
+        rope_deltas: r.tensor("rope_deltas")?,
+    })
+}
+
+/// What mlx-vlm's Gemma 4 vision config reads.
+#[derive(Debug)]
+pub struct Gemma4VisionRead {
+    /// int64 [head_dim, heads, kv heads, hidden_size, patch_size].
+    pub fields: Expected,
+    /// int64 bits of the f64 [rope_theta].
+    pub floats: Expected,
+}
+
+/// `_config_model(config_text).vision_config`'s fields.
+pub fn config_gemma4_vision(ctx: &Ctx, config_text: &str) -> Result<Gemma4VisionRead, CaseError> {
+    const F: &str = "config_gemma4_vision";
+    let mut r = Fields::of(F, ctx.call(F, vec![config(config_text)])?)?;
+    Ok(Gemma4VisionRead {
+        fields: r.tensor("fields")?,
+        floats: f64_bits(F, r.value("floats")?)?,
+    })
+}
+
+/// `gemma4.vision.apply_multidimensional_rope(inputs, positions,
+/// rope_theta)` with the config's theta.
+pub fn config_gemma4_rope2d(
+    ctx: &Ctx,
+    config_text: &str,
+    inputs: &HostTensor,
+    positions: &HostTensor,
+) -> Result<Expected, CaseError> {
+    const F: &str = "config_gemma4_rope2d";
+    let params = vec![
+        fixed("config_text", config_text.to_owned()),
+        tensor("inputs", inputs),
+        fixed("positions", positions.clone()),
+    ];
+    super::one_array(F, ctx.call(F, params)?)
+}
