@@ -299,7 +299,9 @@ impl QuantizedPayload {
         &shape[..shape.len() - 2]
     }
 
-    /// Splits into `(weight, scales, biases, spec)`.
+    /// Splits into `(weight, scales, biases, spec)`; the global scale, if
+    /// any, is not part of it (take [`QuantizedPayload::global_scale`]
+    /// first).
     pub fn into_parts(self) -> (Array, Array, Option<Array>, QuantSpec) {
         (self.weight, self.scales, self.biases, self.spec)
     }

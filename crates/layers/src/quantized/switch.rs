@@ -125,13 +125,16 @@ impl QuantizedSwitchLinear {
         let name = format!("{path}.weight");
         let info = checkpoint.tensor_info(&name)?;
         let weight = offload.array(&name, info.dtype, &info.shape)?;
+        let global_scale = tensors.payload.global_scale().cloned();
         let (_, scales, biases, spec) = tensors.payload.into_parts();
-        let payload = QuantizedPayload::new(weight, scales, biases, spec).map_err(|source| {
-            crate::checkpoint::CheckpointError::Payload {
-                path: path.to_owned(),
-                source,
-            }
-        })?;
+        let payload_error = |source| crate::checkpoint::CheckpointError::Payload {
+            path: path.to_owned(),
+            source,
+        };
+        let mut payload = QuantizedPayload::new(weight, scales, biases, spec).map_err(payload_error)?;
+        if let Some(gs) = global_scale {
+            payload = payload.with_global_scale(gs).map_err(payload_error)?;
+        }
         Self::new(payload, tensors.bias).map_err(|e| checkpoint_payload_error(path, e))
     }
 
@@ -238,14 +241,14 @@ impl QuantizedSwitchLinear {
 /// reference on contiguous tensors. The reference's own stride-0 call is
 /// the finding `quantized/switch/<spec>/.../broadcast-reference-vs-contiguous`.
 fn row_contiguous(payload: QuantizedPayload) -> Result<QuantizedPayload, LayerError> {
+    let global_scale = payload.global_scale().cloned();
     let (weight, scales, biases, spec) = payload.into_parts();
     let biases = biases.map(|b| b.contiguous()).transpose()?;
-    Ok(QuantizedPayload::new(
-        weight.contiguous()?,
-        scales.contiguous()?,
-        biases,
-        spec,
-    )?)
+    let payload = QuantizedPayload::new(weight.contiguous()?, scales.contiguous()?, biases, spec)?;
+    Ok(match global_scale {
+        Some(gs) => payload.with_global_scale(gs)?,
+        None => payload,
+    })
 }
 
 /// `x + mx.expand_dims(self["bias"][indices], -2)`: the last line of both

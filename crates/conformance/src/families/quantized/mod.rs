@@ -8,6 +8,9 @@
 //! | `quantized/rows` | `Forward::RowsIndependent` | the reference layer called once per row |
 //! | `quantized/switch` | `QuantizedSwitchLinear::forward` | `mlx_lm.models.switch_layers.QuantizedSwitchLinear.__call__` |
 //! | `quantized/checkpoint` | `Checkpoint` + `resolve_quant_spec` + `from_checkpoint` | `mlx_lm.utils.load_model` |
+//! | `quantized/embedding` | `QuantizedEmbedding::{lookup, as_linear}` | `mlx.nn.QuantizedEmbedding.__call__`, `.as_linear` |
+//! | `quantized/global-scale` | nvfp4 global scale: payload, switch quantize, refused forwards | `mx.quantize`/`mx.dequantize(global_scale=)`, `SwitchLinear.to_quantized(global_scale=True)` |
+//! | `quantized/adapters` | `AdapterSet::open`, `lora::fuse` | `mlx_lm.tuner.utils.load_adapters`, `mlx_vlm.trainer.utils.apply_lora_layers`, `LoRALinear.fuse` |
 //!
 //! Weights are quantized once, by the port (`ffi::quantize` through
 //! [`QuantizedPayload::quantize`]), and the very same packed tensors are
@@ -30,8 +33,11 @@ use crate::inputs::Inputs;
 use crate::reference::quantized::QuantizedTensors;
 use crate::relation::Relation;
 
+mod adapters;
 mod checkpoint;
+mod embedding;
 mod float;
+mod global_scale;
 mod linear;
 mod lora;
 mod rows;
@@ -45,6 +51,9 @@ pub fn cases() -> Vec<Case> {
     cases.extend(switch::cases());
     cases.extend(checkpoint::cases());
     cases.extend(float::cases());
+    cases.extend(embedding::cases());
+    cases.extend(global_scale::cases());
+    cases.extend(adapters::cases());
     cases
 }
 
