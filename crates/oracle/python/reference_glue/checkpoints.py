@@ -75,6 +75,8 @@ def _q_tiny_classes():
             return nn.Linear(d["in"], d["out"], bias=d["bias"])
         if d["kind"] == "switch":
             return sw.SwitchLinear(d["in"], d["out"], d["experts"], bias=d["bias"])
+        if d["kind"] == "embedding":
+            return nn.Embedding(d["out"], d["in"])
         raise ValueError(f"unknown layer kind {d['kind']!r}")
 
     def tree(paths):
@@ -128,9 +130,11 @@ def quantized_checkpoint(x, indices, directory, paths):
     """Loads `directory` with the reference's load_model and returns, per
     path: the spec it decided as int32 [bits, group_size, mode_id] ([0, 0, -1]
     when the module stayed a float layer) and the output of the loaded
-    module on `x[:, :in]` (QuantizedLinear) or on `x[:, :in]` with `indices`
-    through the SwitchGLU-style unsorted call (QuantizedSwitchLinear;
-    gather_qmm shim), None for float layers."""
+    module on `x[:, :in]` (QuantizedLinear; QuantizedEmbedding.as_linear) or
+    on `x[:, :in]` with `indices` through the SwitchGLU-style unsorted call
+    (QuantizedSwitchLinear; gather_qmm shim), its loaded `global_scale` for
+    a switch layer that has one (the pinned MLX cannot call it), None for
+    float layers."""
     import mlx.nn as nn
     sw = _q_switch_layers()
     model, _ = quantized_checkpoint_load(directory)
@@ -141,6 +145,14 @@ def quantized_checkpoint(x, indices, directory, paths):
             in_dims = m.weight.shape[-1] * 32 // m.bits
             specs.append([m.bits, m.group_size, _Q_MODE_IDS[m.mode]])
             outputs.append(m(x[:, :in_dims]))
+        elif isinstance(m, nn.QuantizedEmbedding):
+            specs.append([m.bits, m.group_size, _Q_MODE_IDS[m.mode]])
+            outputs.append(m.as_linear(x[:, :m.dims]))
+        elif isinstance(m, sw.QuantizedSwitchLinear) and m.global_scale is not None:
+            # The pinned MLX cannot run it (gather_qmm has no global_scale):
+            # the loaded per-expert global scale is the output.
+            specs.append([m.bits, m.group_size, _Q_MODE_IDS[m.mode]])
+            outputs.append(m.global_scale)
         elif isinstance(m, sw.QuantizedSwitchLinear):
             specs.append([m.bits, m.group_size, _Q_MODE_IDS[m.mode]])
             with _QNoGlobalScale():
