@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use layers::config::{Qwen3_5Config, RopeTheta};
+use serde_json::Value as Json;
 use layers::position::{rope_index, GridThw, Mrope, RopeIndexInput};
 use oracle::DType;
 
@@ -27,9 +28,81 @@ const PROMPT: [Piece; 5] = [
     Piece::Text(3),
 ];
 
+/// Spellings a real config could have but the shipped ones do not, each
+/// applied to `VARIANT_BASE`'s config: the port must read them as the
+/// reference does.
+const VARIANT_BASE: &str = "Qwen3.5-0.8B";
+type Edit = fn(&mut Json);
+const VARIANTS: [(&str, Edit); 5] = [
+    // rope_theta as a JSON float (every shipped config writes an integer).
+    ("theta-float", |c| c["text_config"]["rope_parameters"]["rope_theta"] = Json::from(10_000_000.0)),
+    // `type` instead of `rope_type`.
+    ("type-key", |c| {
+        let rope = c["text_config"]["rope_parameters"].as_object_mut().expect("an object");
+        let t = rope.remove("rope_type").unwrap_or(Json::Null);
+        rope.insert("type".into(), t);
+    }),
+    // The older spelling: `rope_scaling` + top-level `rope_theta`, no
+    // `rope_parameters`. mlx-vlm ignores both and takes its dataclass
+    // default (theta 100000): a finding about the reference, mirrored.
+    ("rope-scaling-spelling", |c| {
+        let text = c["text_config"].as_object_mut().expect("an object");
+        let rope = text.remove("rope_parameters").unwrap_or(Json::Null);
+        text.insert("rope_theta".into(), rope["rope_theta"].clone());
+        text.insert("rope_scaling".into(), rope);
+    }),
+    // Half the head rotated: 128 rotary dims.
+    ("partial-0.5", |c| c["text_config"]["rope_parameters"]["partial_rotary_factor"] = Json::from(0.5)),
+    // No vision_config: mlx-vlm's VisionConfig defaults (spatial_merge_size 2).
+    ("no-vision-config", |c| {
+        c.as_object_mut().expect("an object").remove("vision_config");
+    }),
+];
+
+/// A config to read: a shipped file, or a variant of one.
+#[derive(Clone)]
+struct Source {
+    path: PathBuf,
+    edit: Option<Edit>,
+}
+
+impl Source {
+    /// The config text both sides read.
+    fn text(&self) -> Result<String, CaseError> {
+        let text = read_text(&self.path)?;
+        let Some(edit) = self.edit else { return Ok(text) };
+        let mut json: Json = serde_json::from_str(&text)
+            .map_err(|e| CaseError::Harness(format!("{}: {e}", self.path.display())))?;
+        edit(&mut json);
+        Ok(json.to_string())
+    }
+
+    fn parse(&self) -> Result<(Qwen3_5Config, String), CaseError> {
+        let text = self.text()?;
+        let config = match self.edit {
+            None => Qwen3_5Config::from_file(&self.path).map_err(port)?,
+            Some(_) => {
+                let map = layers::config::parse_config_json(text.as_bytes(), &self.path).map_err(port)?;
+                Qwen3_5Config::from_json(&map).map_err(port)?
+            }
+        };
+        Ok((config, text))
+    }
+}
+
 pub(super) fn cases() -> Vec<Case> {
-    let mut cases = Vec::new();
+    let mut sources: Vec<(String, Source)> = Vec::new();
     for (model, path) in models("qwen3_5") {
+        if model == VARIANT_BASE {
+            for (variant, edit) in VARIANTS {
+                sources.push((format!("{model}+{variant}"), Source { path: path.clone(), edit: Some(edit) }));
+            }
+        }
+        sources.push((model, Source { path, edit: None }));
+    }
+    sources.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut cases = Vec::new();
+    for (model, path) in sources {
         let p = path.clone();
         cases.push(
             Case::must_equal(format!("{FAMILY}/{model}/read"), FAMILY, READ_REFERENCE, move |ctx| {
@@ -53,12 +126,8 @@ pub(super) fn cases() -> Vec<Case> {
     cases
 }
 
-fn parse(path: &PathBuf) -> Result<Qwen3_5Config, CaseError> {
-    Qwen3_5Config::from_file(path).map_err(port)
-}
-
-fn run_read(ctx: &Ctx, path: &PathBuf) -> Result<CaseOutput, CaseError> {
-    let c = parse(path)?;
+fn run_read(ctx: &Ctx, source: &Source) -> Result<CaseOutput, CaseError> {
+    let (c, text) = source.parse()?;
     let mrope = c.mrope().map_err(port)?;
     let tokens = c.vision_tokens().map_err(port)?;
     let fields = [
@@ -78,11 +147,18 @@ fn run_read(ctx: &Ctx, path: &PathBuf) -> Result<CaseOutput, CaseError> {
     let floats = [c.rope.rope_theta.as_f64(), c.rope.partial_rotary_factor];
     let theta_is_int = i64::from(matches!(c.rope.rope_theta, RopeTheta::Int(_)));
 
-    let r = reference::configs::config_qwen3_5(ctx, &read_text(path)?)?;
+    let r = reference::configs::config_qwen3_5(ctx, &text)?;
     let mut out = CaseOutput::new("config");
     out.compare("fields", &int64(&fields), &r.fields);
-    out.compare("mrope_section", &int64(&section), &r.mrope_section);
-    out.compare("floats", &f64_bits(&floats), &r.floats);
+    if c.defaults_used.iter().any(|k| k == "text_config.rope_parameters") {
+        // No number of the file reaches the dataclass default.
+        let why = "mlx-vlm's default rope_parameters (the file has none), which no number of the file reaches";
+        out.compare_derived("mrope_section", &int64(&section), &r.mrope_section, why);
+        out.compare_derived("floats", &f64_bits(&floats), &r.floats, why);
+    } else {
+        out.compare("mrope_section", &int64(&section), &r.mrope_section);
+        out.compare("floats", &f64_bits(&floats), &r.floats);
+    }
     out.compare_derived(
         "theta_is_int",
         &int64(&[theta_is_int]),
@@ -92,8 +168,8 @@ fn run_read(ctx: &Ctx, path: &PathBuf) -> Result<CaseOutput, CaseError> {
     Ok(out)
 }
 
-fn run_mrope(ctx: &Ctx, path: &PathBuf, dtype: DType) -> Result<CaseOutput, CaseError> {
-    let c = parse(path)?;
+fn run_mrope(ctx: &Ctx, source: &Source, dtype: DType) -> Result<CaseOutput, CaseError> {
+    let (c, text) = source.parse()?;
     let tokens = c.vision_tokens().map_err(port)?;
     let mrope_path = mrope_path(ctx)?;
     let mut inputs = ctx.inputs();
@@ -124,7 +200,7 @@ fn run_mrope(ctx: &Ctx, path: &PathBuf, dtype: DType) -> Result<CaseOutput, Case
     let ids = int32_tensor(&prompt.ids, &[1, len]);
     let r = reference::configs::config_qwen3_5_mrope(
         ctx,
-        &read_text(path)?,
+        &text,
         &q,
         &k,
         reference::position::Prompt {
