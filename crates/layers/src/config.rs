@@ -22,7 +22,9 @@ mod qwen3_5;
 
 pub use error::ConfigError;
 pub use gemma4_vision::{Gemma4VisionConfig, GEMMA4_VISION_DEFAULT_ROPE_THETA};
-pub use qwen3_5::{Qwen3_5Config, Qwen3_5RopeParameters, RopeTheta, QWEN3_5_DEFAULT_ROPE_PARAMETERS};
+pub use qwen3_5::{
+    Qwen3_5Config, Qwen3_5RopeParameters, RopeTheta, QWEN3_5_DEFAULT_ROPE_PARAMETERS,
+};
 
 use std::path::Path;
 

@@ -51,7 +51,8 @@ fn every_shipped_qwen3_5_config_parses() {
     let paths = configs("qwen3_5");
     assert!(paths.len() >= 6, "{paths:?}");
     for path in paths {
-        let c = Qwen3_5Config::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let c =
+            Qwen3_5Config::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert_eq!(c.mrope().unwrap().rotary_dim, 64, "{}", path.display());
         assert_eq!(c.rope.rope_theta.as_f64(), 1e7);
         c.vision_tokens().unwrap();
@@ -61,7 +62,8 @@ fn every_shipped_qwen3_5_config_parses() {
 #[test]
 fn every_shipped_gemma4_config_parses() {
     for path in configs("gemma4") {
-        let c = Gemma4VisionConfig::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let c = Gemma4VisionConfig::from_file(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert_eq!(c.rope_theta, 100.0);
         assert!(c.head_dim > 0);
     }
@@ -69,7 +71,12 @@ fn every_shipped_gemma4_config_parses() {
 
 #[test]
 fn qwen_missing_required_text_key_is_named() {
-    for key in ["hidden_size", "num_attention_heads", "max_position_embeddings", "linear_conv_kernel_dim"] {
+    for key in [
+        "hidden_size",
+        "num_attention_heads",
+        "max_position_embeddings",
+        "linear_conv_kernel_dim",
+    ] {
         let mut v = qwen_base();
         v["text_config"].as_object_mut().unwrap().remove(key);
         let e = qwen(v).unwrap_err();
@@ -97,21 +104,32 @@ fn qwen_missing_model_type_and_text_config() {
     assert_eq!(qwen(v).unwrap_err().key(), Some("text_config.model_type"));
     let mut v = qwen_base();
     v["model_type"] = json!("llama");
-    assert!(matches!(qwen(v).unwrap_err(), ConfigError::ModelType { .. }));
+    assert!(matches!(
+        qwen(v).unwrap_err(),
+        ConfigError::ModelType { .. }
+    ));
 }
 
 #[test]
 fn qwen_rope_parameters_follow_the_reference() {
     // Absent: the dataclass default (theta 100000, an integer).
     let mut v = qwen_base();
-    v["text_config"].as_object_mut().unwrap().remove("rope_parameters");
+    v["text_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("rope_parameters");
     let c = qwen(v).unwrap();
     assert_eq!(c.rope.rope_theta, RopeTheta::Int(100_000));
     assert_eq!(c.rope.mrope_section, vec![11, 11, 10]);
-    assert!(c.defaults_used.contains(&"text_config.rope_parameters".to_string()));
+    assert!(c
+        .defaults_used
+        .contains(&"text_config.rope_parameters".to_string()));
     // Incomplete: the reference's ValueError, naming what is missing.
     let mut v = qwen_base();
-    v["text_config"]["rope_parameters"].as_object_mut().unwrap().remove("partial_rotary_factor");
+    v["text_config"]["rope_parameters"]
+        .as_object_mut()
+        .unwrap()
+        .remove("partial_rotary_factor");
     let e = qwen(v).unwrap_err();
     assert!(
         matches!(&e, ConfigError::RopeParametersIncomplete { missing, .. } if missing == &vec!["partial_rotary_factor"]),
@@ -121,7 +139,10 @@ fn qwen_rope_parameters_follow_the_reference() {
     for bad in [json!({}), Value::Null] {
         let mut v = qwen_base();
         v["text_config"]["rope_parameters"] = bad;
-        assert_eq!(qwen(v).unwrap_err().key(), Some("text_config.rope_parameters"));
+        assert_eq!(
+            qwen(v).unwrap_err().key(),
+            Some("text_config.rope_parameters")
+        );
     }
     // Float theta is kept as written.
     let mut v = qwen_base();
@@ -130,14 +151,23 @@ fn qwen_rope_parameters_follow_the_reference() {
     // Wrong types.
     let mut v = qwen_base();
     v["text_config"]["rope_parameters"]["mrope_section"] = json!("11,11,10");
-    assert_eq!(qwen(v).unwrap_err().key(), Some("text_config.rope_parameters.mrope_section"));
+    assert_eq!(
+        qwen(v).unwrap_err().key(),
+        Some("text_config.rope_parameters.mrope_section")
+    );
     let mut v = qwen_base();
     v["text_config"]["head_dim"] = json!(-1);
-    assert!(matches!(qwen(v).unwrap_err(), ConfigError::WrongType { .. }));
+    assert!(matches!(
+        qwen(v).unwrap_err(),
+        ConfigError::WrongType { .. }
+    ));
     // Sections over the frequencies: no valid rotary.
     let mut v = qwen_base();
     v["text_config"]["rope_parameters"]["mrope_section"] = json!([20, 20, 20]);
-    assert_eq!(qwen(v).unwrap_err().key(), Some("text_config.rope_parameters"));
+    assert_eq!(
+        qwen(v).unwrap_err().key(),
+        Some("text_config.rope_parameters")
+    );
 }
 
 #[test]
@@ -148,19 +178,32 @@ fn qwen_vision_config_null_and_deepstack() {
     assert_eq!(c.vision_tokens().unwrap_err().key(), Some("vision_config"));
     let mut v = qwen_base();
     v["vision_config"]["deepstack_visual_indexes"] = json!([8, 16]);
-    assert_eq!(qwen(v).unwrap_err().key(), Some("vision_config.deepstack_visual_indexes"));
+    assert_eq!(
+        qwen(v).unwrap_err().key(),
+        Some("vision_config.deepstack_visual_indexes")
+    );
     let mut v = qwen_base();
     v.as_object_mut().unwrap().remove("vision_config");
-    assert_eq!(qwen(v).unwrap().vision_tokens().unwrap().spatial_merge_size, 2);
+    assert_eq!(
+        qwen(v).unwrap().vision_tokens().unwrap().spatial_merge_size,
+        2
+    );
 }
 
 #[test]
 fn gemma_defaults_and_errors() {
     let c = gemma(json!({"model_type": "gemma4"})).unwrap();
     assert_eq!((c.head_dim, c.rope_theta), (64, 100.0));
-    assert!(c.defaults_used.contains(&"vision_config.rope_parameters".to_string()));
-    let e = gemma(json!({"vision_config": {"rope_parameters": {"rope_type": "default"}}})).unwrap_err();
-    assert_eq!(e.key(), Some("vision_config.rope_parameters.rope_theta"), "{e}");
+    assert!(c
+        .defaults_used
+        .contains(&"vision_config.rope_parameters".to_string()));
+    let e =
+        gemma(json!({"vision_config": {"rope_parameters": {"rope_type": "default"}}})).unwrap_err();
+    assert_eq!(
+        e.key(),
+        Some("vision_config.rope_parameters.rope_theta"),
+        "{e}"
+    );
     let e = gemma(json!({"vision_config": null})).unwrap_err();
     assert_eq!(e.key(), Some("vision_config"));
     let e = gemma(json!({"vision_config": {"head_dim": "64"}})).unwrap_err();
@@ -178,10 +221,20 @@ fn file_errors_name_the_file() {
     let e = Qwen3_5Config::from_file(&bad).unwrap_err();
     assert!(matches!(e, ConfigError::Json { line: 1, .. }), "{e}");
     std::fs::write(&bad, b"[]").unwrap();
-    assert!(matches!(Qwen3_5Config::from_file(&bad).unwrap_err(), ConfigError::NotAnObject { .. }));
-    std::fs::write(&bad, serde_json::to_vec(&json!({"model_type": "qwen3_5"})).unwrap()).unwrap();
+    assert!(matches!(
+        Qwen3_5Config::from_file(&bad).unwrap_err(),
+        ConfigError::NotAnObject { .. }
+    ));
+    std::fs::write(
+        &bad,
+        serde_json::to_vec(&json!({"model_type": "qwen3_5"})).unwrap(),
+    )
+    .unwrap();
     let e = Qwen3_5Config::from_file(&bad).unwrap_err();
     assert!(e.to_string().starts_with(&bad.display().to_string()), "{e}");
-    assert!(matches!(Qwen3_5Config::from_file(dir.join("nope.json")).unwrap_err(), ConfigError::Read { .. }));
+    assert!(matches!(
+        Qwen3_5Config::from_file(dir.join("nope.json")).unwrap_err(),
+        ConfigError::Read { .. }
+    ));
     std::fs::remove_dir_all(&dir).unwrap();
 }

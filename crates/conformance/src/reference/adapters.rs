@@ -91,18 +91,33 @@ pub fn adapters_write(
     params.push(fixed("scale", scale));
     params.push(fixed("alpha", alpha));
     params.push(fixed("num_layers", num_layers));
-    params.push(fixed("paths", strings(trained.iter().map(|t| t.path.clone()))));
+    params.push(fixed(
+        "paths",
+        strings(trained.iter().map(|t| t.path.clone())),
+    ));
     params.push(fixed(
         "lora_a",
-        Arg::List(trained.iter().map(|t| Arg::from(t.lora_a.clone())).collect()),
+        Arg::List(
+            trained
+                .iter()
+                .map(|t| Arg::from(t.lora_a.clone()))
+                .collect(),
+        ),
     ));
     params.push(fixed(
         "lora_b",
-        Arg::List(trained.iter().map(|t| Arg::from(t.lora_b.clone())).collect()),
+        Arg::List(
+            trained
+                .iter()
+                .map(|t| Arg::from(t.lora_b.clone()))
+                .collect(),
+        ),
     ));
     match ctx.call(F, params)? {
         Value::None => Ok(()),
-        other => Err(CaseError::Harness(format!("`{F}` returned {other:?}, not None"))),
+        other => Err(CaseError::Harness(format!(
+            "`{F}` returned {other:?}, not None"
+        ))),
     }
 }
 
@@ -143,11 +158,22 @@ pub fn adapters_apply(
         fixed("directory", directory.display().to_string()),
     ];
     params.extend(model.params());
-    params.push(fixed("weights", Arg::List(base.weights.iter().map(|t| Arg::from(t.clone())).collect())));
-    params.push(fixed("scales", Arg::List(base.scales.iter().map(|t| Arg::from(t.clone())).collect())));
+    params.push(fixed(
+        "weights",
+        Arg::List(base.weights.iter().map(|t| Arg::from(t.clone())).collect()),
+    ));
+    params.push(fixed(
+        "scales",
+        Arg::List(base.scales.iter().map(|t| Arg::from(t.clone())).collect()),
+    ));
     params.push(fixed(
         "biases",
-        Arg::List(base.biases.iter().map(|t| t.clone().map_or(Arg::None, Arg::from)).collect()),
+        Arg::List(
+            base.biases
+                .iter()
+                .map(|t| t.clone().map_or(Arg::None, Arg::from))
+                .collect(),
+        ),
     ));
     params.push(fixed("group_size", base.group_size));
     params.push(fixed("bits", base.bits));

@@ -17,7 +17,9 @@ fn f64_bits(function: &'static str, values: Value) -> Result<Expected, CaseError
         .map(|v| match v {
             Value::Float(f) => Ok(f.to_bits()),
             Value::Int(i) => Ok((i as f64).to_bits()),
-            other => Err(CaseError::Harness(format!("`{function}` returned {other:?} for a float"))),
+            other => Err(CaseError::Harness(format!(
+                "`{function}` returned {other:?} for a float"
+            ))),
         })
         .collect::<Result<Vec<u64>, _>>()?;
     let bytes = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
@@ -78,7 +80,11 @@ pub fn config_qwen3_5_mrope(
 ) -> Result<Qwen3_5Mrope, CaseError> {
     const F: &str = "config_qwen3_5_mrope";
     // The config stays fixed here: q and k are what the proof perturbs.
-    let mut params = vec![fixed("config_text", config_text.to_owned()), tensor("q", q), tensor("k", k)];
+    let mut params = vec![
+        fixed("config_text", config_text.to_owned()),
+        tensor("q", q),
+        tensor("k", k),
+    ];
     params.extend(prompt.params());
     params.push(fixed("path", path));
     let mut r = Fields::of(F, ctx.call(F, params)?)?;

@@ -86,20 +86,19 @@ impl Gemma4VisionConfig {
             });
         }
         let empty = Map::new();
-        let vision_map = match config.get("vision_config") {
-            None => &empty,
-            Some(Value::Object(m)) => m,
-            Some(Value::Null) => {
-                return Err(ConfigError::InvalidValue {
+        let vision_map =
+            match config.get("vision_config") {
+                None => &empty,
+                Some(Value::Object(m)) => m,
+                Some(Value::Null) => return Err(ConfigError::InvalidValue {
                     key: "vision_config".into(),
                     value: "null".into(),
                     why: "a text-only conversion has no vision tower (mlx-vlm skips it); use the \
                           full model's config"
                         .into(),
-                })
-            }
-            Some(v) => return Err(root.wrong("vision_config", "an object", v)),
-        };
+                }),
+                Some(v) => return Err(root.wrong("vision_config", "an object", v)),
+            };
         let vision = Obj {
             map: vision_map,
             prefix: "vision_config",
@@ -132,7 +131,10 @@ impl Gemma4VisionConfig {
             }
             Some(Value::Object(m)) => {
                 let key = vision.key("rope_parameters");
-                let rope = Obj { map: m, prefix: &key };
+                let rope = Obj {
+                    map: m,
+                    prefix: &key,
+                };
                 rope.require(
                     "rope_theta",
                     rope.opt_f64("rope_theta")?,

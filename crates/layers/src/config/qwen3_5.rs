@@ -224,7 +224,11 @@ impl Qwen3_5Config {
                 });
             }
         }
-        let hidden_size = text.require("hidden_size", text.opt_usize("hidden_size")?, MISSING_REQUIRED)?;
+        let hidden_size = text.require(
+            "hidden_size",
+            text.opt_usize("hidden_size")?,
+            MISSING_REQUIRED,
+        )?;
         let num_hidden_layers = text.require(
             "num_hidden_layers",
             text.opt_usize("num_hidden_layers")?,
@@ -372,13 +376,17 @@ impl Qwen3_5Config {
     /// [`ConfigError::InvalidValue`] when `vision_config` is `null` (the
     /// reference's `get_rope_index` fails on `None.spatial_merge_size`).
     pub fn vision_tokens(&self) -> Result<VisionTokens, ConfigError> {
-        let spatial_merge_size = self.spatial_merge_size.ok_or_else(|| ConfigError::InvalidValue {
+        let spatial_merge_size =
+            self.spatial_merge_size
+                .ok_or_else(|| {
+                    ConfigError::InvalidValue {
             key: "vision_config".into(),
             value: "null".into(),
             why: "a text-only conversion has no vision model; the rope index of a prompt with \
                   images or videos needs vision_config.spatial_merge_size"
                 .into(),
-        })?;
+        }
+                })?;
         Ok(VisionTokens {
             image_token_id: self.image_token_id,
             video_token_id: self.video_token_id,
@@ -405,17 +413,21 @@ fn rope_parameters(text: &Obj<'_>, v: &Value) -> Result<Qwen3_5RopeParameters, C
         }
         _ => return Err(text.wrong("rope_parameters", "an object", v)),
     };
-    let rope = Obj {
-        map,
-        prefix: &key,
-    };
+    let rope = Obj { map, prefix: &key };
     // `type` wins over `rope_type` when both are present (the rename only
     // happens when `type` is absent).
-    let type_key = if rope.get("type").is_some() { "type" } else { "rope_type" };
+    let type_key = if rope.get("type").is_some() {
+        "type"
+    } else {
+        "rope_type"
+    };
     let mut missing: Vec<&'static str> = Vec::new();
     for (k, present) in [
         ("mrope_section", rope.get("mrope_section").is_some()),
-        ("partial_rotary_factor", rope.get("partial_rotary_factor").is_some()),
+        (
+            "partial_rotary_factor",
+            rope.get("partial_rotary_factor").is_some(),
+        ),
         ("rope_theta", rope.get("rope_theta").is_some()),
         ("type", rope.get(type_key).is_some()),
     ] {
@@ -434,15 +446,19 @@ fn rope_parameters(text: &Obj<'_>, v: &Value) -> Result<Qwen3_5RopeParameters, C
     let rope_theta = match rope.get("rope_theta") {
         Some(Value::Number(n)) if n.is_i64() || n.is_u64() => match n.as_i64() {
             Some(i) => RopeTheta::Int(i),
-            None => return Err(rope.wrong("rope_theta", "a number that fits int64", &Value::Number(n.clone()))),
+            None => {
+                return Err(rope.wrong(
+                    "rope_theta",
+                    "a number that fits int64",
+                    &Value::Number(n.clone()),
+                ))
+            }
         },
         Some(Value::Number(n)) => RopeTheta::Float(n.as_f64().unwrap_or(f64::NAN)),
         Some(other) => return Err(rope.wrong("rope_theta", "a number", other)),
         None => unreachable!("checked above"),
     };
-    let partial_rotary_factor = rope
-        .opt_f64("partial_rotary_factor")?
-        .unwrap_or_default();
+    let partial_rotary_factor = rope.opt_f64("partial_rotary_factor")?.unwrap_or_default();
     let mrope_section = rope.opt_usize_list("mrope_section")?.unwrap_or_default();
     let mrope_interleaved = rope.opt_bool("mrope_interleaved")?;
     Ok(Qwen3_5RopeParameters {

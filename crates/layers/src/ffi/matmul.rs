@@ -64,7 +64,8 @@ pub fn quantize_with_global_scale(
     mode: Mode,
     global_scale: &Array,
 ) -> Result<(Array, Array), MlxError> {
-    let (wq, scales, _) = quantize_impl(w, group_size.into(), bits.into(), mode, Some(global_scale))?;
+    let (wq, scales, _) =
+        quantize_impl(w, group_size.into(), bits.into(), mode, Some(global_scale))?;
     Ok((wq, scales))
 }
 
@@ -138,7 +139,16 @@ pub fn dequantize(
     mode: Mode,
     dtype: Option<Dtype>,
 ) -> Result<Array, MlxError> {
-    dequantize_impl(w, scales, biases, group_size.into(), bits.into(), mode, None, dtype)
+    dequantize_impl(
+        w,
+        scales,
+        biases,
+        group_size.into(),
+        bits.into(),
+        mode,
+        None,
+        dtype,
+    )
 }
 
 /// [`dequantize`] with nvfp4's per-tensor `global_scale`: mirrors
@@ -157,7 +167,16 @@ pub fn dequantize_with_global_scale(
     global_scale: &Array,
     dtype: Option<Dtype>,
 ) -> Result<Array, MlxError> {
-    dequantize_impl(w, scales, None, group_size.into(), bits.into(), mode, Some(global_scale), dtype)
+    dequantize_impl(
+        w,
+        scales,
+        None,
+        group_size.into(),
+        bits.into(),
+        mode,
+        Some(global_scale),
+        dtype,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -262,7 +262,9 @@ impl AdapterSet {
             };
             let lora_a = weights.array(&a_name)?;
             let lora_b = weights.array(&b_name)?;
-            for (tensor, shape, axis) in [(&a_name, lora_a.shape(), 1), (&b_name, lora_b.shape(), 0)] {
+            for (tensor, shape, axis) in
+                [(&a_name, lora_a.shape(), 1), (&b_name, lora_b.shape(), 0)]
+            {
                 if shape.len() != 2 || i64::from(shape[axis]) != rank {
                     return Err(AdapterError::Rank {
                         file: weights_path.clone(),
@@ -273,9 +275,11 @@ impl AdapterSet {
                     });
                 }
             }
-            let adapter = LoraAdapter::new(lora_a, lora_b, scale).map_err(|source| AdapterError::Adapter {
-                module: module.clone(),
-                source,
+            let adapter = LoraAdapter::new(lora_a, lora_b, scale).map_err(|source| {
+                AdapterError::Adapter {
+                    module: module.clone(),
+                    source,
+                }
             })?;
             adapters.insert(module, adapter);
         }
@@ -332,7 +336,11 @@ fn read_config(file: &Path) -> Result<Map<String, Value>, AdapterError> {
         }),
         Err(e) => Err(AdapterError::Config {
             file: file.to_path_buf(),
-            message: format!("not valid JSON at line {} column {}: {e}", e.line(), e.column()),
+            message: format!(
+                "not valid JSON at line {} column {}: {e}",
+                e.line(),
+                e.column()
+            ),
         }),
     }
 }

@@ -64,7 +64,11 @@ impl QuantizedEmbedding {
     ///
     /// # Errors
     /// As [`Checkpoint::quantized_tensors`].
-    pub fn from_checkpoint(checkpoint: &Checkpoint, path: &str, dims: i32) -> Result<Self, LayerError> {
+    pub fn from_checkpoint(
+        checkpoint: &Checkpoint,
+        path: &str,
+        dims: i32,
+    ) -> Result<Self, LayerError> {
         let tensors = checkpoint.quantized_tensors(path, LayerKind::Linear, dims)?;
         if tensors.bias.is_some() {
             return Err(CheckpointError::UnexpectedTensor {
@@ -149,13 +153,13 @@ impl QuantizedEmbedding {
 /// [`super::switch::check_indices`]'s checks, reported as token ids.
 fn check_ids(ids: &Array, rows: i32) -> Result<(), LayerError> {
     match super::switch::check_indices(ids, rows) {
-        Err(LayerError::ExpertIndexOutOfRange { index, position, .. }) => {
-            Err(LayerError::TokenIdOutOfRange {
-                id: index,
-                position,
-                num_embeddings: rows,
-            })
-        }
+        Err(LayerError::ExpertIndexOutOfRange {
+            index, position, ..
+        }) => Err(LayerError::TokenIdOutOfRange {
+            id: index,
+            position,
+            num_embeddings: rows,
+        }),
         other => other,
     }
 }

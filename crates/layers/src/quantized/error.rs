@@ -271,7 +271,9 @@ pub enum LayerError {
         num_experts: i32,
     },
     /// A token id outside the embedding table.
-    #[error("token id {id} at flat position {position} is out of range for {num_embeddings} embeddings")]
+    #[error(
+        "token id {id} at flat position {position} is out of range for {num_embeddings} embeddings"
+    )]
     TokenIdOutOfRange {
         /// The offending id.
         id: i128,

@@ -132,7 +132,9 @@ pub fn fused_weight(
     linear: &super::QuantizedLinear,
     adapter: &LoraAdapter,
 ) -> Result<Array, LayerError> {
-    if adapter.in_features() != linear.in_features() || adapter.out_features() != linear.out_features() {
+    if adapter.in_features() != linear.in_features()
+        || adapter.out_features() != linear.out_features()
+    {
         return Err(LayerError::AdapterShape {
             name: "fuse".to_owned(),
             in_features: linear.in_features(),
@@ -144,7 +146,8 @@ pub fn fused_weight(
     let weight = linear.payload().dequantize(None)?;
     let b_t = adapter.lora_b().t();
     let scale = Array::from_f32(adapter.scale()).as_dtype(b_t.dtype())?;
-    let delta = ops::matmul(&ops::multiply(&scale, &b_t)?, &adapter.lora_a().t())?.as_dtype(weight.dtype())?;
+    let delta = ops::matmul(&ops::multiply(&scale, &b_t)?, &adapter.lora_a().t())?
+        .as_dtype(weight.dtype())?;
     Ok(ops::add(&weight, &delta)?)
 }
 

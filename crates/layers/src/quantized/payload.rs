@@ -155,8 +155,13 @@ impl QuantizedPayload {
         if spec.mode != Mode::Nvfp4 {
             return Err(PayloadError::GlobalScaleMode { mode: spec.mode }.into());
         }
-        let (weight, scales) =
-            ffi::quantize_with_global_scale(w, spec.group_size, spec.bits, spec.mode, global_scale)?;
+        let (weight, scales) = ffi::quantize_with_global_scale(
+            w,
+            spec.group_size,
+            spec.bits,
+            spec.mode,
+            global_scale,
+        )?;
         Ok(Self::new(weight, scales, None, spec)?.with_global_scale(global_scale.clone())?)
     }
 
@@ -175,7 +180,10 @@ impl QuantizedPayload {
     /// # Errors
     /// As [`QuantizedPayload::quantize_with_global_scale`], for a rank
     /// other than 3.
-    pub fn quantize_experts_with_global_scale(w: &Array, spec: QuantSpec) -> Result<Self, LayerError> {
+    pub fn quantize_experts_with_global_scale(
+        w: &Array,
+        spec: QuantSpec,
+    ) -> Result<Self, LayerError> {
         spec.validate().map_err(PayloadError::from)?;
         if w.ndim() != 3 {
             return Err(PayloadError::Rank {
@@ -188,7 +196,8 @@ impl QuantizedPayload {
         if spec.mode != Mode::Nvfp4 {
             return Err(PayloadError::GlobalScaleMode { mode: spec.mode }.into());
         }
-        let gs = mlx_rs::ops::max_axes(&mlx_rs::ops::abs(w)?, &[-2, -1], false)?.as_dtype(Dtype::Float32)?;
+        let gs = mlx_rs::ops::max_axes(&mlx_rs::ops::abs(w)?, &[-2, -1], false)?
+            .as_dtype(Dtype::Float32)?;
         let (mut packed, mut scales) = (Vec::new(), Vec::new());
         for e in 0..w.shape()[0] {
             let (q, s) = ffi::quantize_with_global_scale(
@@ -234,7 +243,15 @@ impl QuantizedPayload {
         if let Some(gs) = &self.global_scale {
             let spec = self.spec;
             let one = |w: &Array, s: &Array, g: &Array| {
-                ffi::dequantize_with_global_scale(w, s, spec.group_size, spec.bits, spec.mode, g, dtype)
+                ffi::dequantize_with_global_scale(
+                    w,
+                    s,
+                    spec.group_size,
+                    spec.bits,
+                    spec.mode,
+                    g,
+                    dtype,
+                )
             };
             if self.weight.ndim() == 2 {
                 return Ok(one(&self.weight, &self.scales, gs)?);

@@ -131,7 +131,8 @@ impl QuantizedSwitchLinear {
             path: path.to_owned(),
             source,
         };
-        let mut payload = QuantizedPayload::new(weight, scales, biases, spec).map_err(payload_error)?;
+        let mut payload =
+            QuantizedPayload::new(weight, scales, biases, spec).map_err(payload_error)?;
         if let Some(gs) = global_scale {
             payload = payload.with_global_scale(gs).map_err(payload_error)?;
         }

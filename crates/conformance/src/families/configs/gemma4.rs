@@ -27,9 +27,12 @@ pub(super) fn cases() -> Vec<Case> {
     for (model, path) in models("gemma4") {
         let p = path.clone();
         cases.push(
-            Case::must_equal(format!("{FAMILY}/{model}/read"), FAMILY, READ_REFERENCE, move |ctx| {
-                run_read(ctx, &p)
-            })
+            Case::must_equal(
+                format!("{FAMILY}/{model}/read"),
+                FAMILY,
+                READ_REFERENCE,
+                move |ctx| run_read(ctx, &p),
+            )
             .glue_composed(LOAD_MODEL_STEPS),
         );
         for dtype in [DType::Bfloat16, DType::Float32] {

@@ -39,13 +39,21 @@ pub fn cases() -> Vec<Case> {
 /// directory of the family, sorted (empty when the folder is missing: the
 /// registry then has no such cases and the README's fixture test fails).
 fn models(family: &str) -> Vec<(String, PathBuf)> {
-    let dir = crate::home::Home::get().fixtures_dir().join("configs").join(family);
+    let dir = crate::home::Home::get()
+        .fixtures_dir()
+        .join("configs")
+        .join(family);
     let mut found: Vec<(String, PathBuf)> = std::fs::read_dir(&dir)
         .into_iter()
         .flatten()
         .flatten()
         .filter(|e| e.path().join("config.json").is_file())
-        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path().join("config.json")))
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().into_owned(),
+                e.path().join("config.json"),
+            )
+        })
         .collect();
     found.sort();
     found
@@ -59,7 +67,8 @@ fn read_text(path: &PathBuf) -> Result<String, CaseError> {
 /// int64 values as a host tensor.
 fn int64(values: &[i64]) -> oracle::HostTensor {
     let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    oracle::HostTensor::new(oracle::DType::Int64, vec![values.len()], bytes).expect("sized by construction")
+    oracle::HostTensor::new(oracle::DType::Int64, vec![values.len()], bytes)
+        .expect("sized by construction")
 }
 
 /// f64 values as the int64 of their bits (as `reference::configs` returns

@@ -5,13 +5,13 @@
 use std::path::PathBuf;
 
 use layers::config::{Qwen3_5Config, RopeTheta};
-use serde_json::Value as Json;
 use layers::position::{rope_index, GridThw, Mrope, RopeIndexInput};
 use oracle::DType;
+use serde_json::Value as Json;
 
 use super::{f64_bits, int64, models, read_text, LOAD_MODEL_STEPS};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
-use crate::families::position::{build_prompt_for, mrope_path, widen_i64, widen_expected, Piece};
+use crate::families::position::{build_prompt_for, mrope_path, widen_expected, widen_i64, Piece};
 use crate::families::support::{dtype_tag, host, int32_tensor, port};
 use crate::reference;
 
@@ -35,10 +35,14 @@ const VARIANT_BASE: &str = "Qwen3.5-0.8B";
 type Edit = fn(&mut Json);
 const VARIANTS: [(&str, Edit); 5] = [
     // rope_theta as a JSON float (every shipped config writes an integer).
-    ("theta-float", |c| c["text_config"]["rope_parameters"]["rope_theta"] = Json::from(10_000_000.0)),
+    ("theta-float", |c| {
+        c["text_config"]["rope_parameters"]["rope_theta"] = Json::from(10_000_000.0)
+    }),
     // `type` instead of `rope_type`.
     ("type-key", |c| {
-        let rope = c["text_config"]["rope_parameters"].as_object_mut().expect("an object");
+        let rope = c["text_config"]["rope_parameters"]
+            .as_object_mut()
+            .expect("an object");
         let t = rope.remove("rope_type").unwrap_or(Json::Null);
         rope.insert("type".into(), t);
     }),
@@ -52,10 +56,14 @@ const VARIANTS: [(&str, Edit); 5] = [
         text.insert("rope_scaling".into(), rope);
     }),
     // Half the head rotated: 128 rotary dims.
-    ("partial-0.5", |c| c["text_config"]["rope_parameters"]["partial_rotary_factor"] = Json::from(0.5)),
+    ("partial-0.5", |c| {
+        c["text_config"]["rope_parameters"]["partial_rotary_factor"] = Json::from(0.5)
+    }),
     // No vision_config: mlx-vlm's VisionConfig defaults (spatial_merge_size 2).
     ("no-vision-config", |c| {
-        c.as_object_mut().expect("an object").remove("vision_config");
+        c.as_object_mut()
+            .expect("an object")
+            .remove("vision_config");
     }),
 ];
 
@@ -70,7 +78,9 @@ impl Source {
     /// The config text both sides read.
     fn text(&self) -> Result<String, CaseError> {
         let text = read_text(&self.path)?;
-        let Some(edit) = self.edit else { return Ok(text) };
+        let Some(edit) = self.edit else {
+            return Ok(text);
+        };
         let mut json: Json = serde_json::from_str(&text)
             .map_err(|e| CaseError::Harness(format!("{}: {e}", self.path.display())))?;
         edit(&mut json);
@@ -82,7 +92,8 @@ impl Source {
         let config = match self.edit {
             None => Qwen3_5Config::from_file(&self.path).map_err(port)?,
             Some(_) => {
-                let map = layers::config::parse_config_json(text.as_bytes(), &self.path).map_err(port)?;
+                let map =
+                    layers::config::parse_config_json(text.as_bytes(), &self.path).map_err(port)?;
                 Qwen3_5Config::from_json(&map).map_err(port)?
             }
         };
@@ -95,7 +106,13 @@ pub(super) fn cases() -> Vec<Case> {
     for (model, path) in models("qwen3_5") {
         if model == VARIANT_BASE {
             for (variant, edit) in VARIANTS {
-                sources.push((format!("{model}+{variant}"), Source { path: path.clone(), edit: Some(edit) }));
+                sources.push((
+                    format!("{model}+{variant}"),
+                    Source {
+                        path: path.clone(),
+                        edit: Some(edit),
+                    },
+                ));
             }
         }
         sources.push((model, Source { path, edit: None }));
@@ -105,9 +122,12 @@ pub(super) fn cases() -> Vec<Case> {
     for (model, path) in sources {
         let p = path.clone();
         cases.push(
-            Case::must_equal(format!("{FAMILY}/{model}/read"), FAMILY, READ_REFERENCE, move |ctx| {
-                run_read(ctx, &p)
-            })
+            Case::must_equal(
+                format!("{FAMILY}/{model}/read"),
+                FAMILY,
+                READ_REFERENCE,
+                move |ctx| run_read(ctx, &p),
+            )
             .glue_composed(LOAD_MODEL_STEPS),
         );
         for dtype in [DType::Bfloat16, DType::Float32] {
@@ -150,7 +170,10 @@ fn run_read(ctx: &Ctx, source: &Source) -> Result<CaseOutput, CaseError> {
     let r = reference::configs::config_qwen3_5(ctx, &text)?;
     let mut out = CaseOutput::new("config");
     out.compare("fields", &int64(&fields), &r.fields);
-    if c.defaults_used.iter().any(|k| k == "text_config.rope_parameters") {
+    if c.defaults_used
+        .iter()
+        .any(|k| k == "text_config.rope_parameters")
+    {
         // No number of the file reaches the dataclass default.
         let why = "mlx-vlm's default rope_parameters (the file has none), which no number of the file reaches";
         out.compare_derived("mrope_section", &int64(&section), &r.mrope_section, why);
@@ -194,7 +217,12 @@ fn run_mrope(ctx: &Ctx, source: &Source, dtype: DType) -> Result<CaseOutput, Cas
     let positions = int32_tensor(&values, &[3, 1, len]);
     let mrope = Mrope::new(c.mrope().map_err(port)?).map_err(port)?;
     let (q_port, k_port) = mrope
-        .apply_with_path(mrope_path, &q.to_array(), &k.to_array(), &positions.to_array())
+        .apply_with_path(
+            mrope_path,
+            &q.to_array(),
+            &k.to_array(),
+            &positions.to_array(),
+        )
         .map_err(port)?;
 
     let ids = int32_tensor(&prompt.ids, &[1, len]);
@@ -220,8 +248,14 @@ fn run_mrope(ctx: &Ctx, source: &Source, dtype: DType) -> Result<CaseOutput, Cas
     let mut out = CaseOutput::new(mrope_path.as_str());
     out.compare("q", &host(&q_port)?, &r.q);
     out.compare("k", &host(&k_port)?, &r.k);
-    let layout = "the prompt layout is a constant of the case (position/rope-index perturbs prompts)";
-    out.compare_derived("position_ids", &widen_i64(&positions)?, &widen_expected(&r.position_ids)?, layout);
+    let layout =
+        "the prompt layout is a constant of the case (position/rope-index perturbs prompts)";
+    out.compare_derived(
+        "position_ids",
+        &widen_i64(&positions)?,
+        &widen_expected(&r.position_ids)?,
+        layout,
+    );
     out.compare_derived(
         "rope_deltas",
         &widen_i64(&int32_tensor(&[index.rope_delta()], &[1, 1]))?,

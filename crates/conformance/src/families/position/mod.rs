@@ -124,7 +124,11 @@ fn build_prompt(pieces: &[Piece], inputs: &mut Inputs) -> Prompt {
 }
 
 /// The token ids of `pieces` with a model's special tokens and merge size.
-pub(crate) fn build_prompt_for(pieces: &[Piece], inputs: &mut Inputs, tokens: &VisionTokens) -> Prompt {
+pub(crate) fn build_prompt_for(
+    pieces: &[Piece],
+    inputs: &mut Inputs,
+    tokens: &VisionTokens,
+) -> Prompt {
     let merge = tokens.spatial_merge_size;
     let mut prompt = Prompt::default();
     for piece in pieces {

@@ -24,7 +24,8 @@
 use std::path::Path;
 
 use layers::quantized::{
-    lora, lora_scale_from_alpha, AdapterFormat, AdapterSet, QuantSpec, QuantizedLinear, QuantizedPayload,
+    lora, lora_scale_from_alpha, AdapterFormat, AdapterSet, QuantSpec, QuantizedLinear,
+    QuantizedPayload,
 };
 use oracle::{DType, HostTensor};
 
@@ -35,7 +36,8 @@ use crate::reference;
 use crate::reference::adapters::{Applied, BaseLayers, Library, TinyModel, Trained};
 
 const FAMILY: &str = "quantized/adapters";
-const LM_REFERENCE: &str = "mlx_lm.tuner.utils.load_adapters, LoRALinear.__call__ and .fuse (mlx-lm 0.32.2)";
+const LM_REFERENCE: &str =
+    "mlx_lm.tuner.utils.load_adapters, LoRALinear.__call__ and .fuse (mlx-lm 0.32.2)";
 const VLM_REFERENCE: &str =
     "mlx_vlm.trainer.utils.apply_lora_layers, trainer.lora_layers.LoRALinear.__call__ and .fuse (mlx-vlm 0.7.6)";
 const LEGACY_REFERENCE: &str =
@@ -57,7 +59,10 @@ pub(super) fn cases() -> Vec<Case> {
         for (spec, dtype) in [
             (affine(4, 64), DType::Float32),
             (affine(4, 64), DType::Bfloat16),
-            (mode_default(layers::quantized::Mode::Mxfp4), DType::Bfloat16),
+            (
+                mode_default(layers::quantized::Mode::Mxfp4),
+                DType::Bfloat16,
+            ),
         ] {
             let name = format!("{FAMILY}/{}/{spec}/{}", library.as_str(), dtype_tag(dtype));
             let reference = match library {
@@ -65,7 +70,9 @@ pub(super) fn cases() -> Vec<Case> {
                 Library::MlxVlm => VLM_REFERENCE,
                 Library::MlxVlmLegacy => LEGACY_REFERENCE,
             };
-            cases.push(Case::must_equal(name, FAMILY, reference, move |ctx| run(ctx, library, spec, dtype)));
+            cases.push(Case::must_equal(name, FAMILY, reference, move |ctx| {
+                run(ctx, library, spec, dtype)
+            }));
         }
     }
     let spec = affine(4, 64);
@@ -102,11 +109,17 @@ fn format_of(library: Library) -> AdapterFormat {
 fn adapted_paths(library: Library) -> Vec<(String, usize)> {
     let (prefix, blocks): (&str, Vec<usize>) = match library {
         Library::MlxLm => ("layers", (BLOCKS - LM_NUM_LAYERS..BLOCKS).collect()),
-        Library::MlxVlm | Library::MlxVlmLegacy => ("language_model.model.layers", (0..BLOCKS).collect()),
+        Library::MlxVlm | Library::MlxVlmLegacy => {
+            ("language_model.model.layers", (0..BLOCKS).collect())
+        }
     };
     blocks
         .into_iter()
-        .flat_map(|b| KEYS.iter().enumerate().map(move |(i, k)| (format!("{prefix}.{b}.{k}"), i)))
+        .flat_map(|b| {
+            KEYS.iter()
+                .enumerate()
+                .map(move |(i, k)| (format!("{prefix}.{b}.{k}"), i))
+        })
         .collect()
 }
 
@@ -146,7 +159,12 @@ fn setup(ctx: &Ctx, library: Library, spec: QuantSpec, dtype: DType) -> Result<S
         .prefix("conformance-adapters-")
         .tempdir()
         .map_err(|e| CaseError::harness("a temporary adapter directory", e))?;
-    let model = TinyModel { blocks: BLOCKS, keys: &KEYS, ins: &ins, outs: &outs };
+    let model = TinyModel {
+        blocks: BLOCKS,
+        keys: &KEYS,
+        ins: &ins,
+        outs: &outs,
+    };
     reference::adapters::adapters_write(
         ctx,
         library,
@@ -159,16 +177,42 @@ fn setup(ctx: &Ctx, library: Library, spec: QuantSpec, dtype: DType) -> Result<S
         &trained,
     )?;
     let base = (
-        payloads.iter().map(|p| host(p.weight())).collect::<Result<_, _>>()?,
-        payloads.iter().map(|p| host(p.scales())).collect::<Result<_, _>>()?,
-        payloads.iter().map(|p| p.biases().map(host).transpose()).collect::<Result<_, _>>()?,
+        payloads
+            .iter()
+            .map(|p| host(p.weight()))
+            .collect::<Result<_, _>>()?,
+        payloads
+            .iter()
+            .map(|p| host(p.scales()))
+            .collect::<Result<_, _>>()?,
+        payloads
+            .iter()
+            .map(|p| p.biases().map(host).transpose())
+            .collect::<Result<_, _>>()?,
     );
-    Ok(Setup { _dir: dir, payloads, base, paths, x, ins })
+    Ok(Setup {
+        _dir: dir,
+        payloads,
+        base,
+        paths,
+        x,
+        ins,
+    })
 }
 
-fn reference_apply(ctx: &Ctx, library: Library, spec: QuantSpec, s: &Setup) -> Result<Applied, CaseError> {
+fn reference_apply(
+    ctx: &Ctx,
+    library: Library,
+    spec: QuantSpec,
+    s: &Setup,
+) -> Result<Applied, CaseError> {
     let (ins, outs) = dims(spec);
-    let model = TinyModel { blocks: BLOCKS, keys: &KEYS, ins: &ins, outs: &outs };
+    let model = TinyModel {
+        blocks: BLOCKS,
+        keys: &KEYS,
+        ins: &ins,
+        outs: &outs,
+    };
     let base = BaseLayers {
         weights: &s.base.0,
         scales: &s.base.1,
@@ -188,7 +232,12 @@ fn input(s: &Setup, key: usize) -> Result<mlx_rs::Array, CaseError> {
     Ok(x.index((.., ..s.ins[key] as i32)))
 }
 
-fn run(ctx: &Ctx, library: Library, spec: QuantSpec, dtype: DType) -> Result<CaseOutput, CaseError> {
+fn run(
+    ctx: &Ctx,
+    library: Library,
+    spec: QuantSpec,
+    dtype: DType,
+) -> Result<CaseOutput, CaseError> {
     let s = setup(ctx, library, spec, dtype)?;
     let set = AdapterSet::open(s.dir(), format_of(library)).map_err(port)?;
     if set.adapters().len() != s.paths.len() {
@@ -206,7 +255,9 @@ fn run(ctx: &Ctx, library: Library, spec: QuantSpec, dtype: DType) -> Result<Cas
             .ok_or_else(|| CaseError::Port(format!("no adapter for `{path}` in the directory")))?;
         let base = QuantizedLinear::new(s.payloads[*key].clone(), None).map_err(port)?;
         let mut adapted = QuantizedLinear::new(s.payloads[*key].clone(), None).map_err(port)?;
-        adapted.attach_adapter(path.clone(), adapter.clone()).map_err(port)?;
+        adapted
+            .attach_adapter(path.clone(), adapter.clone())
+            .map_err(port)?;
         let x = input(&s, *key)?;
         let y = adapted.forward(&x).map_err(port)?;
         out.compare(&format!("{path}/y"), &host(&y)?, &r.y[j]);
@@ -228,9 +279,14 @@ fn legacy_fuse(ctx: &Ctx, spec: QuantSpec) -> Result<CaseOutput, CaseError> {
     let set = AdapterSet::open(s.dir(), format_of(library)).map_err(port)?;
     let r = reference_apply(ctx, library, spec, &s)?;
     let (path, key) = &s.paths[0];
-    let adapter = set.get(path).ok_or_else(|| CaseError::Port(format!("no adapter for `{path}`")))?;
+    let adapter = set
+        .get(path)
+        .ok_or_else(|| CaseError::Port(format!("no adapter for `{path}`")))?;
     let base = QuantizedLinear::new(s.payloads[*key].clone(), None).map_err(port)?;
-    let y_fused = lora::fuse(&base, adapter).map_err(port)?.forward(&input(&s, *key)?).map_err(port)?;
+    let y_fused = lora::fuse(&base, adapter)
+        .map_err(port)?
+        .forward(&input(&s, *key)?)
+        .map_err(port)?;
     let mut out = CaseOutput::new("mlx.core");
     out.digest("port_y_fused", &host(&y_fused)?);
     let finding = serde_json::json!({

@@ -222,12 +222,13 @@ fn load(ctx: &Ctx, fixture: &str) -> Result<CaseOutput, CaseError> {
     );
     for ((path, ours), theirs) in paths.iter().zip(&outputs).zip(loaded.outputs) {
         match (ours, theirs) {
-            (Some(ours), Some(theirs)) if loaded_constants.contains(path.as_str()) => out.compare_derived(
-                &format!("global_scale {path}"),
-                ours,
-                &theirs,
-                "the loaded per-expert global scale, a constant of the committed checkpoint",
-            ),
+            (Some(ours), Some(theirs)) if loaded_constants.contains(path.as_str()) => out
+                .compare_derived(
+                    &format!("global_scale {path}"),
+                    ours,
+                    &theirs,
+                    "the loaded per-expert global scale, a constant of the committed checkpoint",
+                ),
             (Some(ours), Some(theirs)) => out.compare(&format!("y {path}"), ours, &theirs),
             (None, None) => {}
             // A float module on one side only: the spec table already

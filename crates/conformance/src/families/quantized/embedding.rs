@@ -6,13 +6,14 @@
 use layers::quantized::{QuantSpec, QuantizedEmbedding};
 use oracle::DType;
 
-use super::{activation, base_k, dtype_tag, host, layer_tensors, mode_specs, port, quantized_weight};
+use super::{
+    activation, base_k, dtype_tag, host, layer_tensors, mode_specs, port, quantized_weight,
+};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
 use crate::reference;
 
 const FAMILY: &str = "quantized/embedding";
-const REFERENCE: &str =
-    "mlx.nn.QuantizedEmbedding.__call__ and .as_linear (mlx 0.32.2)";
+const REFERENCE: &str = "mlx.nn.QuantizedEmbedding.__call__ and .as_linear (mlx 0.32.2)";
 /// Rows of the table: even, so flipping the lowest bit of an id (the
 /// proof) stays in range.
 const ROWS: usize = 50;
@@ -22,7 +23,9 @@ pub(super) fn cases() -> Vec<Case> {
     for spec in mode_specs() {
         for dtype in [DType::Bfloat16, DType::Float32] {
             let name = format!("{FAMILY}/{spec}/{}/rows{ROWS}", dtype_tag(dtype));
-            cases.push(Case::must_equal(name, FAMILY, REFERENCE, move |ctx| run(ctx, spec, dtype)));
+            cases.push(Case::must_equal(name, FAMILY, REFERENCE, move |ctx| {
+                run(ctx, spec, dtype)
+            }));
         }
     }
     cases

@@ -16,7 +16,9 @@
 //! The proof flips the top mantissa bit of every weight element: a
 //! one-ulp change would leave most fp4 codes and e4m3 scales as they are.
 
-use layers::quantized::{LayerError, Mode, QuantSpec, QuantizedLinear, QuantizedPayload, QuantizedSwitchLinear};
+use layers::quantized::{
+    LayerError, Mode, QuantSpec, QuantizedLinear, QuantizedPayload, QuantizedSwitchLinear,
+};
 use mlx_rs::{ops, Array, Dtype};
 use oracle::{DType, HostTensor};
 
@@ -71,7 +73,10 @@ pub(super) fn cases() -> Vec<Case> {
 
 /// `mx.max(mx.abs(w)).astype(mx.float32)`.
 fn max_abs(w: &Array) -> Result<Array, CaseError> {
-    Ok(ops::max(&ops::abs(w).map_err(port)?, None).map_err(port)?.as_dtype(Dtype::Float32).map_err(port)?)
+    Ok(ops::max(&ops::abs(w).map_err(port)?, None)
+        .map_err(port)?
+        .as_dtype(Dtype::Float32)
+        .map_err(port)?)
 }
 
 struct Linear {
@@ -85,9 +90,15 @@ fn linear_setup(inputs: &mut Inputs, dtype: DType) -> Result<Linear, CaseError> 
     let w = inputs.uniform(dtype, &[OUT, IN], 1.0);
     let x = activation(inputs, dtype, &[3, IN]);
     let global_scale = max_abs(&w.to_array())?;
-    let payload = QuantizedPayload::quantize_with_global_scale(&w.to_array(), nvfp4(), &global_scale)
-        .map_err(port)?;
-    Ok(Linear { w, x, payload, global_scale })
+    let payload =
+        QuantizedPayload::quantize_with_global_scale(&w.to_array(), nvfp4(), &global_scale)
+            .map_err(port)?;
+    Ok(Linear {
+        w,
+        x,
+        payload,
+        global_scale,
+    })
 }
 
 fn linear(ctx: &Ctx, dtype: DType) -> Result<CaseOutput, CaseError> {
@@ -113,7 +124,11 @@ fn linear_forward(ctx: &Ctx) -> Result<CaseOutput, CaseError> {
     let s = linear_setup(&mut ctx.inputs(), DType::Bfloat16)?;
     let layer = QuantizedLinear::new(s.payload, None).map_err(port)?;
     let port_refused = match layer.forward(&s.x.to_array()) {
-        Ok(_) => return Err(CaseError::Port("the port ran a forward the pinned MLX cannot".into())),
+        Ok(_) => {
+            return Err(CaseError::Port(
+                "the port ran a forward the pinned MLX cannot".into(),
+            ))
+        }
         Err(e) => refusal(e)?,
     };
     let r = reference::quantized::quantized_global_scale(ctx, &s.w, &s.x, nvfp4().group_size)?;
@@ -136,14 +151,29 @@ fn switch_setup(inputs: &mut Inputs, dtype: DType) -> Result<Switch, CaseError> 
     let w = inputs.uniform(dtype, &[EXPERTS, OUT, IN], 1.0);
     let x = activation(inputs, dtype, &[3, 1, 1, IN]);
     let indices = inputs.integers(DType::Int32, &[3, 2], 0, EXPERTS as i64);
-    let payload = QuantizedPayload::quantize_experts_with_global_scale(&w.to_array(), nvfp4()).map_err(port)?;
-    Ok(Switch { w, x, indices, payload })
+    let payload = QuantizedPayload::quantize_experts_with_global_scale(&w.to_array(), nvfp4())
+        .map_err(port)?;
+    Ok(Switch {
+        w,
+        x,
+        indices,
+        payload,
+    })
 }
 
 fn switch(ctx: &Ctx, dtype: DType) -> Result<CaseOutput, CaseError> {
     let s = switch_setup(&mut ctx.inputs(), dtype)?;
-    let r = reference::quantized::quantized_switch_global_scale(ctx, &s.w, &s.x, &s.indices, nvfp4().group_size)?;
-    let gs = s.payload.global_scale().ok_or_else(|| CaseError::Port("no global scale".into()))?;
+    let r = reference::quantized::quantized_switch_global_scale(
+        ctx,
+        &s.w,
+        &s.x,
+        &s.indices,
+        nvfp4().group_size,
+    )?;
+    let gs = s
+        .payload
+        .global_scale()
+        .ok_or_else(|| CaseError::Port("no global scale".into()))?;
     let mut out = CaseOutput::new("mlx.core");
     out.compare("weight", &host(s.payload.weight())?, &r.weight);
     out.compare("scales", &host(s.payload.scales())?, &r.scales);
@@ -155,10 +185,20 @@ fn switch_forward(ctx: &Ctx) -> Result<CaseOutput, CaseError> {
     let s = switch_setup(&mut ctx.inputs(), DType::Bfloat16)?;
     let layer = QuantizedSwitchLinear::new(s.payload, None).map_err(port)?;
     let port_refused = match layer.forward(&s.x.to_array(), &s.indices.to_array(), false) {
-        Ok(_) => return Err(CaseError::Port("the port ran a forward the pinned MLX cannot".into())),
+        Ok(_) => {
+            return Err(CaseError::Port(
+                "the port ran a forward the pinned MLX cannot".into(),
+            ))
+        }
         Err(e) => refusal(e)?,
     };
-    let r = reference::quantized::quantized_switch_global_scale(ctx, &s.w, &s.x, &s.indices, nvfp4().group_size)?;
+    let r = reference::quantized::quantized_switch_global_scale(
+        ctx,
+        &s.w,
+        &s.x,
+        &s.indices,
+        nvfp4().group_size,
+    )?;
     let finding = serde_json::json!({
         "reference_refuses": !r.call_refused.is_empty(),
         "reference": r.call_refused,
