@@ -173,7 +173,7 @@ pub enum AdapterError {
         /// The module path.
         module: String,
         /// The layer error.
-        source: LayerError,
+        source: Box<LayerError>,
     },
 }
 
@@ -278,7 +278,7 @@ impl AdapterSet {
             let adapter = LoraAdapter::new(lora_a, lora_b, scale).map_err(|source| {
                 AdapterError::Adapter {
                     module: module.clone(),
-                    source,
+                    source: Box::new(source),
                 }
             })?;
             adapters.insert(module, adapter);

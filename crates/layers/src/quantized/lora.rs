@@ -146,7 +146,7 @@ pub fn fused_weight(
     let weight = linear.payload().dequantize(None)?;
     let b_t = adapter.lora_b().t();
     let scale = Array::from_f32(adapter.scale()).as_dtype(b_t.dtype())?;
-    let delta = ops::matmul(&ops::multiply(&scale, &b_t)?, &adapter.lora_a().t())?
+    let delta = ops::matmul(&ops::multiply(&scale, &b_t)?, adapter.lora_a().t())?
         .as_dtype(weight.dtype())?;
     Ok(ops::add(&weight, &delta)?)
 }

@@ -73,10 +73,10 @@ pub(super) fn cases() -> Vec<Case> {
 
 /// `mx.max(mx.abs(w)).astype(mx.float32)`.
 fn max_abs(w: &Array) -> Result<Array, CaseError> {
-    Ok(ops::max(&ops::abs(w).map_err(port)?, None)
+    ops::max(&ops::abs(w).map_err(port)?, None)
         .map_err(port)?
         .as_dtype(Dtype::Float32)
-        .map_err(port)?)
+        .map_err(port)
 }
 
 struct Linear {
