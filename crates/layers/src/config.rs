@@ -44,6 +44,15 @@ pub fn read_config_json(path: impl AsRef<Path>) -> Result<Map<String, Value>, Co
     parse_config_json(&bytes, path)
 }
 
+/// `parse(read_config_json(path))`, errors naming the file.
+fn from_file<T>(
+    path: &Path,
+    parse: fn(&Map<String, Value>) -> Result<T, ConfigError>,
+) -> Result<T, ConfigError> {
+    let map = read_config_json(path)?;
+    parse(&map).map_err(|e| e.in_file(path))
+}
+
 /// Parses config bytes; `path` only names the source in errors.
 ///
 /// # Errors

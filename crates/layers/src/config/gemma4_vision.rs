@@ -19,7 +19,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::json::Obj;
-use super::{read_config_json, ConfigError};
+use super::ConfigError;
 
 /// `VisionConfig.rope_parameters["rope_theta"]`'s default (mlx-vlm 0.7.6).
 pub const GEMMA4_VISION_DEFAULT_ROPE_THETA: f64 = 100.0;
@@ -53,9 +53,7 @@ impl Gemma4VisionConfig {
     /// # Errors
     /// Any [`ConfigError`], wrapped in [`ConfigError::InFile`].
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
-        let path = path.as_ref();
-        let map = read_config_json(path)?;
-        Self::from_json(&map).map_err(|e| e.in_file(path))
+        super::from_file(path.as_ref(), Self::from_json)
     }
 
     /// Reads a parsed config.

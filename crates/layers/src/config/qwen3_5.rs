@@ -38,7 +38,7 @@ use std::path::Path;
 use serde_json::{Map, Value};
 
 use super::json::Obj;
-use super::{read_config_json, ConfigError};
+use super::ConfigError;
 use crate::position::{MropeConfig, VisionTokens};
 
 /// `rope_theta` as the file writes it: the reference keeps a JSON integer
@@ -168,9 +168,7 @@ impl Qwen3_5Config {
     /// # Errors
     /// Any [`ConfigError`], wrapped in [`ConfigError::InFile`].
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
-        let path = path.as_ref();
-        let map = read_config_json(path)?;
-        Self::from_json(&map).map_err(|e| e.in_file(path))
+        super::from_file(path.as_ref(), Self::from_json)
     }
 
     /// Reads a parsed config.

@@ -28,6 +28,20 @@ from reference_glue.core import load
 from reference_glue.quantized import _Q_LOCK
 
 
+def _a_vlm_trainer():
+    """`mlx_vlm.trainer.utils`. From mlx-vlm 0.7.10 it imports `tqdm` (progress
+    bars of its training loop, not used here); the reference environment is
+    installed without dependencies, so an import-time stub stands in when
+    tqdm is absent, as `checkpoints._q_load_utils` does for the HF hub."""
+    import importlib.util
+    import sys
+    if "tqdm" not in sys.modules and importlib.util.find_spec("tqdm") is None:
+        stub = types.ModuleType("tqdm")
+        stub.tqdm = lambda iterable=None, *a, **k: iterable
+        sys.modules["tqdm"] = stub
+    return load("mlx_vlm.trainer.utils")
+
+
 def _a_module(model, path):
     node = model
     for p in path.split("."):
@@ -94,7 +108,7 @@ def adapters_write(library, directory, blocks, keys, ins, outs, rank, scale, alp
             model.freeze()
             tuner.linear_to_lora_layers(model, num_layers, params)
         else:
-            vlm = load("mlx_vlm.trainer.utils")
+            vlm = _a_vlm_trainer()
             with contextlib.redirect_stdout(io.StringIO()):
                 vlm.get_peft_model(model, [k.split(".")[-1] for k in keys], rank=rank, alpha=alpha,
                                    dropout=0.0, verbose=False, legacy=library == "mlx-vlm-legacy")
@@ -142,7 +156,7 @@ def adapters_apply(library, directory, blocks, keys, weights, scales, biases, gr
             _q_utils()
             load("mlx_lm.tuner.utils").load_adapters(model, str(directory))
         else:
-            vlm = load("mlx_vlm.trainer.utils")
+            vlm = _a_vlm_trainer()
             with contextlib.redirect_stdout(io.StringIO()):
                 vlm.apply_lora_layers(model, str(directory))
     model.eval()

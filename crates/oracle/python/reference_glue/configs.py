@@ -16,10 +16,10 @@ import mlx.core as mx
 from reference_glue.core import _stub_package, load
 from reference_glue.position_common import (
     _POSITION_LOCK,
+    _position_apply_on,
     _position_grids,
     _position_language_model,
     _position_path,
-    _position_rotary,
 )
 
 
@@ -74,15 +74,9 @@ def config_qwen3_5_mrope(config_text, q, k, input_ids, image_grid_thw, video_gri
     lm.config = mc
     position_ids, deltas = lm.get_rope_index(
         input_ids, _position_grids(image_grid_thw), _position_grids(video_grid_thw), None)
-    rotary = _position_rotary(tc.head_dim, rope["partial_rotary_factor"], rope["rope_theta"],
-                              rope["mrope_section"])
-    if path == "pure-mlx" and rotary.fused_apply:
-        rotary.fused_apply = False
-        rotary._compiled_apply = None
-    if _position_path(rotary) != path:
-        raise ValueError(f"the reference takes {_position_path(rotary)}, the case expects {path}")
-    with _POSITION_LOCK:
-        q_out, k_out = rotary.apply_rotary(q, k, position_ids, unsqueeze_dim=1)
+    rotary, q_out, k_out = _position_apply_on(path, q, k, position_ids, tc.head_dim,
+                                              rope["partial_rotary_factor"], rope["rope_theta"],
+                                              rope["mrope_section"])
     return {"q": q_out, "k": k_out, "position_ids": position_ids, "rope_deltas": deltas,
             "path": _position_path(rotary)}
 

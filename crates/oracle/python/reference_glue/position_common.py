@@ -38,6 +38,23 @@ def _position_rotary(head_dim, partial_rotary_factor, rope_theta, mrope_section)
     )
 
 
+def _position_apply_on(path, q, k, position_ids, head_dim, partial_rotary_factor, rope_theta,
+                       mrope_section):
+    """The Qwen3.5 rotary (`_position_rotary`) on the path the case expects,
+    applied: `(rotary, q_out, k_out)`. "pure-mlx" on a Metal build (a
+    CPU-device run) disables `fused_apply`, which is the reference's own
+    choice on a build without Metal."""
+    rotary = _position_rotary(head_dim, partial_rotary_factor, rope_theta, mrope_section)
+    if path == "pure-mlx" and rotary.fused_apply:
+        rotary.fused_apply = False
+        rotary._compiled_apply = None
+    if _position_path(rotary) != path:
+        raise ValueError(f"the reference takes {_position_path(rotary)}, the case expects {path}")
+    with _POSITION_LOCK:
+        q_out, k_out = rotary.apply_rotary(q, k, position_ids, unsqueeze_dim=1)
+    return rotary, q_out, k_out
+
+
 def _position_path(rotary):
     return "metal-kernel" if rotary.fused_apply else "pure-mlx"
 

@@ -6,7 +6,7 @@ rope_utils helpers it is built from."""
 import mlx.core as mx
 
 from reference_glue.position_common import (
-    _POSITION_LOCK,
+    _position_apply_on,
     _position_path,
     _position_rope_utils,
     _position_rotary,
@@ -20,14 +20,8 @@ def position_mrope_apply(q, k, position_ids, head_dim, partial_rotary_factor, ro
     reference takes; `path` is the one the case expects. "pure-mlx" on a
     Metal build (a CPU-device run) disables `fused_apply`, which is the
     reference's own choice on a build without Metal."""
-    rotary = _position_rotary(head_dim, partial_rotary_factor, rope_theta, mrope_section)
-    if path == "pure-mlx" and rotary.fused_apply:
-        rotary.fused_apply = False
-        rotary._compiled_apply = None
-    if _position_path(rotary) != path:
-        raise ValueError(f"the reference takes {_position_path(rotary)}, the case expects {path}")
-    with _POSITION_LOCK:
-        q_out, k_out = rotary.apply_rotary(q, k, position_ids, unsqueeze_dim=1)
+    rotary, q_out, k_out = _position_apply_on(path, q, k, position_ids, head_dim,
+                                              partial_rotary_factor, rope_theta, mrope_section)
     return {
         "q": q_out,
         "k": k_out,

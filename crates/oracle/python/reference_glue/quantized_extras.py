@@ -3,8 +3,9 @@
 `mlx.nn.QuantizedEmbedding` (mlx 0.32.2), `mx.quantize`/`mx.dequantize`
 with `global_scale`, and mlx-lm's `SwitchLinear.to_quantized(...,
 global_scale=True)` (0.32.2). Where the pinned MLX refuses a global scale
-(`quantized_matmul`, `gather_qmm`), the refusal's first line is returned
-for the case to record."""
+(`quantized_matmul`, `gather_qmm`: TypeError on mlx 0.32.2; MLX 0.32.4's
+CPU `gather_qmm` raises ValueError, GPU only), the refusal's first line is
+returned for the case to record."""
 
 import mlx.core as mx
 
@@ -40,7 +41,7 @@ def quantized_global_scale(w, x, group_size):
         mx.eval(mx.quantized_matmul(x, wq, scales, None, True, group_size, 4, mode="nvfp4",
                                     global_scale=gs))
         refused = ""
-    except TypeError as e:
+    except (TypeError, ValueError) as e:  # the pinned MLX's refusal, recorded
         refused = _first_line(e)
     return {"global_scale": gs, "weight": wq, "scales": scales, "dequantized": deq,
             "matmul_refused": refused}
@@ -60,7 +61,7 @@ def quantized_switch_global_scale(w, x, indices, group_size):
     try:
         mx.eval(q(x, indices))
         refused = ""
-    except TypeError as e:
+    except (TypeError, ValueError) as e:  # the pinned MLX's refusal, recorded
         refused = _first_line(e)
     return {"weight": q.weight, "scales": q.scales, "global_scale": q.global_scale,
             "call_refused": refused}

@@ -7,9 +7,9 @@ use layers::config::Gemma4VisionConfig;
 use layers::position::apply_multidimensional_rope;
 use oracle::DType;
 
-use super::{f64_bits, int64, models, read_text, LOAD_MODEL_STEPS};
+use super::{f64_bits, int64, models, read_text, register};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
-use crate::families::support::{dtype_tag, host, int32_tensor, port};
+use crate::families::support::{host, int32_tensor, port};
 use crate::reference;
 
 const FAMILY: &str = "configs/gemma4";
@@ -25,28 +25,14 @@ const PADDING: usize = 4;
 pub(super) fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
     for (model, path) in models("gemma4") {
-        let p = path.clone();
-        cases.push(
-            Case::must_equal(
-                format!("{FAMILY}/{model}/read"),
-                FAMILY,
-                READ_REFERENCE,
-                move |ctx| run_read(ctx, &p),
-            )
-            .glue_composed(LOAD_MODEL_STEPS),
+        register(
+            &mut cases,
+            FAMILY,
+            &model,
+            path,
+            (READ_REFERENCE, run_read),
+            ("rope2d", ROPE_REFERENCE, run_rope2d),
         );
-        for dtype in [DType::Bfloat16, DType::Float32] {
-            let p = path.clone();
-            cases.push(
-                Case::must_equal(
-                    format!("{FAMILY}/{model}/rope2d/{}", dtype_tag(dtype)),
-                    FAMILY,
-                    ROPE_REFERENCE,
-                    move |ctx| run_rope2d(ctx, &p, dtype),
-                )
-                .glue_composed(LOAD_MODEL_STEPS),
-            );
-        }
     }
     cases
 }

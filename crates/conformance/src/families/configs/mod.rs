@@ -15,7 +15,10 @@
 
 use std::path::PathBuf;
 
-use crate::case::{Case, CaseError};
+use oracle::DType;
+
+use super::support::dtype_tag;
+use crate::case::{Case, CaseError, CaseOutput, Ctx};
 
 mod gemma4;
 mod qwen3_5;
@@ -57,6 +60,47 @@ fn models(family: &str) -> Vec<(String, PathBuf)> {
         .collect();
     found.sort();
     found
+}
+
+/// The cases of one config: `<family>/<model>/read` and
+/// `<family>/<model>/<apply>/<dtype>` for bf16 and f32, all labelled with
+/// the glue's repeated `load_model` steps.
+fn register<S: Clone + Send + Sync + 'static>(
+    cases: &mut Vec<Case>,
+    family: &'static str,
+    model: &str,
+    source: S,
+    read: (&'static str, fn(&Ctx, &S) -> Result<CaseOutput, CaseError>),
+    apply: (
+        &'static str,
+        &'static str,
+        fn(&Ctx, &S, DType) -> Result<CaseOutput, CaseError>,
+    ),
+) {
+    let (read_reference, read_run) = read;
+    let s = source.clone();
+    cases.push(
+        Case::must_equal(
+            format!("{family}/{model}/read"),
+            family,
+            read_reference,
+            move |ctx| read_run(ctx, &s),
+        )
+        .glue_composed(LOAD_MODEL_STEPS),
+    );
+    let (apply_name, apply_reference, apply_run) = apply;
+    for dtype in [DType::Bfloat16, DType::Float32] {
+        let s = source.clone();
+        cases.push(
+            Case::must_equal(
+                format!("{family}/{model}/{apply_name}/{}", dtype_tag(dtype)),
+                family,
+                apply_reference,
+                move |ctx| apply_run(ctx, &s, dtype),
+            )
+            .glue_composed(LOAD_MODEL_STEPS),
+        );
+    }
 }
 
 fn read_text(path: &PathBuf) -> Result<String, CaseError> {

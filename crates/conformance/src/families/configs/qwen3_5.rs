@@ -9,10 +9,10 @@ use layers::position::{rope_index, GridThw, Mrope, RopeIndexInput};
 use oracle::DType;
 use serde_json::Value as Json;
 
-use super::{f64_bits, int64, models, read_text, LOAD_MODEL_STEPS};
+use super::{f64_bits, int64, models, read_text, register};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
 use crate::families::position::{build_prompt_for, mrope_path, widen_expected, widen_i64, Piece};
-use crate::families::support::{dtype_tag, host, int32_tensor, port};
+use crate::families::support::{host, int32_tensor, port};
 use crate::reference;
 
 const FAMILY: &str = "configs/qwen3_5";
@@ -119,29 +119,15 @@ pub(super) fn cases() -> Vec<Case> {
     }
     sources.sort_by(|a, b| a.0.cmp(&b.0));
     let mut cases = Vec::new();
-    for (model, path) in sources {
-        let p = path.clone();
-        cases.push(
-            Case::must_equal(
-                format!("{FAMILY}/{model}/read"),
-                FAMILY,
-                READ_REFERENCE,
-                move |ctx| run_read(ctx, &p),
-            )
-            .glue_composed(LOAD_MODEL_STEPS),
+    for (model, source) in sources {
+        register(
+            &mut cases,
+            FAMILY,
+            &model,
+            source,
+            (READ_REFERENCE, run_read),
+            ("mrope", MROPE_REFERENCE, run_mrope),
         );
-        for dtype in [DType::Bfloat16, DType::Float32] {
-            let p = path.clone();
-            cases.push(
-                Case::must_equal(
-                    format!("{FAMILY}/{model}/mrope/{}", dtype_tag(dtype)),
-                    FAMILY,
-                    MROPE_REFERENCE,
-                    move |ctx| run_mrope(ctx, &p, dtype),
-                )
-                .glue_composed(LOAD_MODEL_STEPS),
-            );
-        }
     }
     cases
 }

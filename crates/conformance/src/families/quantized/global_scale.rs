@@ -113,31 +113,34 @@ fn linear(ctx: &Ctx, dtype: DType) -> Result<CaseOutput, CaseError> {
     Ok(out)
 }
 
-fn refusal(e: LayerError) -> Result<String, CaseError> {
-    match e {
-        LayerError::GlobalScaleRefused { .. } => Ok(e.to_string()),
-        other => Err(port(other)),
-    }
-}
-
-fn linear_forward(ctx: &Ctx) -> Result<CaseOutput, CaseError> {
-    let s = linear_setup(&mut ctx.inputs(), DType::Bfloat16)?;
-    let layer = QuantizedLinear::new(s.payload, None).map_err(port)?;
-    let port_refused = match layer.forward(&s.x.to_array()) {
+/// The finding of a forward both sides must refuse: the port's
+/// `GlobalScaleRefused` and the reference's message ("" if it ran).
+fn refused(
+    port_result: Result<Array, LayerError>,
+    reference: String,
+) -> Result<CaseOutput, CaseError> {
+    let port_refused = match port_result {
         Ok(_) => {
             return Err(CaseError::Port(
                 "the port ran a forward the pinned MLX cannot".into(),
             ))
         }
-        Err(e) => refusal(e)?,
+        Err(e @ LayerError::GlobalScaleRefused { .. }) => e.to_string(),
+        Err(other) => return Err(port(other)),
     };
-    let r = reference::quantized::quantized_global_scale(ctx, &s.w, &s.x, nvfp4().group_size)?;
     let finding = serde_json::json!({
-        "reference_refuses": !r.matmul_refused.is_empty(),
-        "reference": r.matmul_refused,
+        "reference_refuses": !reference.is_empty(),
+        "reference": reference,
         "port": port_refused,
     });
     Ok(CaseOutput::new("mlx.core").with_finding(finding))
+}
+
+fn linear_forward(ctx: &Ctx) -> Result<CaseOutput, CaseError> {
+    let s = linear_setup(&mut ctx.inputs(), DType::Bfloat16)?;
+    let r = reference::quantized::quantized_global_scale(ctx, &s.w, &s.x, nvfp4().group_size)?;
+    let layer = QuantizedLinear::new(s.payload, None).map_err(port)?;
+    refused(layer.forward(&s.x.to_array()), r.matmul_refused)
 }
 
 struct Switch {
@@ -183,26 +186,13 @@ fn switch(ctx: &Ctx, dtype: DType) -> Result<CaseOutput, CaseError> {
 
 fn switch_forward(ctx: &Ctx) -> Result<CaseOutput, CaseError> {
     let s = switch_setup(&mut ctx.inputs(), DType::Bfloat16)?;
-    let layer = QuantizedSwitchLinear::new(s.payload, None).map_err(port)?;
-    let port_refused = match layer.forward(&s.x.to_array(), &s.indices.to_array(), false) {
-        Ok(_) => {
-            return Err(CaseError::Port(
-                "the port ran a forward the pinned MLX cannot".into(),
-            ))
-        }
-        Err(e) => refusal(e)?,
-    };
+    let group_size = nvfp4().group_size;
     let r = reference::quantized::quantized_switch_global_scale(
-        ctx,
-        &s.w,
-        &s.x,
-        &s.indices,
-        nvfp4().group_size,
+        ctx, &s.w, &s.x, &s.indices, group_size,
     )?;
-    let finding = serde_json::json!({
-        "reference_refuses": !r.call_refused.is_empty(),
-        "reference": r.call_refused,
-        "port": port_refused,
-    });
-    Ok(CaseOutput::new("mlx.core").with_finding(finding))
+    let layer = QuantizedSwitchLinear::new(s.payload, None).map_err(port)?;
+    refused(
+        layer.forward(&s.x.to_array(), &s.indices.to_array(), false),
+        r.call_refused,
+    )
 }
