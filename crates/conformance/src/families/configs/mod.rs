@@ -62,6 +62,11 @@ fn models(family: &str) -> Vec<(String, PathBuf)> {
     found
 }
 
+/// A read case's run function.
+type ReadRun<S> = fn(&Ctx, &S) -> Result<CaseOutput, CaseError>;
+/// An apply case's run function (one per dtype).
+type ApplyRun<S> = fn(&Ctx, &S, DType) -> Result<CaseOutput, CaseError>;
+
 /// The cases of one config: `<family>/<model>/read` and
 /// `<family>/<model>/<apply>/<dtype>` for bf16 and f32, all labelled with
 /// the glue's repeated `load_model` steps.
@@ -70,12 +75,8 @@ fn register<S: Clone + Send + Sync + 'static>(
     family: &'static str,
     model: &str,
     source: S,
-    read: (&'static str, fn(&Ctx, &S) -> Result<CaseOutput, CaseError>),
-    apply: (
-        &'static str,
-        &'static str,
-        fn(&Ctx, &S, DType) -> Result<CaseOutput, CaseError>,
-    ),
+    read: (&'static str, ReadRun<S>),
+    apply: (&'static str, &'static str, ApplyRun<S>),
 ) {
     let (read_reference, read_run) = read;
     let s = source.clone();
