@@ -9,7 +9,9 @@ written and loaded by each library's own code:
   then `trainer.utils.save_adapter`; loaded by
   `trainer.utils.apply_lora_layers`; fused by
   `trainer.lora_layers.LoRALinear.fuse`, or for the legacy `LoRaLayer` by
-  `trainer.lora.replace_lora_with_linear`.
+  `trainer.lora.replace_lora_with_linear`. From mlx-vlm 0.7.10 the same
+  functions live in `trainer.peft.utils` and `trainer.peft.lora`; the glue
+  takes them from wherever the installed version keeps them.
 
 The models are tiny stand-ins with the module tree each library walks:
 mlx-lm's `model.layers[i].<key>`, mlx-vlm's
@@ -28,18 +30,33 @@ from reference_glue.core import load
 from reference_glue.quantized import _Q_LOCK
 
 
-def _a_vlm_trainer():
-    """`mlx_vlm.trainer.utils`. From mlx-vlm 0.7.10 it imports `tqdm` (progress
-    bars of its training loop, not used here); the reference environment is
-    installed without dependencies, so an import-time stub stands in when
-    tqdm is absent, as `checkpoints._q_load_utils` does for the HF hub."""
+def _a_vlm_peft(module):
+    """mlx-vlm's PEFT module `module` ("utils" or "lora"): under
+    `mlx_vlm.trainer.peft` from 0.7.10, directly under `mlx_vlm.trainer`
+    before (0.7.10's `trainer.utils` is a different, training-loop module).
+    Its training code imports `tqdm` (progress bars, not used here); the
+    reference environment is installed without dependencies, so an
+    import-time stub stands in when tqdm is absent, as
+    `checkpoints._q_load_utils` does for the HF hub."""
     import importlib.util
+    import os
     import sys
+    from reference_glue import core
     if "tqdm" not in sys.modules and importlib.util.find_spec("tqdm") is None:
+        class _Tqdm:  # the two uses: wrapping an iterable, and tqdm.write
+            def __new__(cls, iterable=None, *a, **k):
+                return iterable
+
+            @staticmethod
+            def write(*a, **k):
+                pass
+
         stub = types.ModuleType("tqdm")
-        stub.tqdm = lambda iterable=None, *a, **k: iterable
+        stub.tqdm = _Tqdm
         sys.modules["tqdm"] = stub
-    return load("mlx_vlm.trainer.utils")
+    peft = os.path.join(core.SITE_PACKAGES, "mlx_vlm", "trainer", "peft", module + ".py")
+    return load(f"mlx_vlm.trainer.peft.{module}" if os.path.exists(peft)
+                else f"mlx_vlm.trainer.{module}")
 
 
 def _a_module(model, path):
@@ -108,7 +125,7 @@ def adapters_write(library, directory, blocks, keys, ins, outs, rank, scale, alp
             model.freeze()
             tuner.linear_to_lora_layers(model, num_layers, params)
         else:
-            vlm = _a_vlm_trainer()
+            vlm = _a_vlm_peft("utils")
             with contextlib.redirect_stdout(io.StringIO()):
                 vlm.get_peft_model(model, [k.split(".")[-1] for k in keys], rank=rank, alpha=alpha,
                                    dropout=0.0, verbose=False, legacy=library == "mlx-vlm-legacy")
@@ -156,7 +173,7 @@ def adapters_apply(library, directory, blocks, keys, weights, scales, biases, gr
             _q_utils()
             load("mlx_lm.tuner.utils").load_adapters(model, str(directory))
         else:
-            vlm = _a_vlm_trainer()
+            vlm = _a_vlm_peft("utils")
             with contextlib.redirect_stdout(io.StringIO()):
                 vlm.apply_lora_layers(model, str(directory))
     model.eval()
@@ -170,7 +187,7 @@ def adapters_apply(library, directory, blocks, keys, weights, scales, biases, gr
             if library == "mlx-vlm-legacy":
                 holder = nn.Module()
                 holder.layers = [m]
-                load("mlx_vlm.trainer.lora").replace_lora_with_linear(holder)
+                _a_vlm_peft("lora").replace_lora_with_linear(holder)
                 f = holder.layers[0]
             else:
                 f = m.fuse()
