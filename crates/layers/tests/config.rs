@@ -60,6 +60,25 @@ fn every_shipped_qwen3_5_config_parses() {
 }
 
 #[test]
+fn shipped_quantized_conversions_parse_as_the_reference_reads_them() {
+    let dir = fixtures().join("quantized");
+    // Released spelling: theta as written.
+    let c = Qwen3_5Config::from_file(dir.join("Qwen3.5-9B-MLX-8bit/config.json")).unwrap();
+    assert_eq!(c.rope.rope_theta, RopeTheta::Int(10_000_000));
+    assert!(c.defaults_used.iter().all(|k| k != "text_config.rope_parameters"));
+    // The AutoRound export writes its rope flat in text_config (rope_theta
+    // 10000000, no rope_parameters): the reference's default stands in.
+    let c = Qwen3_5Config::from_file(dir.join("Qwen3.6-27B-int4-mlx-AutoRound/config.json"))
+        .unwrap();
+    assert_eq!(c.rope.rope_theta, RopeTheta::Int(100_000));
+    assert!(c
+        .defaults_used
+        .contains(&"text_config.rope_parameters".to_string()));
+    assert_eq!(c.mrope().unwrap().rotary_dim, 64);
+    assert_eq!(c.vision_tokens().unwrap().vision_start_token_id, 248053);
+}
+
+#[test]
 fn every_shipped_gemma4_config_parses() {
     for path in configs("gemma4") {
         let c = Gemma4VisionConfig::from_file(&path)

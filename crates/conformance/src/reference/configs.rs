@@ -58,6 +58,57 @@ pub fn config_qwen3_5(ctx: &Ctx, config_text: &str) -> Result<Qwen3_5Read, CaseE
     })
 }
 
+/// What mlx-lm's Qwen3.5 model args read from the same config.
+#[derive(Debug)]
+pub struct Qwen3_5MlxLmRead {
+    /// int64 [head_dim, rotary dims].
+    pub fields: Expected,
+    /// int64 bits of the f64s [rope_theta, partial_rotary_factor].
+    pub floats: Expected,
+    /// `rope_scaling`'s type (what `initialize_rope` builds).
+    pub rope_type: String,
+}
+
+/// `mlx_lm.models.<model_type>.ModelArgs` then `qwen3_5.TextModelArgs` of
+/// the config: what mlx-lm's attention builds its rotary from.
+pub fn config_qwen3_5_mlx_lm(ctx: &Ctx, config_text: &str) -> Result<Qwen3_5MlxLmRead, CaseError> {
+    const F: &str = "config_qwen3_5_mlx_lm";
+    // Findings only: the config stays fixed.
+    let mut r = Fields::of(
+        F,
+        ctx.call(F, vec![fixed("config_text", config_text.to_owned())])?,
+    )?;
+    Ok(Qwen3_5MlxLmRead {
+        fields: r.tensor("fields")?,
+        floats: f64_bits(F, r.value("floats")?)?,
+        rope_type: r.string("rope_type")?,
+    })
+}
+
+/// A quantization block's keys, as written (what mlx-lm's loader looks
+/// module paths up in) and as mlx-vlm's `ModelConfig` leaves them.
+#[derive(Debug)]
+pub struct QuantizationKeys {
+    pub written: Vec<String>,
+    pub mlx_vlm: Vec<String>,
+}
+
+/// `config_quantization_keys(config_text)`.
+pub fn config_quantization_keys(
+    ctx: &Ctx,
+    config_text: &str,
+) -> Result<QuantizationKeys, CaseError> {
+    const F: &str = "config_quantization_keys";
+    let mut r = Fields::of(
+        F,
+        ctx.call(F, vec![fixed("config_text", config_text.to_owned())])?,
+    )?;
+    Ok(QuantizationKeys {
+        written: r.strings("written")?,
+        mlx_vlm: r.strings("mlx_vlm")?,
+    })
+}
+
 /// The rope index and mRoPE apply, with the config's tokens and rotary.
 #[derive(Debug)]
 pub struct Qwen3_5Mrope {

@@ -7,9 +7,16 @@ built from the result: Qwen3.5's rope index and rotary, Gemma 4's vision
 `mlx_vlm.utils` itself imports transformers, which the reference
 environment does not carry; its three config lines (the `setdefault`s) and
 `update_module_configs` (four lines) are repeated in `_config_model`, and
-the cases say so (glue-composed)."""
+the cases say so (glue-composed).
+
+The same config as mlx-lm 0.32.2 reads it (`mlx_lm.models.qwen3_5`
+`ModelArgs` and `TextModelArgs`, what `mlx_lm.utils.load_model` builds the
+text model from) is returned too, for the cases that compare the two
+libraries."""
 
 import json
+import sys
+import types
 
 import mlx.core as mx
 
@@ -23,6 +30,24 @@ from reference_glue.position_common import (
 )
 
 
+def _config_qwen3_vl_package():
+    """mlx-vlm's `qwen3_vl` package with the names its `__init__` exports
+    (`LanguageModel`, `Model`, `VisionModel`), its `__init__` not run:
+    Qwen3.5's `ModelConfig.__post_init__` renames a quantization block's
+    keys with `qwen3_5.qwen3_5.sanitize_key`, and that module imports
+    `..qwen3_vl.Model`. Stub: `qwen3_vl.processing_qwen3_vl`, which imports
+    transformers (absent from the reference environment) to register a HF
+    processor, and is nothing a config reads; an empty module stands in."""
+    package = _stub_package("mlx_vlm.models.qwen3_vl")
+    if not hasattr(package, "Model"):
+        name = "mlx_vlm.models.qwen3_vl.processing_qwen3_vl"
+        processing = sys.modules.setdefault(name, types.ModuleType(name))
+        package.processing_qwen3_vl = processing
+        model = load("mlx_vlm.models.qwen3_vl.qwen3_vl")
+        package.LanguageModel, package.Model, package.VisionModel = (
+            model.LanguageModel, model.Model, model.VisionModel)
+
+
 def _config_model(config_text):
     """`load_model`'s config steps: the package's `ModelConfig.from_dict`,
     then each `<name>_config` rebuilt by its own class
@@ -33,6 +58,8 @@ def _config_model(config_text):
     config.setdefault("audio_config", {})
     with _POSITION_LOCK:
         _stub_package("mlx_vlm.models.qwen3_vl")
+        if config.get("model_type") in ("qwen3_5", "qwen3_5_moe"):
+            _config_qwen3_vl_package()
         module = load(f"mlx_vlm.models.{config['model_type']}.config")
     model_config = module.ModelConfig.from_dict(config)
     for name in ("text", "vision", "audio"):
@@ -61,6 +88,38 @@ def config_qwen3_5(config_text):
         "floats": [float(rope["rope_theta"]), float(rope["partial_rotary_factor"])],
         "theta_is_int": mx.array([int(isinstance(rope["rope_theta"], int))], dtype=mx.int64),
     }
+
+
+def config_qwen3_5_mlx_lm(config_text):
+    """The same config as mlx-lm reads it: `mlx_lm.models.<model_type>`
+    `ModelArgs.from_dict`, then `qwen3_5.TextModelArgs.from_dict(
+    args.text_config)` as `Model.__init__` does; what its attention
+    (`qwen3_next.Qwen3NextAttention`) builds the rotary from: `fields`
+    int64 [head_dim, int(head_dim * partial_rotary_factor)]; `floats`
+    [rope_theta, partial_rotary_factor] as Python floats; `rope_type`
+    (`rope_scaling`'s type, which `initialize_rope` reads)."""
+    config = json.loads(config_text)
+    text = load("mlx_lm.models.qwen3_5")
+    args = load(f"mlx_lm.models.{config['model_type']}").ModelArgs.from_dict(config)
+    tc = text.TextModelArgs.from_dict(args.text_config)
+    scaling = tc.rope_scaling or {}
+    return {
+        "fields": mx.array([tc.head_dim, int(tc.head_dim * tc.partial_rotary_factor)],
+                           dtype=mx.int64),
+        "floats": [float(tc.rope_theta), float(tc.partial_rotary_factor)],
+        "rope_type": str(scaling.get("type") or scaling.get("rope_type", "default")),
+    }
+
+
+def config_quantization_keys(config_text):
+    """A quantization block's keys as each library's loader reads them:
+    `written` (mlx-lm's `load_model` looks module paths up in
+    `config["quantization"]` as the file writes it) and `mlx_vlm` (mlx-vlm's
+    `load_model` replaces it with `ModelConfig.quantization`, which Qwen3.5's
+    `__post_init__` passes through `sanitize_quantization_config`), in the
+    file's order."""
+    written = json.loads(config_text).get("quantization") or {}
+    return {"written": list(written), "mlx_vlm": list(_config_model(config_text).quantization or {})}
 
 
 def config_qwen3_5_mrope(config_text, q, k, input_ids, image_grid_thw, video_grid_thw, path):

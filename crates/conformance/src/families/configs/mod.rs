@@ -10,7 +10,11 @@
 //! | `configs/gemma4/<model>/read` | `Gemma4VisionConfig::from_file` | the same steps with `gemma4` `VisionConfig` |
 //! | `configs/gemma4/<model>/rope2d/<dtype>` | `apply_multidimensional_rope` at the config's head_dim and theta | `mlx_vlm.models.gemma4.vision.apply_multidimensional_rope` with the theta `VisionAttention` reads |
 //!
-//! The quantization blocks of real quantized conversions are checked by
+//! | `configs/qwen3_5/<model>/mlx-lm-vs-mlx-vlm` (finding) | — | mlx-vlm's `TextConfig` vs mlx-lm's `TextModelArgs` on the same file, and every theta the file writes |
+//! | `configs/qwen3_5/<model>/quantization-keys` (finding, quantized conversions) | — | the block's keys as mlx-lm's loader reads them (as written) vs mlx-vlm's `ModelConfig.quantization` (renamed) |
+//!
+//! The Qwen3.5 configs of `fixtures/configs/quantized/` are read like
+//! those of `qwen3_5/`. Their quantization blocks are checked by
 //! `quantized/checkpoint` (fixtures written from them).
 
 use std::path::PathBuf;

@@ -101,9 +101,26 @@ impl Source {
     }
 }
 
+/// The Qwen3.5 configs of real quantized conversions
+/// (`fixtures/configs/quantized/`), read like the others; one that cannot
+/// be read is kept, so its cases fail loudly.
+fn quantized_models() -> Vec<(String, PathBuf)> {
+    models("quantized")
+        .into_iter()
+        .filter(|(_, path)| {
+            std::fs::read_to_string(path)
+                .ok()
+                .and_then(|t| serde_json::from_str::<Json>(&t).ok())
+                .and_then(|c| c["model_type"].as_str().map(|m| m.starts_with("qwen3_5")))
+                .unwrap_or(true)
+        })
+        .collect()
+}
+
 pub(super) fn cases() -> Vec<Case> {
     let mut sources: Vec<(String, Source)> = Vec::new();
-    for (model, path) in models("qwen3_5") {
+    let quantized = quantized_models();
+    for (model, path) in models("qwen3_5").into_iter().chain(quantized.clone()) {
         if model == VARIANT_BASE {
             for (variant, edit) in VARIANTS {
                 sources.push((
@@ -124,12 +141,148 @@ pub(super) fn cases() -> Vec<Case> {
             &mut cases,
             FAMILY,
             &model,
-            source,
+            source.clone(),
             (READ_REFERENCE, run_read),
             ("mrope", MROPE_REFERENCE, run_mrope),
         );
+        let s = source.clone();
+        cases.push(Case::finding(
+            format!("{FAMILY}/{model}/mlx-lm-vs-mlx-vlm"),
+            FAMILY,
+            LIBRARIES_REFERENCE,
+            move |ctx| run_libraries(ctx, &s),
+        ));
+        if quantized.iter().any(|(m, _)| *m == model) {
+            let s = source.clone();
+            cases.push(Case::finding(
+                format!("{FAMILY}/{model}/quantization-keys"),
+                FAMILY,
+                KEYS_REFERENCE,
+                move |ctx| run_quantization_keys(ctx, &s),
+            ));
+        }
     }
     cases
+}
+
+const LIBRARIES_REFERENCE: &str = "mlx_vlm.models.qwen3_5 TextConfig (mlx-vlm 0.7.6) vs mlx_lm.models.qwen3_5 TextModelArgs (mlx-lm 0.32.2) on the same config.json";
+const KEYS_REFERENCE: &str = "mlx_lm.utils.load_model reads config[\"quantization\"] as written (mlx-lm 0.32.2); mlx_vlm.utils.load_model takes ModelConfig.quantization, renamed by qwen3_5.config.sanitize_quantization_config (mlx-vlm 0.7.6)";
+
+/// Every `rope_theta` the file writes in its text config, by dotted key.
+fn written_thetas(text: &str) -> serde_json::Map<String, Json> {
+    let mut found = serde_json::Map::new();
+    let Ok(config) = serde_json::from_str::<Json>(text) else {
+        return found;
+    };
+    for (key, value) in [
+        ("rope_theta", &config["rope_theta"]),
+        (
+            "text_config.rope_theta",
+            &config["text_config"]["rope_theta"],
+        ),
+        (
+            "text_config.rope_parameters.rope_theta",
+            &config["text_config"]["rope_parameters"]["rope_theta"],
+        ),
+        (
+            "text_config.rope_scaling.rope_theta",
+            &config["text_config"]["rope_scaling"]["rope_theta"],
+        ),
+    ] {
+        if !value.is_null() {
+            found.insert(key.into(), value.clone());
+        }
+    }
+    found
+}
+
+fn int64s(t: &oracle::HostTensor) -> Vec<i64> {
+    (0..t.len()).map(|i| t.bits(i) as i64).collect()
+}
+
+fn f64s(t: &oracle::HostTensor) -> Vec<f64> {
+    (0..t.len()).map(|i| f64::from_bits(t.bits(i))).collect()
+}
+
+/// Finding: what mlx-vlm's and mlx-lm's config classes make of the same
+/// file (head_dim, rotary dims, theta, partial rotary factor), next to
+/// every theta the file writes. Two reference paths that should agree.
+fn run_libraries(ctx: &Ctx, source: &Source) -> Result<CaseOutput, CaseError> {
+    let text = source.text()?;
+    let vlm = reference::configs::config_qwen3_5(ctx, &text)?;
+    let lm = reference::configs::config_qwen3_5_mlx_lm(ctx, &text)?;
+    let vlm_fields = int64s(vlm.fields.tensor());
+    let vlm_floats = f64s(vlm.floats.tensor());
+    let lm_fields = int64s(lm.fields.tensor());
+    let lm_floats = f64s(lm.floats.tensor());
+    let agree = vlm_fields.get(..2) == Some(&lm_fields[..]) && vlm_floats == lm_floats;
+    let written = written_thetas(&text);
+    let used = vlm_floats.first().copied();
+    let file_theta_used = written
+        .values()
+        .any(|v| v.as_f64().is_some() && v.as_f64() == used);
+    let library = |fields: &[i64], floats: &[f64]| {
+        serde_json::json!({
+            "head_dim": fields.first(),
+            "rotary_dims": fields.get(1),
+            "rope_theta": floats.first(),
+            "partial_rotary_factor": floats.get(1),
+        })
+    };
+    let mut lm_json = library(&lm_fields, &lm_floats);
+    lm_json["rope_type"] = Json::from(lm.rope_type);
+    lm_json["mrope_section"] =
+        Json::from("not read (mlx-lm's rotary is initialize_rope's, text positions)");
+    let mut vlm_json = library(&vlm_fields, &vlm_floats);
+    vlm_json["mrope_section"] = Json::from(int64s(vlm.mrope_section.tensor()));
+    let mut out = CaseOutput::new("config");
+    out.digest("mlx-vlm fields", vlm.fields.tensor());
+    out.digest("mlx-lm fields", lm.fields.tensor());
+    Ok(out.with_finding(serde_json::json!({
+        "libraries_agree": agree,
+        "mlx_vlm": vlm_json,
+        "mlx_lm": lm_json,
+        "written_rope_theta": written,
+        "file_theta_used": file_theta_used,
+    })))
+}
+
+/// Finding: the per-path keys of a real conversion's quantization block
+/// as mlx-lm's loader reads them (as written) and as mlx-vlm's does
+/// (renamed from HF paths to the MLX model's module paths).
+fn run_quantization_keys(ctx: &Ctx, source: &Source) -> Result<CaseOutput, CaseError> {
+    let text = source.text()?;
+    let keys = reference::configs::config_quantization_keys(ctx, &text)?;
+    let top_level = ["group_size", "bits", "mode"];
+    let per_path: Vec<(&String, &String)> = keys
+        .written
+        .iter()
+        .zip(&keys.mlx_vlm)
+        .filter(|(w, _)| !top_level.contains(&w.as_str()))
+        .collect();
+    let renamed: Vec<_> = per_path.iter().filter(|(w, v)| w != v).collect();
+    let examples: Vec<Json> = renamed
+        .iter()
+        .take(3)
+        .map(|(w, v)| serde_json::json!({"written (mlx-lm)": w, "mlx-vlm": v}))
+        .collect();
+    let mut out = CaseOutput::new("config");
+    let joined = |k: &[String]| k.join("\n").into_bytes();
+    out.digest(
+        "mlx-vlm keys",
+        &oracle::HostTensor::new(
+            oracle::DType::Uint8,
+            vec![joined(&keys.mlx_vlm).len()],
+            joined(&keys.mlx_vlm),
+        )?,
+    );
+    Ok(out.with_finding(serde_json::json!({
+        "keys": keys.written.len(),
+        "same_count": keys.written.len() == keys.mlx_vlm.len(),
+        "per_path_entries": per_path.len(),
+        "renamed_by_mlx_vlm": renamed.len(),
+        "examples": examples,
+    })))
 }
 
 fn run_read(ctx: &Ctx, source: &Source) -> Result<CaseOutput, CaseError> {

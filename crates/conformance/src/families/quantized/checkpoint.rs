@@ -41,14 +41,16 @@ const REFERENCE: &str =
      load_weights), then the loaded modules' __call__";
 /// `tiny-*`: made-up modules; `real-*`: a real conversion's quantization
 /// block (verbatim, `fixtures/configs/quantized/`) at its real tensor
-/// paths; `mlx-lm-mixed_*`: mlx-lm's own mixed recipe over a real model's
+/// paths (the AutoRound block's per-path entries name HF checkpoint paths,
+/// which mlx-lm's loader looks module paths up in as written); `mlx-lm-mixed_*`: mlx-lm's own mixed recipe over a real model's
 /// paths; `tiny-nvfp4-global-scale`: nvfp4 with mlx-lm's per-expert global
 /// scale (its switch output is the loaded global scale: the pinned MLX
 /// cannot call the layer) and a quantized embedding.
-const FIXTURES: [&str; 5] = [
+const FIXTURES: [&str; 6] = [
     "tiny-mixed",
     "tiny-mixed-sharded",
     "real-Qwen3.5-9B-MLX-8bit",
+    "real-Qwen3.6-27B-int4-mlx-AutoRound",
     "mlx-lm-mixed_3_6-Qwen3.5-0.8B",
     "tiny-nvfp4-global-scale",
 ];
@@ -113,12 +115,16 @@ pub(super) fn cases() -> Vec<Case> {
             .glue_composed(super::switch::SWITCH_GLU_STEP),
         );
     }
-    cases.push(Case::finding(
-        format!("{FAMILY}/{}/spec-sources", FIXTURES[0]),
-        FAMILY,
-        "mlx_lm.utils.load_model (mlx-lm 0.32.2) class_predicate: which rule decides each path",
-        |_ctx| spec_sources(FIXTURES[0]),
-    ));
+    // Which rule decides each path: the made-up mix, and a real block
+    // whose per-path entries no module path matches.
+    for fixture in [FIXTURES[0], FIXTURES[3]] {
+        cases.push(Case::finding(
+            format!("{FAMILY}/{fixture}/spec-sources"),
+            FAMILY,
+            "mlx_lm.utils.load_model (mlx-lm 0.32.2) class_predicate: which rule decides each path",
+            move |_ctx| spec_sources(fixture),
+        ));
+    }
     cases
 }
 
