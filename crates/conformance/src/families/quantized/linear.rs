@@ -9,7 +9,10 @@
 //! * M in {1, 2, 3, 4, 7, 8, 16, 33} x {bf16, f16, f32} on affine 4-bit/64
 //!   and mxfp4;
 //! * leading batch dimensions (B in 1..6, and two of them) on a few specs;
-//! * float16 scales under bf16 activations (affine output promotes to f32).
+//! * float16 scales under bf16 activations (affine output promotes to f32);
+//! * findings `single-group/*`: rows of one group (`in_features ==
+//!   group_size`), where MLX 0.32.2's CUDA kernel was seen not to write its
+//!   output (see `single_group_cases`).
 
 use layers::quantized::{Mode, QuantSpec, QuantizedLinear};
 use oracle::{DType, HostTensor};
@@ -152,7 +155,74 @@ pub(super) fn cases() -> Vec<Case> {
         scales_dtype: Some(DType::Float32),
         ..Shape::new(affine(6, 32), bf16, 4)
     });
-    shapes.into_iter().map(Shape::case).collect()
+    let mut cases: Vec<Case> = shapes.into_iter().map(Shape::case).collect();
+    cases.extend(single_group_cases());
+    cases
+}
+
+/// Rows of one group (`in_features == group_size`), which the cases above
+/// (three groups) never have, and a two-group control at group 128.
+const SINGLE_GROUP: [(i32, usize); 4] = [(32, 32), (64, 64), (128, 128), (128, 256)];
+/// Query rows of the single-group findings (the AutoRound checkpoint
+/// fixture's token count, where the CUDA fault was first seen).
+const SINGLE_GROUP_M: usize = 5;
+
+/// Findings: does the quantized matmul write its output for these shapes?
+/// MLX 0.32.2's CUDA `quantized_matmul` (affine 4-bit, group 128, K 128,
+/// M 5, N 64, bf16) was seen to return a buffer it never wrote: zeros when
+/// fresh, a recycled buffer's earlier contents otherwise, in the port and
+/// in the reference alike, so a must-equal comparison there can pass on
+/// zeros or fail on stale bytes. Measured, not compared: each output is
+/// classified against the reference's own `x @ dequantize(w).T`.
+fn single_group_cases() -> Vec<Case> {
+    SINGLE_GROUP
+        .into_iter()
+        .map(|(group_size, k)| {
+            Case::finding(
+                format!(
+                    "{FAMILY}/single-group/{}/bf16/M{SINGLE_GROUP_M}-K{k}",
+                    affine(4, group_size)
+                ),
+                FAMILY,
+                "mlx.nn.QuantizedLinear.__call__ (mlx 0.32.2) against x @ mx.dequantize(w).T",
+                move |ctx| single_group(ctx, affine(4, group_size), k),
+            )
+        })
+        .collect()
+}
+
+/// Whether `y` is the product it stands for: within 1/16 of the float
+/// product's largest magnitude (a written output differs by rounding only;
+/// an unwritten one by the whole product). A classification, not a bit
+/// comparison: an unwritten buffer's bytes differ from run to run.
+fn written(y: &HostTensor, product: &HostTensor) -> bool {
+    let scale = (0..product.len())
+        .map(|i| product.value(i).abs())
+        .fold(0.0_f64, f64::max);
+    let off = (0..y.len().min(product.len()))
+        .map(|i| (y.value(i) - product.value(i)).abs())
+        .fold(0.0_f64, f64::max);
+    y.len() == product.len() && scale > 0.0 && off <= scale / 16.0
+}
+
+fn single_group(ctx: &Ctx, spec: QuantSpec, k: usize) -> Result<CaseOutput, CaseError> {
+    let mut inputs = ctx.inputs();
+    let x = activation(&mut inputs, DType::Bfloat16, &[SINGLE_GROUP_M, k]);
+    let payload = quantized_weight(&mut inputs, spec, DType::Bfloat16, &[N, k])?;
+    let tensors = layer_tensors(&payload, None)?;
+    // The float product last: an unwritten output could otherwise be a
+    // recycled buffer that holds it (seen on CUDA), and read as written.
+    let layer = QuantizedLinear::new(payload, None).map_err(port)?;
+    let y = host(&layer.forward(&x.to_array()).map_err(port)?)?;
+    let reference = reference::quantized::quantized_linear(ctx, &x, &tensors)?;
+    let product = reference::quantized::quantized_dequantized_matmul(ctx, &x, &tensors)?;
+    let out = CaseOutput::new("mlx.core");
+    Ok(out.with_finding(serde_json::json!({
+        "in_features": k,
+        "groups_per_row": k / spec.group_size as usize,
+        "reference_written": written(reference.tensor(), product.tensor()),
+        "port_written": written(&y, product.tensor()),
+    })))
 }
 
 fn run(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
@@ -182,4 +252,25 @@ fn run(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
     let mut out = CaseOutput::new("mlx.core");
     out.compare("y", &host(&y)?, &reference);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::written;
+    use oracle::{DType, HostTensor};
+
+    fn f32s(v: &[f32]) -> HostTensor {
+        let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        HostTensor::new(DType::Float32, vec![v.len()], bytes).unwrap()
+    }
+
+    #[test]
+    fn written_tells_a_product_from_zeros_and_stale_bytes() {
+        let product = f32s(&[0.5, -1.0, 0.25, 2.0]);
+        assert!(written(&f32s(&[0.5, -1.0, 0.25, 2.0]), &product));
+        assert!(written(&f32s(&[0.51, -1.01, 0.25, 1.99]), &product));
+        assert!(!written(&f32s(&[0.0; 4]), &product));
+        assert!(!written(&f32s(&[-1.0, 0.25, 2.0, 0.5]), &product));
+        assert!(!written(&f32s(&[0.5, -1.0, 0.25]), &product));
+    }
 }
