@@ -112,6 +112,14 @@ pub fn rel(root: &Path, path: &Path) -> String {
 /// working directory; else `target/conformance`), and from no other: runs
 /// with different `--out` directories in one job keep each other's reports.
 pub fn clear_reports(root: &Path, args: &[OsString]) {
+    // `--list` and `--help` write no report: the last run's stay (a CI job
+    // that lists cases after running them keeps its reports).
+    if args
+        .iter()
+        .any(|a| matches!(a.to_str(), Some("--list" | "--help" | "-h")))
+    {
+        return;
+    }
     let dir = reports_dir(root, args);
     for f in ["report.json", "junit.xml", "report.md"] {
         let _ = std::fs::remove_file(dir.join(f));
@@ -161,6 +169,14 @@ mod reports_dir_tests {
         let eq: Vec<OsString> = vec![format!("--out={}", metal.display()).into()];
         assert_eq!(reports_dir(&root, &eq), metal);
         assert_eq!(reports_dir(&root, &[]), root.join("target/conformance"));
+        // Listing writes no report, so it clears none.
+        let list: Vec<OsString> = vec![
+            "--out".into(),
+            metal.clone().into_os_string(),
+            "--list".into(),
+        ];
+        clear_reports(&root, &list);
+        assert!(metal.join("report.md").exists(), "--list keeps the reports");
         let _ = std::fs::remove_dir_all(&root);
     }
 }

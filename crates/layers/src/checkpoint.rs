@@ -1,4 +1,4 @@
-//! MLX model directories: `config.json`, memory-mapped `model*.safetensors`
+//! MLX model directories: `config.json`, `model*.safetensors` (read with positioned reads)
 //! shards (with `model.safetensors.index.json` when sharded), tensors by
 //! name, and the quantization spec of each module path.
 //!
@@ -111,7 +111,7 @@ pub fn parse_config(bytes: &[u8], path: &Path) -> Result<Map<String, Value>, Che
 
 impl Checkpoint {
     /// Opens `dir`: `config.json`, every `model*.safetensors` (sorted by
-    /// name, each memory-mapped and its header validated), and the index when
+    /// name, each opened and its header validated), and the index when
     /// present.
     ///
     /// # Errors
@@ -250,7 +250,7 @@ impl Checkpoint {
             })
     }
 
-    /// Tensor `name` with its raw bytes (borrowed from the memory map).
+    /// Tensor `name` with its raw bytes (read from its shard).
     ///
     /// # Errors
     /// [`CheckpointError::TensorNotFound`].

@@ -65,11 +65,14 @@ fn shipped_quantized_conversions_parse_as_the_reference_reads_them() {
     // Released spelling: theta as written.
     let c = Qwen3_5Config::from_file(dir.join("Qwen3.5-9B-MLX-8bit/config.json")).unwrap();
     assert_eq!(c.rope.rope_theta, RopeTheta::Int(10_000_000));
-    assert!(c.defaults_used.iter().all(|k| k != "text_config.rope_parameters"));
+    assert!(c
+        .defaults_used
+        .iter()
+        .all(|k| k != "text_config.rope_parameters"));
     // The AutoRound export writes its rope flat in text_config (rope_theta
     // 10000000, no rope_parameters): the reference's default stands in.
-    let c = Qwen3_5Config::from_file(dir.join("Qwen3.6-27B-int4-mlx-AutoRound/config.json"))
-        .unwrap();
+    let c =
+        Qwen3_5Config::from_file(dir.join("Qwen3.6-27B-int4-mlx-AutoRound/config.json")).unwrap();
     assert_eq!(c.rope.rope_theta, RopeTheta::Int(100_000));
     assert!(c
         .defaults_used
@@ -206,6 +209,13 @@ fn qwen_vision_config_null_and_deepstack() {
     assert_eq!(
         qwen(v).unwrap().vision_tokens().unwrap().spatial_merge_size,
         2
+    );
+    // Zero: read as the reference reads it, refused where it would divide.
+    let mut v = qwen_base();
+    v["vision_config"]["spatial_merge_size"] = json!(0);
+    assert_eq!(
+        qwen(v).unwrap().vision_tokens().unwrap_err().key(),
+        Some("vision_config.spatial_merge_size")
     );
 }
 

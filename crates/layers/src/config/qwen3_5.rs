@@ -385,6 +385,16 @@ impl Qwen3_5Config {
                 .into(),
         }
                 })?;
+        if spatial_merge_size == 0 {
+            // The reference reads it, then get_rope_index divides by it.
+            return Err(ConfigError::InvalidValue {
+                key: "vision_config.spatial_merge_size".into(),
+                value: "0".into(),
+                why: "get_rope_index divides the image and video grids by it (ZeroDivisionError \
+                      in the reference); use the vision tower's merge size (2 for Qwen3.5)"
+                    .into(),
+            });
+        }
         Ok(VisionTokens {
             image_token_id: self.image_token_id,
             video_token_id: self.video_token_id,

@@ -7,7 +7,7 @@ use layers::config::Gemma4VisionConfig;
 use layers::position::apply_multidimensional_rope;
 use oracle::DType;
 
-use super::{f64_bits, int64, models, read_text, register};
+use super::{case_shape, f64_bits, int64, models, read_text, register};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
 use crate::families::support::{host, int32_tensor, port};
 use crate::reference;
@@ -63,7 +63,11 @@ fn run_rope2d(ctx: &Ctx, path: &PathBuf, dtype: DType) -> Result<CaseOutput, Cas
     let (rows, cols) = GRID;
     let len = rows * cols + PADDING;
     let mut inputs = ctx.inputs();
-    let x = inputs.uniform(dtype, &[1, len, c.num_attention_heads, c.head_dim], 2.0);
+    let shape = case_shape(
+        &[1, len, c.num_attention_heads, c.head_dim],
+        "vision_config.num_attention_heads and head_dim",
+    )?;
+    let x = inputs.uniform(dtype, &shape, 2.0);
     let mut positions = Vec::with_capacity(2 * len);
     for p in 0..len {
         if p < rows * cols {

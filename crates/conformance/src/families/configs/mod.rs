@@ -54,7 +54,9 @@ fn models(family: &str) -> Vec<(String, PathBuf)> {
         .into_iter()
         .flatten()
         .flatten()
-        .filter(|e| e.path().join("config.json").is_file())
+        // A `config.json` that is not a readable file still makes cases,
+        // which then fail with the reason (never a silent skip).
+        .filter(|e| e.path().join("config.json").exists())
         .map(|e| {
             (
                 e.file_name().to_string_lossy().into_owned(),
@@ -105,6 +107,24 @@ fn register<S: Clone + Send + Sync + 'static>(
             )
             .glue_composed(LOAD_MODEL_STEPS),
         );
+    }
+}
+
+/// The most elements a config case builds for one input tensor (2^26:
+/// 256 MiB of f32). A config's dims are the file's: a `head_dim` of 2^40
+/// must be a harness error naming the dims, not an allocation abort.
+const MAX_CASE_ELEMENTS: usize = 1 << 26;
+
+/// `shape`, checked against [`MAX_CASE_ELEMENTS`]; `what` names the
+/// config keys the dims come from.
+fn case_shape(shape: &[usize], what: &str) -> Result<Vec<usize>, CaseError> {
+    match shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) {
+        Some(n) if n <= MAX_CASE_ELEMENTS => Ok(shape.to_vec()),
+        _ => Err(CaseError::Harness(format!(
+            "the config's {what} make an input of shape {shape:?}, over the {MAX_CASE_ELEMENTS} \
+             elements a case builds; check those keys (real models have head_dim 64-512 and at \
+             most a few hundred heads)"
+        ))),
     }
 }
 

@@ -9,7 +9,7 @@ use layers::position::{rope_index, GridThw, Mrope, RopeIndexInput};
 use oracle::DType;
 use serde_json::Value as Json;
 
-use super::{f64_bits, int64, models, read_text, register};
+use super::{case_shape, f64_bits, int64, models, read_text, register};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
 use crate::families::position::{build_prompt_for, mrope_path, widen_expected, widen_i64, Piece};
 use crate::families::support::{host, int32_tensor, port};
@@ -337,8 +337,16 @@ fn run_mrope(ctx: &Ctx, source: &Source, dtype: DType) -> Result<CaseOutput, Cas
     let mut inputs = ctx.inputs();
     let prompt = build_prompt_for(&PROMPT, &mut inputs, &tokens);
     let len = prompt.ids.len();
-    let q = inputs.uniform(dtype, &[1, c.num_attention_heads, len, c.head_dim], 2.0);
-    let k = inputs.uniform(dtype, &[1, c.num_key_value_heads, len, c.head_dim], 2.0);
+    let q_shape = case_shape(
+        &[1, c.num_attention_heads, len, c.head_dim],
+        "text_config.num_attention_heads and head_dim",
+    )?;
+    let k_shape = case_shape(
+        &[1, c.num_key_value_heads, len, c.head_dim],
+        "text_config.num_key_value_heads and head_dim",
+    )?;
+    let q = inputs.uniform(dtype, &q_shape, 2.0);
+    let k = inputs.uniform(dtype, &k_shape, 2.0);
 
     // Port: rope index with the config's tokens → positions → apply.
     let index = rope_index(
