@@ -145,25 +145,33 @@ pub(super) fn cases() -> Vec<Case> {
             (READ_REFERENCE, run_read),
             ("mrope", MROPE_REFERENCE, run_mrope),
         );
-        let s = source.clone();
-        cases.push(Case::finding(
-            format!("{FAMILY}/{model}/mlx-lm-vs-mlx-vlm"),
-            FAMILY,
+        let finding = |what: &str, reference: &'static str, run: ReadRun| {
+            let s = source.clone();
+            Case::finding(
+                format!("{FAMILY}/{model}/{what}"),
+                FAMILY,
+                reference,
+                move |ctx| run(ctx, &s),
+            )
+        };
+        cases.push(finding(
+            "mlx-lm-vs-mlx-vlm",
             LIBRARIES_REFERENCE,
-            move |ctx| run_libraries(ctx, &s),
+            run_libraries,
         ));
         if quantized.iter().any(|(m, _)| *m == model) {
-            let s = source.clone();
-            cases.push(Case::finding(
-                format!("{FAMILY}/{model}/quantization-keys"),
-                FAMILY,
+            cases.push(finding(
+                "quantization-keys",
                 KEYS_REFERENCE,
-                move |ctx| run_quantization_keys(ctx, &s),
+                run_quantization_keys,
             ));
         }
     }
     cases
 }
+
+/// A finding's run function.
+type ReadRun = fn(&Ctx, &Source) -> Result<CaseOutput, CaseError>;
 
 const LIBRARIES_REFERENCE: &str = "mlx_vlm.models.qwen3_5 TextConfig (mlx-vlm 0.7.6) vs mlx_lm.models.qwen3_5 TextModelArgs (mlx-lm 0.32.2) on the same config.json";
 const KEYS_REFERENCE: &str = "mlx_lm.utils.load_model reads config[\"quantization\"] as written (mlx-lm 0.32.2); mlx_vlm.utils.load_model takes ModelConfig.quantization, renamed by qwen3_5.config.sanitize_quantization_config (mlx-vlm 0.7.6)";
