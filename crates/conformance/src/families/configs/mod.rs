@@ -146,3 +146,21 @@ fn f64_bits(values: &[f64]) -> oracle::HostTensor {
     let bits: Vec<i64> = values.iter().map(|v| v.to_bits() as i64).collect();
     int64(&bits)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{case_shape, MAX_CASE_ELEMENTS};
+
+    #[test]
+    fn case_shape_refuses_dims_no_case_can_build() {
+        assert_eq!(
+            case_shape(&[1, 8, 42, 256], "k").unwrap(),
+            vec![1, 8, 42, 256]
+        );
+        assert!(case_shape(&[MAX_CASE_ELEMENTS], "k").is_ok());
+        let e = case_shape(&[1, 8, 42, 1 << 40], "text_config.head_dim").unwrap_err();
+        assert!(e.to_string().contains("text_config.head_dim"), "{e}");
+        // A product past usize::MAX is refused, not wrapped.
+        assert!(case_shape(&[usize::MAX, 2], "k").is_err());
+    }
+}
