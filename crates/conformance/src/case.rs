@@ -116,9 +116,22 @@ impl<'a> Ctx<'a> {
         function: &'static str,
         params: Vec<crate::reference::Param>,
     ) -> Result<oracle::Value, CaseError> {
+        Ok(self.call_sent(function, params)?.0)
+    }
+
+    /// Like [`Ctx::call`], also giving the arguments each side computed
+    /// from (for the exact oracle: the reference is checked on what it
+    /// received, perturbed or not).
+    pub(crate) fn call_sent(
+        &self,
+        function: &'static str,
+        params: Vec<crate::reference::Param>,
+    ) -> Result<(oracle::Value, crate::exactness::Calls), CaseError> {
         let mut kwargs = Vec::with_capacity(params.len());
+        let mut original = Vec::new();
         for p in params {
             let value = if self.perturb {
+                original.push((p.name, p.value.clone()));
                 crate::reference::perturb(p.value, p.perturb).map_err(|what| {
                     CaseError::Harness(format!("`{function}` argument `{}`: {what}", p.name))
                 })?
@@ -127,7 +140,18 @@ impl<'a> Ctx<'a> {
             };
             kwargs.push((p.name, value));
         }
-        Ok(self.oracle.call(self.case, function, &[], &kwargs)?)
+        crate::poison::before_call(self.backend);
+        let value = self.oracle.call(self.case, function, &[], &kwargs);
+        // After too: the port's next call must not get the reference's
+        // freed output buffer (it holds a correct result).
+        crate::poison::poison();
+        let value = value?;
+        let calls = crate::exactness::Calls {
+            reference: crate::exactness::Sent::new(kwargs),
+            port: self.perturb.then(|| crate::exactness::Sent::new(original)),
+            model: crate::exactness::model_of(self.backend),
+        };
+        Ok((value, calls))
     }
 }
 
@@ -175,26 +199,38 @@ impl From<oracle::TensorError> for CaseError {
 /// A reference output: constructed only by [`crate::reference`] from what
 /// a glue call returned, so a must-equal comparison can never be the port
 /// against itself.
+///
+/// A numeric output also carries its exact value and bound (the second
+/// oracle, [`crate::exactness`]), attached by the same wrapper from the
+/// arguments the reference received.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Expected(HostTensor);
+pub struct Expected(HostTensor, Option<crate::exactness::ExactPair>);
 
 impl Expected {
     pub(crate) fn from_reference(t: HostTensor) -> Self {
-        Self(t)
+        Self(t, None)
+    }
+    /// Attaches the exact value this output stands for.
+    pub(crate) fn with_exact(mut self, exact: crate::exactness::ExactPair) -> Self {
+        self.1 = Some(exact);
+        self
     }
     pub fn tensor(&self) -> &HostTensor {
         &self.0
+    }
+    pub fn exact(&self) -> Option<&crate::exactness::ExactPair> {
+        self.1.as_ref()
     }
     pub fn into_tensor(self) -> HostTensor {
         self.0
     }
     /// A conversion of the reference output (e.g. int32 widened to int64)
-    /// is still a reference output.
+    /// is still a reference output (no longer the exact op's value).
     pub fn map<E>(
         &self,
         f: impl FnOnce(&HostTensor) -> Result<HostTensor, E>,
     ) -> Result<Expected, E> {
-        f(&self.0).map(Expected)
+        f(&self.0).map(|t| Expected(t, None))
     }
 }
 
@@ -208,6 +244,11 @@ pub struct Output {
     /// requiring it to differ.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub derived: Option<String>,
+    /// Both sides against the exact oracle, where the output is in its
+    /// scope (arithmetic ops): the bound and each side's error relative to
+    /// it. Never part of the bit verdict.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exact: Option<crate::exactness::ExactCheck>,
 }
 
 /// What a case produced.
@@ -269,10 +310,15 @@ impl CaseOutput {
             self.kept
                 .push((format!("reference/{name}"), expected.tensor().clone()));
         }
+        let comparison = compare(port, expected.tensor());
+        let exact = expected.exact().map(|pair| {
+            crate::exactness::ExactCheck::measure(port, expected.tensor(), pair, comparison.is_equal())
+        });
         self.outputs.push(Output {
             name: name.into(),
-            comparison: compare(port, expected.tensor()),
+            comparison,
             derived: None,
+            exact,
         });
     }
     /// Like [`CaseOutput::compare`], for an output no perturbable argument

@@ -8,11 +8,13 @@
 
 pub mod bench;
 pub mod case;
+pub mod exactness;
 pub mod families;
 pub mod gate;
 pub mod home;
 pub mod inputs;
 pub mod kept;
+pub mod poison;
 pub mod reference;
 pub mod relation;
 pub mod report;

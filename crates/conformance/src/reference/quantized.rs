@@ -7,6 +7,7 @@ use oracle::HostTensor;
 
 use super::{fixed, list, one_array, opt_tensor, tensor, tensors, varied, Fields, Param, Perturb};
 use crate::case::{CaseError, Ctx, Expected};
+use crate::exactness::quantized as q;
 
 /// One quantized layer's tensors and spec, as the reference's layer holds
 /// them (`weight` uint32 packed, `scales`, `biases` for affine only, the
@@ -80,7 +81,9 @@ pub fn smoke_quantized_matmul(
         fixed("group_size", group_size),
         fixed("bits", bits),
     ];
-    one_array(F, ctx.call(F, params)?)
+    let (value, calls) = ctx.call_sent(F, params)?;
+    let exact = calls.exact(F, |s, m| q::linear(s, m, "w", false))?;
+    Ok(one_array(F, value)?.with_exact(exact))
 }
 
 /// `mlx.nn.QuantizedLinear.__call__(x)` holding `layer`.
@@ -92,7 +95,9 @@ pub fn quantized_linear(
     const F: &str = "quantized_linear";
     let mut params = vec![tensor("x", x)];
     params.extend(layer.params());
-    one_array(F, ctx.call(F, params)?)
+    let (value, calls) = ctx.call_sent(F, params)?;
+    let exact = calls.exact(F, |s, m| q::linear(s, m, "weight", false))?;
+    Ok(one_array(F, value)?.with_exact(exact))
 }
 
 /// `x @ mx.dequantize(layer).T`: the float product a quantized matmul
@@ -130,7 +135,9 @@ pub fn quantized_linear_rows(
     let mut params = vec![tensor("x", x)];
     params.extend(layer.params());
     params.extend(adapter_params(adapters));
-    one_array(F, ctx.call(F, params)?)
+    let (value, calls) = ctx.call_sent(F, params)?;
+    let exact = calls.exact(F, |s, m| q::linear(s, m, "weight", true))?;
+    Ok(one_array(F, value)?.with_exact(exact))
 }
 
 /// `mlx_lm.tuner.lora.LoRALinear.__call__`, nested once per adapter.
@@ -144,7 +151,9 @@ pub fn quantized_lora(
     let mut params = vec![tensor("x", x)];
     params.extend(layer.params());
     params.extend(adapter_params(adapters));
-    one_array(F, ctx.call(F, params)?)
+    let (value, calls) = ctx.call_sent(F, params)?;
+    let exact = calls.exact(F, |s, m| q::linear(s, m, "weight", true))?;
+    Ok(one_array(F, value)?.with_exact(exact))
 }
 
 /// mlx-lm's `QuantizedSwitchLinear.__call__` driven as `SwitchGLU` drives
@@ -164,7 +173,17 @@ pub fn quantized_switch(
     params.extend(layer.params());
     params.push(fixed("sort", sort));
     params.push(fixed("expert0_views", expert0_views));
-    one_array(F, ctx.call(F, params)?)
+    let (value, calls) = ctx.call_sent(F, params)?;
+    // The layer's meaning: stride-0 views of expert 0 stand for expert 0
+    // everywhere (the exact value reads them as such).
+    let exact = calls.exact(F, |s, m| {
+        if s.bool("expert0_views")? {
+            q::switch_expert0(s, m)
+        } else {
+            q::switch(s, m)
+        }
+    })?;
+    Ok(one_array(F, value)?.with_exact(exact))
 }
 
 /// What `QuantizedSwitchLinear.__call__` does exactly as pinned.
@@ -210,7 +229,9 @@ pub fn float_linear(
         tensor("weight", weight),
         opt_tensor("bias", bias),
     ];
-    one_array(F, ctx.call(F, params)?)
+    let (value, calls) = ctx.call_sent(F, params)?;
+    let exact = calls.exact(F, q::float_linear)?;
+    Ok(one_array(F, value)?.with_exact(exact))
 }
 
 /// mlx-lm's `SwitchLinear` holding `weight` [E, N, K] and `bias`, driven
@@ -231,7 +252,9 @@ pub fn float_switch(
         opt_tensor("bias", bias),
         fixed("sort", sort),
     ];
-    one_array(F, ctx.call(F, params)?)
+    let (value, calls) = ctx.call_sent(F, params)?;
+    let exact = calls.exact(F, q::float_switch)?;
+    Ok(one_array(F, value)?.with_exact(exact))
 }
 
 /// The outputs of a list of results (`None` items kept as `None`).
@@ -274,10 +297,13 @@ pub fn quantized_embedding(
         fixed("bits", table.spec.bits),
         fixed("mode", table.spec.mode.as_str()),
     ];
-    let mut r = Fields::of(F, ctx.call(F, params)?)?;
+    let (value, calls) = ctx.call_sent(F, params)?;
+    let lookup = calls.exact(F, q::embedding_lookup)?;
+    let logits = calls.exact(F, q::embedding_as_linear)?;
+    let mut r = Fields::of(F, value)?;
     Ok(EmbeddingOut {
-        lookup: r.tensor("lookup")?,
-        logits: r.tensor("logits")?,
+        lookup: r.tensor("lookup")?.with_exact(lookup),
+        logits: r.tensor("logits")?.with_exact(logits),
     })
 }
 

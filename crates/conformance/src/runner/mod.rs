@@ -235,6 +235,8 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
         options.perturb,
     );
     let start = Instant::now();
+    // A case's first port call must not get an earlier case's freed result.
+    crate::poison::poison();
     let outcome = catch_unwind(AssertUnwindSafe(|| (case.run)(&ctx)));
     result.time_ms = start.elapsed().as_secs_f64() * 1e3;
     match outcome {

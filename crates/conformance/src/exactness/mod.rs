@@ -1,0 +1,277 @@
+//! The second oracle's hook: each numeric reference wrapper attaches the
+//! exact value of its output (from [`exact`], float64, no MLX), computed
+//! from the arguments the reference actually received ([`Sent`]), and
+//! [`crate::case::CaseOutput::compare`] measures both sides against it.
+//!
+//! Separate from the bit verdict, which it never changes: a must-equal
+//! output is bit-compared as before, and additionally each side is either
+//! within the derived bound of the exact value or not. A reference outside
+//! its bound is its own class ([`ExactClass::ReferenceOutside`]): the
+//! reference computes the wrong thing there.
+
+use std::sync::Arc;
+
+use exact::{Exact, ExactError, Float, Model, Side};
+use oracle::{Arg, DType, HostTensor};
+use serde::{Deserialize, Serialize};
+
+use crate::case::{Backend, CaseError};
+
+/// The kernel model of a backend (where its kernels round; see
+/// [`exact::Model`]).
+pub fn model_of(backend: Backend) -> Model {
+    match backend {
+        Backend::Cpu => Model::Cpu,
+        Backend::Metal | Backend::Cuda => Model::Gpu,
+    }
+}
+
+/// The keyword arguments of one glue call, by name: what the reference
+/// received (perturbed under `--perturb`) or what the port was given.
+#[derive(Debug, Clone, Default)]
+pub struct Sent {
+    args: Vec<(&'static str, Arg)>,
+}
+
+impl Sent {
+    pub(crate) fn new(args: Vec<(&'static str, Arg)>) -> Self {
+        Self { args }
+    }
+    fn get(&self, name: &str) -> Result<&Arg, ExactError> {
+        self.args
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, a)| a)
+            .ok_or_else(|| ExactError(format!("no argument `{name}`")))
+    }
+    /// A tensor argument.
+    pub fn tensor(&self, name: &str) -> Result<&HostTensor, ExactError> {
+        match self.get(name)? {
+            Arg::Tensor(t) => Ok(t),
+            other => Err(ExactError(format!("`{name}` is {other:?}, not a tensor"))),
+        }
+    }
+    /// An optional tensor argument (`None` when passed as None or not
+    /// passed: the glue's default).
+    pub fn opt_tensor(&self, name: &str) -> Result<Option<&HostTensor>, ExactError> {
+        if !self.args.iter().any(|(n, _)| *n == name) {
+            return Ok(None);
+        }
+        match self.get(name)? {
+            Arg::Tensor(t) => Ok(Some(t)),
+            Arg::None => Ok(None),
+            other => Err(ExactError(format!("`{name}` is {other:?}, not a tensor"))),
+        }
+    }
+    /// A list of tensors.
+    pub fn tensors(&self, name: &str) -> Result<Vec<&HostTensor>, ExactError> {
+        match self.get(name)? {
+            Arg::List(items) => items
+                .iter()
+                .map(|a| match a {
+                    Arg::Tensor(t) => Ok(t),
+                    other => Err(ExactError(format!("`{name}` holds {other:?}"))),
+                })
+                .collect(),
+            other => Err(ExactError(format!("`{name}` is {other:?}, not a list"))),
+        }
+    }
+    pub fn int(&self, name: &str) -> Result<i64, ExactError> {
+        match self.get(name)? {
+            Arg::Int(i) => Ok(*i),
+            other => Err(ExactError(format!("`{name}` is {other:?}, not an int"))),
+        }
+    }
+    pub fn float(&self, name: &str) -> Result<f64, ExactError> {
+        match self.get(name)? {
+            Arg::Float(f) => Ok(*f),
+            Arg::Int(i) => Ok(*i as f64),
+            other => Err(ExactError(format!("`{name}` is {other:?}, not a float"))),
+        }
+    }
+    pub fn floats(&self, name: &str) -> Result<Vec<f64>, ExactError> {
+        match self.get(name)? {
+            Arg::List(items) => items
+                .iter()
+                .map(|a| match a {
+                    Arg::Float(f) => Ok(*f),
+                    Arg::Int(i) => Ok(*i as f64),
+                    other => Err(ExactError(format!("`{name}` holds {other:?}"))),
+                })
+                .collect(),
+            other => Err(ExactError(format!("`{name}` is {other:?}, not a list"))),
+        }
+    }
+    pub fn ints(&self, name: &str) -> Result<Vec<i64>, ExactError> {
+        match self.get(name)? {
+            Arg::List(items) => items
+                .iter()
+                .map(|a| match a {
+                    Arg::Int(i) => Ok(*i),
+                    other => Err(ExactError(format!("`{name}` holds {other:?}"))),
+                })
+                .collect(),
+            other => Err(ExactError(format!("`{name}` is {other:?}, not a list"))),
+        }
+    }
+    pub fn string(&self, name: &str) -> Result<&str, ExactError> {
+        match self.get(name)? {
+            Arg::Str(s) => Ok(s),
+            other => Err(ExactError(format!("`{name}` is {other:?}, not a string"))),
+        }
+    }
+    pub fn bool(&self, name: &str) -> Result<bool, ExactError> {
+        match self.get(name)? {
+            Arg::Bool(b) => Ok(*b),
+            other => Err(ExactError(format!("`{name}` is {other:?}, not a bool"))),
+        }
+    }
+}
+
+/// What one glue call's arguments were, on both sides: `reference` is what
+/// the reference received; `port` is what the port computed from (the
+/// same outside `--perturb`).
+#[derive(Debug, Clone)]
+pub struct Calls {
+    pub reference: Sent,
+    /// `None` outside `--perturb` (then the port's inputs are `reference`).
+    pub port: Option<Sent>,
+    pub model: Model,
+}
+
+/// The exact values an output is measured against: one per side (the same
+/// `Arc` outside `--perturb`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExactPair {
+    pub reference: Arc<Exact>,
+    pub port: Arc<Exact>,
+}
+
+impl Calls {
+    /// Computes the exact value from each side's arguments with `f` (once
+    /// outside `--perturb`). An argument the op cannot be computed from is
+    /// a harness error naming the function.
+    pub fn exact(
+        &self,
+        function: &str,
+        f: impl Fn(&Sent, Model) -> Result<Exact, ExactError>,
+    ) -> Result<ExactPair, CaseError> {
+        let wrap = |e: ExactError| CaseError::Harness(format!("`{function}`: {e}"));
+        let reference = Arc::new(f(&self.reference, self.model).map_err(wrap)?);
+        let port = match &self.port {
+            Some(p) => Arc::new(f(p, self.model).map_err(wrap)?),
+            None => reference.clone(),
+        };
+        Ok(ExactPair { reference, port })
+    }
+}
+
+/// A float tensor's elements as float64 (exact: every bf16, f16 and f32 is
+/// a float64).
+pub fn values(t: &HostTensor) -> Vec<f64> {
+    (0..t.len()).map(|i| t.value(i)).collect()
+}
+
+/// The rounding format of a float dtype.
+pub fn float_of(t: &HostTensor) -> Result<Float, ExactError> {
+    float_dtype(t.dtype)
+}
+
+pub fn float_dtype(d: DType) -> Result<Float, ExactError> {
+    Float::from_name(d.name())
+        .ok_or_else(|| ExactError(format!("dtype {} is not a float dtype", d.name())))
+}
+
+/// How an output relates to its exact value and bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExactClass {
+    /// Both sides within the bound.
+    Within,
+    /// The reference is outside its bound: the reference computes the
+    /// wrong thing here (the port with it when bit-equal).
+    ReferenceOutside,
+    /// The port outside, the reference within: a port bug (its FAIL shows
+    /// it too).
+    PortOutside,
+}
+
+impl ExactClass {
+    pub fn word(self) -> &'static str {
+        match self {
+            ExactClass::Within => "within",
+            ExactClass::ReferenceOutside => "REFERENCE OUTSIDE BOUND",
+            ExactClass::PortOutside => "port outside bound",
+        }
+    }
+}
+
+/// One output measured against the exact oracle.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExactCheck {
+    /// The op (`quantized_matmul`, `rope`, ...), and the kernel model its
+    /// bound was derived under.
+    pub op: String,
+    pub model: Model,
+    pub class: ExactClass,
+    pub port: Side,
+    pub reference: Side,
+    /// Whether port and reference were bit-equal (a reference outside the
+    /// bound with a bit-equal port is one fact, not two).
+    pub bit_equal: bool,
+}
+
+impl ExactCheck {
+    pub fn measure(port: &HostTensor, reference: &HostTensor, pair: &ExactPair, bit_equal: bool) -> Self {
+        let p = exact::check(&values(port), &pair.port);
+        let r = exact::check(&values(reference), &pair.reference);
+        let class = if !r.within() {
+            ExactClass::ReferenceOutside
+        } else if !p.within() {
+            ExactClass::PortOutside
+        } else {
+            ExactClass::Within
+        };
+        ExactCheck {
+            op: pair.reference.op.to_owned(),
+            model: pair.reference.model,
+            class,
+            port: p,
+            reference: r,
+            bit_equal,
+        }
+    }
+    /// One line for a report row: the class, the worst ratio and element.
+    pub fn line(&self, output: &str) -> String {
+        let (who, s) = match self.class {
+            ExactClass::PortOutside => ("port", &self.port),
+            _ => ("reference", &self.reference),
+        };
+        let tail = match self.class {
+            ExactClass::Within => String::new(),
+            ExactClass::ReferenceOutside if self.bit_equal => {
+                " (the port is bit-equal to it: the same fact)".into()
+            }
+            ExactClass::ReferenceOutside => format!(
+                " (port: {} of {} outside)",
+                self.port.outside, self.port.total
+            ),
+            ExactClass::PortOutside => " (a port bug: its FAIL shows it too)".into(),
+        };
+        format!(
+            "{output}: {} [{} {:?}]: {who} {} of {} outside, worst at [{}] = {} vs exact {} (bound {:.3e}, {:.3}x){tail}",
+            self.class.word(),
+            self.op,
+            self.model,
+            s.outside,
+            s.total,
+            s.worst_index,
+            s.worst_value,
+            s.worst_exact,
+            s.worst_bound,
+            s.max_ratio,
+        )
+    }
+}
+
+pub mod quantized;

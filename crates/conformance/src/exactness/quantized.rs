@@ -1,0 +1,277 @@
+//! Exact values of the quantized and float layers' outputs, from the glue
+//! arguments the reference received (names as the glue's parameters).
+
+use exact::matmul::{add_bias, gather_qmm, lora_residual, matmul, quantized_matmul};
+use exact::{Exact, ExactError, Float, Format, Model, QuantizedMatrix, Tracked};
+use oracle::{DType, HostTensor};
+
+use super::{float_dtype, float_of, values, Sent};
+
+/// A quantized matrix's arguments, owned (the scales decoded exactly).
+pub struct Matrix {
+    pub format: Format,
+    pub bits: usize,
+    pub group_size: usize,
+    /// Every row of every expert: `[E * N, K]` (or `[N, K]`).
+    pub rows: usize,
+    pub cols: usize,
+    /// Output rows per expert (`N`).
+    pub n: usize,
+    packed: Vec<u8>,
+    scales: Vec<f64>,
+    codes: Vec<u8>,
+    biases: Vec<f64>,
+    pub scales_dtype: DType,
+}
+
+fn usize_of(v: i64, what: &str) -> Result<usize, ExactError> {
+    usize::try_from(v).map_err(|_| ExactError(format!("{what} {v} is negative")))
+}
+
+impl Matrix {
+    /// From `weight` (uint32, `[.., N, K * bits / 32]`), `scales`, `biases`
+    /// and `mode`, `bits`, `group_size` (`mode` absent: affine).
+    pub fn from_sent(sent: &Sent, weight: &str) -> Result<Self, ExactError> {
+        let w = sent.tensor(weight)?;
+        let scales = sent.tensor("scales")?;
+        let biases = sent.opt_tensor("biases")?;
+        let mode = sent.string("mode").unwrap_or("affine");
+        let format = Format::from_name(mode)?;
+        let bits = usize_of(sent.int("bits")?, "bits")?;
+        let group_size = usize_of(sent.int("group_size")?, "group_size")?;
+        if w.dtype != DType::Uint32 || w.shape.len() < 2 || bits == 0 {
+            return Err(ExactError(format!(
+                "weight is {} {:?}, not packed uint32 [.., N, K * bits / 32]",
+                w.dtype.name(),
+                w.shape
+            )));
+        }
+        let n = w.shape[w.shape.len() - 2];
+        let cols = w.shape[w.shape.len() - 1] * 32 / bits;
+        let rows = w.len() / w.shape[w.shape.len() - 1].max(1);
+        let (scale_values, codes) = match format {
+            Format::Affine => (values(scales), Vec::new()),
+            _ => {
+                if scales.dtype != DType::Uint8 {
+                    return Err(ExactError(format!("{mode} scales are {}, not uint8", scales.dtype.name())));
+                }
+                (Vec::new(), scales.bytes.clone())
+            }
+        };
+        Ok(Matrix {
+            format,
+            bits,
+            group_size,
+            rows,
+            cols,
+            n,
+            packed: w.bytes.clone(),
+            scales: scale_values,
+            codes,
+            biases: biases.map(values).unwrap_or_default(),
+            scales_dtype: scales.dtype,
+        })
+    }
+
+    pub fn view(&self) -> QuantizedMatrix<'_> {
+        QuantizedMatrix {
+            format: self.format,
+            bits: self.bits,
+            group_size: self.group_size,
+            rows: self.rows,
+            cols: self.cols,
+            packed: &self.packed,
+            scales: &self.scales,
+            scale_codes: &self.codes,
+            biases: &self.biases,
+        }
+    }
+
+    /// The output dtype of `quantized_matmul` on activations `x`: affine
+    /// promotes with the scales' dtype, fp modes keep x's.
+    pub fn out_dtype(&self, x: &HostTensor) -> Result<Float, ExactError> {
+        let t = float_of(x)?;
+        Ok(match self.format {
+            Format::Affine => t.promote(float_dtype(self.scales_dtype)?),
+            _ => t,
+        })
+    }
+}
+
+/// The output shape: x's leading dimensions, then `n`.
+fn out_shape(x: &HostTensor, n: usize) -> Vec<usize> {
+    let mut s = x.shape[..x.shape.len().saturating_sub(1)].to_vec();
+    s.push(n);
+    s
+}
+
+/// Adds the additive `bias` argument when present (`x + bias`).
+fn with_bias(sent: &Sent, y: Vec<Tracked>, t: Float) -> Result<(Vec<Tracked>, Float), ExactError> {
+    Ok(match sent.opt_tensor("bias")? {
+        Some(b) => {
+            let out = t.promote(float_of(b)?);
+            (add_bias(&y, &values(b), out), out)
+        }
+        None => (y, t),
+    })
+}
+
+/// The LoRA residuals of `lora_a`, `lora_b`, `lora_scales`, nested in order
+/// (adapter 0 innermost), onto `y`.
+fn with_adapters(sent: &Sent, x: &HostTensor, mut y: Vec<Tracked>, mut t: Float) -> Result<(Vec<Tracked>, Float), ExactError> {
+    let a = sent.tensors("lora_a")?;
+    let b = sent.tensors("lora_b")?;
+    let s = sent.floats("lora_scales")?;
+    if a.len() != b.len() || a.len() != s.len() {
+        return Err(ExactError(format!("{} lora_a, {} lora_b, {} scales", a.len(), b.len(), s.len())));
+    }
+    let xt = float_of(x)?;
+    let xv = values(x);
+    for ((a, b), s) in a.iter().zip(&b).zip(&s) {
+        let rank = *a.shape.last().unwrap_or(&0);
+        let z_dtype = xt.promote(float_of(a)?).promote(float_of(b)?);
+        let out = t.promote(xt);
+        y = lora_residual(&y, &xv, &values(a), &values(b), rank, *s, z_dtype, xt, out)?;
+        t = out;
+    }
+    Ok((y, t))
+}
+
+/// `nn.QuantizedLinear.__call__` (and `mx.quantized_matmul` with `w` for
+/// the weight's name), with LoRA adapters when `lora` is set.
+pub fn linear(sent: &Sent, model: Model, weight: &str, lora: bool) -> Result<Exact, ExactError> {
+    let x = sent.tensor("x")?;
+    let m = Matrix::from_sent(sent, weight)?;
+    let t = m.out_dtype(x)?;
+    let y = quantized_matmul(&values(x), &m.view(), t, model)?;
+    let (y, t) = with_bias(sent, y, t)?;
+    let (y, _) = if lora { with_adapters(sent, x, y, t)? } else { (y, t) };
+    Ok(Exact::from_tracked("quantized_matmul", model, out_shape(x, m.n), &y))
+}
+
+/// The expert index of every (token, slot) of `indices` (any integer dtype).
+fn expert_ids(indices: &HostTensor) -> Result<Vec<usize>, ExactError> {
+    (0..indices.len())
+        .map(|i| usize_of(indices.value(i) as i64, "expert index"))
+        .collect()
+}
+
+/// x `[.., D]` repeated for each of its `top_k` slots: `[tokens * top_k, D]`.
+fn rows_per_slot(x: &HostTensor, top_k: usize) -> Vec<f64> {
+    let d = *x.shape.last().unwrap_or(&1);
+    let xv = values(x);
+    xv.chunks(d.max(1))
+        .flat_map(|row| std::iter::repeat_n(row, top_k).flatten().copied())
+        .collect()
+}
+
+/// mlx-lm's `QuantizedSwitchLinear.__call__` as `SwitchGLU` drives it:
+/// `[.., top_k, N]`, expert biases added.
+pub fn switch(sent: &Sent, model: Model) -> Result<Exact, ExactError> {
+    switch_with(sent, model, false)
+}
+
+/// [`switch`] on a layer holding stride-0 views of expert 0 (`expert0_views`):
+/// every slot reads expert 0, whatever its index.
+pub fn switch_expert0(sent: &Sent, model: Model) -> Result<Exact, ExactError> {
+    switch_with(sent, model, true)
+}
+
+fn switch_with(sent: &Sent, model: Model, expert0: bool) -> Result<Exact, ExactError> {
+    let x = sent.tensor("x")?;
+    let indices = sent.tensor("indices")?;
+    let m = Matrix::from_sent(sent, "weight")?;
+    let t = m.out_dtype(x)?;
+    let top_k = *indices.shape.last().unwrap_or(&1);
+    let mut experts = expert_ids(indices)?;
+    if expert0 {
+        experts.iter_mut().for_each(|e| *e = 0);
+    }
+    let y = gather_qmm(&rows_per_slot(x, top_k), &experts, &m.view(), m.n, t, model)?;
+    let (y, _) = with_expert_bias(sent, y, &experts, m.n, t)?;
+    let mut shape = indices.shape.clone();
+    shape.push(m.n);
+    Ok(Exact::from_tracked("gather_qmm", model, shape, &y))
+}
+
+/// `y + bias[indices]` per (token, slot) row when the layer has a bias.
+fn with_expert_bias(sent: &Sent, y: Vec<Tracked>, experts: &[usize], n: usize, t: Float) -> Result<(Vec<Tracked>, Float), ExactError> {
+    let Some(b) = sent.opt_tensor("bias")? else {
+        return Ok((y, t));
+    };
+    let out = t.promote(float_of(b)?);
+    let bv = values(b);
+    let y = y
+        .chunks(n)
+        .zip(experts)
+        .flat_map(|(row, &e)| add_bias(row, &bv[e * n..(e + 1) * n], out))
+        .collect();
+    Ok((y, out))
+}
+
+/// `nn.Linear`: `x @ weight.T + bias`.
+pub fn float_linear(sent: &Sent, model: Model) -> Result<Exact, ExactError> {
+    let x = sent.tensor("x")?;
+    let w = sent.tensor("weight")?;
+    let (n, k) = (w.shape[0], w.shape[1]);
+    let t = float_of(x)?.promote(float_of(w)?);
+    let wt = transpose(&values(w), n, k);
+    let xt: Vec<Tracked> = values(x).into_iter().map(Tracked::exact).collect();
+    let y = matmul(&xt, &wt, k, n, t)?;
+    let (y, _) = with_bias(sent, y, t)?;
+    Ok(Exact::from_tracked("matmul", model, out_shape(x, n), &y))
+}
+
+/// mlx-lm's `SwitchLinear` driven as `SwitchGLU` drives it (`gather_mm`).
+pub fn float_switch(sent: &Sent, model: Model) -> Result<Exact, ExactError> {
+    let x = sent.tensor("x")?;
+    let indices = sent.tensor("indices")?;
+    let w = sent.tensor("weight")?;
+    let (n, k) = (w.shape[1], w.shape[2]);
+    let t = float_of(x)?.promote(float_of(w)?);
+    let top_k = *indices.shape.last().unwrap_or(&1);
+    let experts = expert_ids(indices)?;
+    let wv = values(w);
+    let xs = rows_per_slot(x, top_k);
+    let mut y = Vec::with_capacity(experts.len() * n);
+    for (r, &e) in experts.iter().enumerate() {
+        if e >= w.shape[0] {
+            return Err(ExactError(format!("expert index {e} of {}", w.shape[0])));
+        }
+        let wt = transpose(&wv[e * n * k..(e + 1) * n * k], n, k);
+        let xr: Vec<Tracked> = xs[r * k..(r + 1) * k].iter().map(|&v| Tracked::exact(v)).collect();
+        y.extend(matmul(&xr, &wt, k, n, t)?);
+    }
+    let (y, _) = with_expert_bias(sent, y, &experts, n, t)?;
+    let mut shape = indices.shape.clone();
+    shape.push(n);
+    Ok(Exact::from_tracked("gather_mm", model, shape, &y))
+}
+
+/// `[n, k]` row-major to `[k, n]`.
+fn transpose(w: &[f64], n: usize, k: usize) -> Vec<f64> {
+    let mut t = vec![0.0; n * k];
+    for r in 0..n {
+        for c in 0..k {
+            t[c * n + r] = w[r * k + c];
+        }
+    }
+    t
+}
+
+/// `nn.QuantizedEmbedding.__call__(ids)`: the dequantized rows.
+pub fn embedding_lookup(sent: &Sent, model: Model) -> Result<Exact, ExactError> {
+    let ids = sent.tensor("ids")?;
+    let m = Matrix::from_sent(sent, "weight")?;
+    let t = float_dtype(m.scales_dtype).unwrap_or(Float::Float32);
+    let t = if m.format == Format::Affine { t } else { Float::Bfloat16 };
+    let y = exact::matmul::embedding(&expert_ids(ids)?, &m.view(), t)?;
+    let mut shape = ids.shape.clone();
+    shape.push(m.cols);
+    Ok(Exact::from_tracked("dequantize", model, shape, &y))
+}
+
+/// `nn.QuantizedEmbedding.as_linear(x)`: the tied `lm_head`.
+pub fn embedding_as_linear(sent: &Sent, model: Model) -> Result<Exact, ExactError> {
+    linear(sent, model, "weight", false)
+}

@@ -1,0 +1,70 @@
+//! Unwritten outputs made deterministic: before and after every reference
+//! call, and before each case, MLX's buffer cache is emptied and refilled
+//! with buffers holding a sentinel (every byte 0xFF: NaN in bf16, f16 and
+//! f32; all ones in integers). A kernel that leaves its output unwritten
+//! then returns the sentinel, which the exact oracle always flags (a NaN is
+//! outside every bound), instead of a lucky zero or an earlier result's
+//! bytes that a recycled buffer happened to hold.
+//!
+//! MLX's allocators (CPU, CUDA, Metal: `BufferCache::reuse_from_cache`)
+//! hand out the smallest cached buffer of at least the requested size and
+//! under `min(2 size, size + 2 pages)`; the ladder below has a buffer for
+//! every request up to [`LARGEST`] bytes on each of them (powers of two
+//! below a page, then 4 KiB steps, then 16 KiB steps: CUDA rounds requests
+//! of a page or more to 16 KiB). Larger outputs are not poisoned.
+//!
+//! `MLX_CONFORMANCE_POISON=0` turns it off (to measure its cost).
+
+use std::sync::OnceLock;
+
+use crate::case::Backend;
+
+/// The largest output size poisoned, in bytes.
+pub const LARGEST: usize = 256 * 1024;
+/// Buffers of each size (an output and its intermediates may take several).
+const COPIES: usize = 2;
+
+fn sizes() -> &'static [usize] {
+    static SIZES: OnceLock<Vec<usize>> = OnceLock::new();
+    SIZES.get_or_init(|| {
+        let mut s: Vec<usize> = (4..=12).map(|p| 1usize << p).collect();
+        s.extend((2..=16).map(|k| k * 4096));
+        s.extend((5..=LARGEST / 16384).map(|k| k * 16384));
+        s.dedup();
+        s
+    })
+}
+
+/// Whether poisoning is on (`MLX_CONFORMANCE_POISON` unset or not `0`).
+pub fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| std::env::var("MLX_CONFORMANCE_POISON").map_or(true, |v| v != "0"))
+}
+
+/// Empties MLX's buffer cache and refills it with sentinel buffers. Errors
+/// are ignored on purpose: poisoning only makes faults visible, and a
+/// failing allocation here shows in the case's own calls.
+pub fn poison() {
+    if !enabled() {
+        return;
+    }
+    let _ = mlx_rs::memory::clear_cache();
+    let sentinel = mlx_rs::Array::from_slice(&[u32::MAX], &[1]);
+    let mut held = Vec::with_capacity(sizes().len() * COPIES);
+    for &bytes in sizes() {
+        for _ in 0..COPIES {
+            if let Ok(a) = mlx_rs::Array::full::<u32>(&[(bytes / 4) as i32], &sentinel) {
+                held.push(a);
+            }
+        }
+    }
+    let _ = mlx_rs::transforms::eval(held.iter());
+    // Dropped together: every buffer goes back to the cache, filled.
+    drop(held);
+}
+
+/// Around a reference call (the port's next call must not get the
+/// reference's freed output either).
+pub(crate) fn before_call(_backend: Backend) {
+    poison();
+}

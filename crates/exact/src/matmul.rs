@@ -1,0 +1,341 @@
+//! Quantized and float matmul, the MoE gather, the LoRA residual, the
+//! embedding lookup: exact values and bounds.
+//!
+//! # Kernel models (read from MLX 0.32's kernels)
+//! **Cpu** (`mlx/backend/cpu/quantized.cpp`). On x86-64 `simd::max_size`
+//! is 1, so every quantized matmul takes the scalar loops `_qmm_t` (affine)
+//! and `fp_qmm_t` (mxfp4, nvfp4, mxfp8), whose every operation is in the
+//! output dtype `T` (bf16 and f16 operators compute in float32 and round
+//! back to `T` per operation):
+//! - affine, per element in index order:
+//!   `sum = T(sum + T(x * T(T(scale * q) + bias)))`;
+//! - fp modes, per group in index order: `gsum = T(gsum + T(x * T(code)))`,
+//!   then `sum = T(sum + T(T(scale) * gsum))` (the e8m0 scale is built as a
+//!   bf16 and cast to `T`: it can under- or overflow in f16).
+//!
+//! On arm64 the SIMD path (`_qmm_t_simd`, `fp_qmm_t_simd`) accumulates in
+//! float32 in any lane order and rounds once to `T`; the Cpu bound adds
+//! `gamma_{K+2}(u_f32)` of the sum of magnitudes, so it covers that path
+//! too (its one rounding to `T` is within the scalar path's last step).
+//!
+//! **Gpu** (Metal `quantized.h` / `fp_quantized.h`, CUDA `qmm/*.cu`):
+//! weights dequantized into the activation dtype `T` (two roundings:
+//! `T(T(scale * q) + bias)`; exact for fp codes), products and partial
+//! sums in float32 in an order the model does not fix (simdgroup
+//! reductions, tensor-core tiles, split-K), each group's partial rounded to
+//! `T` (some paths hold it there), fp scales applied to the group partial
+//! in float32, groups summed in float32 in any order, the output rounded
+//! once to `T`. Every rounding named is counted whether or not a given
+//! kernel performs it, so the bound holds for each of them.
+//!
+//! Float matmul (`x @ w.T`, `gather_mm`; CPU casts to float32 for BLAS,
+//! GPUs accumulate in float32): products and sums in float32 in any order,
+//! output rounded to `T`. An additive bias (`x + bias`, or `addmm`'s
+//! epilogue) is counted as a second rounding to the output dtype.
+
+use crate::formats::{Format, QuantizedMatrix};
+use crate::tracked::{gamma, sum_any_order, sum_in_order, Tracked};
+use crate::{err, ExactError, Float, Model};
+
+/// One output element of a quantized matmul: row `x` (K values, exactly as
+/// the kernel reads them) against row `n` of `w`, rounded as `model` says,
+/// in output dtype `t`.
+fn qmm_element(x: &[f64], w: &QuantizedMatrix, n: usize, t: Float, model: Model) -> Tracked {
+    let row = w.row(n);
+    let gs = w.group_size;
+    let groups = w.cols / gs;
+    let f32_ = Float::Float32;
+    let mut magnitude = 0.0;
+    let out = match (model, w.format) {
+        (Model::Cpu, Format::Affine) => sum_in_order(
+            (0..w.cols).map(|k| {
+                let g = k / gs;
+                let wq = Tracked::exact(row.scale[g])
+                    .mul(Tracked::exact(row.code[k]))
+                    .round(t)
+                    .add(Tracked::exact(row.bias[g]))
+                    .round(t);
+                magnitude += (x[k] * wq.v).abs() + x[k].abs() * wq.e;
+                Tracked::exact(x[k]).mul(wq).round(t)
+            }),
+            t,
+        ),
+        (Model::Cpu, _) => sum_in_order(
+            (0..groups).map(|g| {
+                let gsum = sum_in_order(
+                    (g * gs..(g + 1) * gs).map(|k| {
+                        let code = Tracked::exact(row.code[k]).round(t);
+                        magnitude += (x[k] * code.v * row.scale[g]).abs();
+                        Tracked::exact(x[k]).mul(code).round(t)
+                    }),
+                    t,
+                );
+                Tracked::exact(row.scale[g]).round(t).mul(gsum).round(t)
+            }),
+            t,
+        ),
+        (Model::Gpu, format) => {
+            let partials: Vec<Tracked> = (0..groups)
+                .map(|g| {
+                    let terms: Vec<Tracked> = (g * gs..(g + 1) * gs)
+                        .map(|k| {
+                            let wq = if format == Format::Affine {
+                                Tracked::exact(row.scale[g])
+                                    .mul(Tracked::exact(row.code[k]))
+                                    .round(t)
+                                    .add(Tracked::exact(row.bias[g]))
+                                    .round(t)
+                            } else {
+                                Tracked::exact(row.code[k]).round(t)
+                            };
+                            Tracked::exact(x[k]).mul(wq).round(f32_)
+                        })
+                        .collect();
+                    let p = sum_any_order(&terms, f32_).round(t);
+                    if format == Format::Affine {
+                        p
+                    } else {
+                        p.mul(Tracked::exact(row.scale[g]).round(t)).round(f32_)
+                    }
+                })
+                .collect();
+            sum_any_order(&partials, f32_).round(t)
+        }
+    };
+    // The Cpu model also covers the float32 SIMD path (see the module doc).
+    match model {
+        Model::Cpu => out.widen(gamma(w.cols + 2, f32_.u()) * magnitude),
+        Model::Gpu => out,
+    }
+}
+
+/// `x @ dequantize(w).T` as `mx.quantized_matmul(x, w, scales, biases,
+/// transpose=True)` computes it: `x` is `[rows, K]` (leading dimensions
+/// flattened), `w` `[N, K]`; the result is `[rows, N]`, each element
+/// tracked. `t` is the output dtype (the promotion of x's and the scales'
+/// dtypes).
+pub fn quantized_matmul(
+    x: &[f64],
+    w: &QuantizedMatrix,
+    t: Float,
+    model: Model,
+) -> Result<Vec<Tracked>, ExactError> {
+    w.validate()?;
+    let k = w.cols;
+    if k == 0 || x.len() % k != 0 {
+        return err(format!("x holds {} values, not rows of K = {k}", x.len()));
+    }
+    let rows = x.len() / k;
+    let mut out = Vec::with_capacity(rows * w.rows);
+    for r in 0..rows {
+        let xr = &x[r * k..(r + 1) * k];
+        for n in 0..w.rows {
+            out.push(qmm_element(xr, w, n, t, model));
+        }
+    }
+    Ok(out)
+}
+
+/// `gather_qmm`: row `r` of `x` (`[rows, K]`) against expert `experts[r]`
+/// of a stack of quantized matrices (`w` covers `[E * N, K]`, expert `e`
+/// being rows `e N .. (e + 1) N`); `[rows, N]`.
+pub fn gather_qmm(
+    x: &[f64],
+    experts: &[usize],
+    w: &QuantizedMatrix,
+    n: usize,
+    t: Float,
+    model: Model,
+) -> Result<Vec<Tracked>, ExactError> {
+    w.validate()?;
+    let k = w.cols;
+    if experts.len() * k != x.len() {
+        return err(format!(
+            "{} expert indices for {} values of rows of K = {k}",
+            experts.len(),
+            x.len()
+        ));
+    }
+    if n == 0 || w.rows % n != 0 {
+        return err(format!("{} weight rows are not experts of N = {n}", w.rows));
+    }
+    let e_count = w.rows / n;
+    let mut out = Vec::with_capacity(experts.len() * n);
+    for (r, &e) in experts.iter().enumerate() {
+        if e >= e_count {
+            return err(format!("expert index {e} of {e_count} experts"));
+        }
+        let xr = &x[r * k..(r + 1) * k];
+        for j in 0..n {
+            out.push(qmm_element(xr, w, e * n + j, t, model));
+        }
+    }
+    Ok(out)
+}
+
+/// A float matmul `a @ b` with `a` `[rows, K]` tracked and `b` `[K, N]`
+/// exact (row-major), in float32 in any order, rounded to `t`.
+pub fn matmul(a: &[Tracked], b: &[f64], k: usize, n: usize, t: Float) -> Result<Vec<Tracked>, ExactError> {
+    if k == 0 || a.len() % k != 0 || b.len() != k * n {
+        return err(format!(
+            "matmul of {} values in rows of {k} with a [{k}, {n}] matrix of {} values",
+            a.len(),
+            b.len()
+        ));
+    }
+    let rows = a.len() / k;
+    let f32_ = Float::Float32;
+    let mut out = Vec::with_capacity(rows * n);
+    let mut terms = Vec::with_capacity(k);
+    for r in 0..rows {
+        for j in 0..n {
+            terms.clear();
+            terms.extend((0..k).map(|i| {
+                a[r * k + i]
+                    .round(f32_)
+                    .mul(Tracked::exact(b[i * n + j]).round(f32_))
+                    .round(f32_)
+            }));
+            out.push(sum_any_order(&terms, f32_).round(t));
+        }
+    }
+    Ok(out)
+}
+
+/// `y + bias` broadcast over rows of `bias.len()`, rounded to `t`.
+pub fn add_bias(y: &[Tracked], bias: &[f64], t: Float) -> Vec<Tracked> {
+    y.iter()
+        .enumerate()
+        .map(|(i, v)| v.add(Tracked::exact(bias[i % bias.len()])).round(t))
+        .collect()
+}
+
+/// The LoRA residual as mlx-lm's `LoRALinear.__call__` writes it:
+/// `y + (scale * ((x @ lora_a) @ lora_b)).astype(x.dtype)`; `lora_a`
+/// `[K, r]`, `lora_b` `[r, N]`. `z_dtype` is the dtype of `x @ lora_a`
+/// (the promotion of x's and the adapters' dtypes); the Python float scale
+/// is cast to it (a weak scalar); `out` is the promotion of `y` and `x`.
+#[allow(clippy::too_many_arguments)]
+pub fn lora_residual(
+    y: &[Tracked],
+    x: &[f64],
+    lora_a: &[f64],
+    lora_b: &[f64],
+    rank: usize,
+    scale: f64,
+    z_dtype: Float,
+    x_dtype: Float,
+    out: Float,
+) -> Result<Vec<Tracked>, ExactError> {
+    if rank == 0 || lora_a.len() % rank != 0 || lora_b.len() % rank != 0 {
+        return err(format!("LoRA rank {rank} with {} and {} values", lora_a.len(), lora_b.len()));
+    }
+    let k = lora_a.len() / rank;
+    let n = lora_b.len() / rank;
+    let xt: Vec<Tracked> = x.iter().map(|&v| Tracked::exact(v)).collect();
+    let t = matmul(&xt, lora_a, k, rank, z_dtype)?;
+    let z = matmul(&t, lora_b, rank, n, z_dtype)?;
+    if z.len() != y.len() {
+        return err(format!("LoRA delta of {} values for an output of {}", z.len(), y.len()));
+    }
+    let s = Tracked::exact(scale).round(z_dtype);
+    Ok(y.iter()
+        .zip(&z)
+        .map(|(y, z)| y.add(s.mul(*z).round(z_dtype).round(x_dtype)).round(out))
+        .collect())
+}
+
+/// `mx.dequantize` of rows `ids` of a quantized table (`nn.QuantizedEmbedding`
+/// lookup): `[ids.len(), K]`, each `T(T(scale * q) + bias)` (fp: `T(scale *
+/// code)`), rounded as the dequantize kernels do in `t`.
+pub fn embedding(ids: &[usize], w: &QuantizedMatrix, t: Float) -> Result<Vec<Tracked>, ExactError> {
+    w.validate()?;
+    let mut out = Vec::with_capacity(ids.len() * w.cols);
+    for &id in ids {
+        if id >= w.rows {
+            return err(format!("token id {id} of a table of {} rows", w.rows));
+        }
+        let row = w.row(id);
+        for k in 0..w.cols {
+            let g = k / w.group_size;
+            out.push(
+                Tracked::exact(row.scale[g])
+                    .mul(Tracked::exact(row.code[k]))
+                    .round(t)
+                    .add(Tracked::exact(row.bias[g]))
+                    .round(t),
+            );
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::check;
+    use crate::Exact;
+
+    /// A 4-bit affine matrix `[n, k]` with codes `(r * 7 + c * 3) % 16`,
+    /// scale 0.01 per group and bias -0.08.
+    fn affine(n: usize, k: usize, gs: usize) -> (Vec<u8>, Vec<f64>, Vec<f64>) {
+        let mut packed = vec![0u8; n * k / 2];
+        for r in 0..n {
+            for c in 0..k {
+                let q = ((r * 7 + c * 3) % 16) as u8;
+                let i = r * k + c;
+                packed[i / 2] |= q << (4 * (i % 2));
+            }
+        }
+        let g = n * k / gs;
+        (packed, vec![0.01; g], vec![-0.08; g])
+    }
+
+    fn x(rows: usize, k: usize) -> Vec<f64> {
+        (0..rows * k)
+            .map(|i| f64::from(half::bf16::from_f64(((i * 13 % 29) as f64 - 14.0) / 9.0)))
+            .collect()
+    }
+
+    /// The scalar CPU loop for bf16 (`_qmm_t`), written out independently of
+    /// the model, must be inside the Cpu bound; zeros must not be.
+    #[test]
+    fn the_cpu_bound_holds_the_scalar_bf16_loop_and_rejects_zeros() {
+        let (n, k, gs) = (16, 96, 32);
+        let (packed, scales, biases) = affine(n, k, gs);
+        let w = QuantizedMatrix {
+            format: Format::Affine,
+            bits: 4,
+            group_size: gs,
+            rows: n,
+            cols: k,
+            packed: &packed,
+            scales: &scales,
+            scale_codes: &[],
+            biases: &biases,
+        };
+        let xs = x(3, k);
+        let tracked = quantized_matmul(&xs, &w, Float::Bfloat16, Model::Cpu).unwrap();
+        let exact = Exact::from_tracked("qmm", Model::Cpu, vec![3, n], &tracked);
+        let bf = |v: f32| f32::from(half::bf16::from_f32(v));
+        let sb = bf(0.01);
+        let bb = bf(-0.08);
+        let mut computed = Vec::new();
+        for r in 0..3 {
+            for j in 0..n {
+                let mut sum = 0f32;
+                for c in 0..k {
+                    let q = ((j * 7 + c * 3) % 16) as f32;
+                    let wq = bf(bf(sb * q) + bb);
+                    sum = bf(sum + bf(xs[r * k + c] as f32 * wq));
+                }
+                computed.push(f64::from(sum));
+            }
+        }
+        // The exact side uses the bf16 scales too (what the kernel reads).
+        let s = check(&computed, &exact);
+        assert!(s.within(), "{s:?}");
+        let zeros = vec![0.0; computed.len()];
+        assert!(!check(&zeros, &exact).within());
+    }
+}
