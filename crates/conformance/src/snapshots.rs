@@ -236,14 +236,30 @@ pub fn body(result: &CaseResult) -> Option<Value> {
         .iter()
         .map(|o| (o.name.clone(), json!(o.comparison.summary())))
         .collect();
-    Some(json!({
+    let mut body = json!({
         "case": result.name,
         "expect": result.expect,
         "path": out.path,
         "digests": out.digests.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<String, Value>>(),
         "outputs": outputs,
         "finding": out.finding,
-    }))
+    });
+    // Outputs outside the exact oracle's bound, pinned like findings (one
+    // appearing or disappearing is drift). Absent when every output is
+    // within, so such snapshots are unchanged by the exact oracle.
+    let outside: serde_json::Map<String, Value> = out
+        .outputs
+        .iter()
+        .filter_map(|o| {
+            let e = o.exact.as_ref()?;
+            (e.class != crate::exactness::ExactClass::Within)
+                .then(|| (o.name.clone(), json!(e.class)))
+        })
+        .collect();
+    if !outside.is_empty() {
+        body["exact_outside"] = Value::Object(outside);
+    }
+    Some(body)
 }
 
 /// Where the seal's value is in a snapshot file: the body's last key

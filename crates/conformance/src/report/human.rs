@@ -18,6 +18,10 @@ pub fn line(row: &Row, commands: &SetCommands) -> String {
     );
     let mut notes: Vec<String> = row.result.message.iter().cloned().collect();
     notes.extend(snapshot_note(&row.snapshot, commands));
+    // Under the row: every output outside the exact oracle's bound.
+    for (_, output, e) in super::exact_outside(std::slice::from_ref(row)) {
+        notes.push(format!("exact oracle: {}", e.line(output)));
+    }
     for m in notes {
         s.push_str(&format!("\n        {}", m.replace('\n', "\n        ")));
     }
@@ -32,9 +36,11 @@ pub fn header() -> String {
     )
 }
 
-/// Whether a row needs attention (anything but a clean pass or finding).
+/// Whether a row needs attention (anything but a clean pass or finding,
+/// or an output outside the exact oracle's bound).
 pub fn notable(row: &Row) -> bool {
     !matches!(super::verdict_word(row), "pass" | "finding")
+        || !super::exact_outside(std::slice::from_ref(row)).is_empty()
 }
 
 /// The summary printed after the table.
@@ -78,8 +84,21 @@ pub fn summary(report: &Report) -> String {
     let notable = report
         .cases
         .iter()
-        .filter(|r| notable(r) && verdict_word(r) != "skip")
+        .filter(|r| !matches!(verdict_word(r), "pass" | "finding" | "skip"))
         .count();
+    // The exact oracle, in its own block just above the closing lines: a
+    // reference outside its bound computes the wrong thing.
+    let x = &s.exact;
+    out.push_str(&format!(
+        "exact oracle: {} outputs checked, {} within their bound, {} with the REFERENCE OUTSIDE, {} with the port alone outside\n",
+        x.outputs_checked,
+        x.within,
+        x.reference_outside.len(),
+        x.port_outside.len()
+    ));
+    for (row, output, e) in super::exact_outside(&report.cases) {
+        out.push_str(&format!("  !! {} {}\n", row.result.name, e.line(output)));
+    }
     let bad = notable + s.orphaned_snapshots.len() + usize::from(s.missing_snapshot_set.is_some());
     let (passed, findings) = (count("pass"), count("finding"));
     out.push_str(&format!(

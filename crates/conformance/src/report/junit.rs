@@ -63,6 +63,29 @@ pub fn render(report: &Report) -> String {
             .or_insert_with(|| TestSuite::new("snapshot-set"))
             .add_test_case(TestCase::new(format!("orphan {orphan}"), status));
     }
+    // The exact oracle's outside-the-bound outputs, one test each: a
+    // failure unless the case's snapshot pins it (then skipped, with the
+    // recorded fault as its message, so it still shows).
+    for (row, output, e) in super::exact_outside(&report.cases) {
+        let pinned = matches!(row.snapshot, Status::Match | Status::Written);
+        let mut status = if pinned {
+            TestCaseStatus::skipped()
+        } else {
+            TestCaseStatus::non_success(NonSuccessKind::Failure)
+        };
+        status.set_message(format!(
+            "{}{}",
+            if pinned { "recorded: " } else { "" },
+            e.line(output)
+        ));
+        suites
+            .entry("exact-oracle".into())
+            .or_insert_with(|| TestSuite::new("exact-oracle"))
+            .add_test_case(TestCase::new(
+                format!("{} {output}: {}", row.result.name, e.class.word()),
+                status,
+            ));
+    }
     junit.add_test_suites(suites.into_values());
     junit
         .to_string()

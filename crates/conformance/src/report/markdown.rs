@@ -49,6 +49,47 @@ pub fn render(report: &Report) -> String {
         let host: Vec<String> = e.host.iter().map(|(k, v)| format!("{k} {v}")).collect();
         let _ = writeln!(md, "host: {}\n", host.join(" · "));
     }
+    // The exact oracle first: a reference outside its bound is the most
+    // important thing a run can say.
+    let x = &s.exact;
+    let _ = writeln!(
+        md,
+        "**Exact oracle**: {} outputs checked against float64 definitions, {} within their derived bound, **{} with the reference outside**, {} with the port alone outside.\n",
+        x.outputs_checked,
+        x.within,
+        x.reference_outside.len(),
+        x.port_outside.len()
+    );
+    let outside = super::exact_outside(&report.cases);
+    if !outside.is_empty() {
+        let _ = writeln!(md, "## Outside the exact bound ({})\n", outside.len());
+        let _ = writeln!(md, "| case | output | class | op, model | worst element | ratio | snapshot |\n|---|---|---|---|---|---:|---|");
+        for (row, output, e) in &outside {
+            let side = if e.class == crate::exactness::ExactClass::PortOutside { &e.port } else { &e.reference };
+            let _ = writeln!(
+                md,
+                "| `{}` | {output} | {}{} | {} {:?} | [{}] = {} vs exact {} ± {:.3e} ({} of {} outside) | {:.3} | {} |",
+                row.result.name,
+                e.class.word(),
+                if e.bit_equal { " (port bit-equal)" } else { "" },
+                e.op,
+                e.model,
+                side.worst_index,
+                side.worst_value,
+                side.worst_exact,
+                side.worst_bound,
+                side.outside,
+                side.total,
+                side.max_ratio,
+                match row.snapshot {
+                    crate::snapshots::Status::Match | crate::snapshots::Status::Written => "pinned",
+                    crate::snapshots::Status::NotChecked => "not checked",
+                    _ => "NOT PINNED (drift)",
+                }
+            );
+        }
+        let _ = writeln!(md);
+    }
     let _ = writeln!(md, "| family | cases | wall ms |\n|---|---:|---:|");
     for (f, fs) in &report.families {
         let _ = writeln!(md, "| {f} | {} | {:.1} |", fs.cases, fs.wall_ms);

@@ -87,6 +87,56 @@ pub struct Summary {
     pub missing_snapshot_set: Option<String>,
     pub wall_ms: f64,
     pub exit_code: i32,
+    /// The exact oracle over every output in its scope.
+    pub exact: ExactSummary,
+}
+
+/// What the exact oracle found over the run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ExactSummary {
+    /// Outputs measured against the exact oracle (both sides each).
+    pub outputs_checked: usize,
+    pub within: usize,
+    /// `case: output` where the reference is outside its bound: the
+    /// reference computes the wrong thing there.
+    pub reference_outside: Vec<String>,
+    /// `case: output` where only the port is outside (a port bug).
+    pub port_outside: Vec<String>,
+}
+
+impl ExactSummary {
+    fn of(rows: &[Row]) -> Self {
+        use crate::exactness::ExactClass;
+        let mut s = ExactSummary::default();
+        for row in rows {
+            let Some(out) = &row.result.output else { continue };
+            for o in &out.outputs {
+                let Some(e) = &o.exact else { continue };
+                s.outputs_checked += 1;
+                let name = format!("{}: {}", row.result.name, o.name);
+                match e.class {
+                    ExactClass::Within => s.within += 1,
+                    ExactClass::ReferenceOutside => s.reference_outside.push(name),
+                    ExactClass::PortOutside => s.port_outside.push(name),
+                }
+            }
+        }
+        s
+    }
+}
+
+/// Every output outside the exact bound: (row, output name, check).
+pub fn exact_outside(rows: &[Row]) -> Vec<(&Row, &str, &crate::exactness::ExactCheck)> {
+    rows.iter()
+        .flat_map(|row| {
+            row.result.output.iter().flat_map(move |out| {
+                out.outputs.iter().filter_map(move |o| {
+                    let e = o.exact.as_ref()?;
+                    (e.class != crate::exactness::ExactClass::Within).then_some((row, o.name.as_str(), e))
+                })
+            })
+        })
+        .collect()
 }
 
 /// Findings measured on a GPU backend set against the same cases' findings
@@ -198,6 +248,7 @@ impl Report {
             }
         }
         s.orphaned_snapshots = orphans.iter().map(|p| p.display().to_string()).collect();
+        s.exact = ExactSummary::of(&rows);
         // Precedence: a broken verdict first, then a run that could not
         // evaluate everything, then drift.
         s.exit_code = if s.failed > 0 {

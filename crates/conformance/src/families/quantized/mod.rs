@@ -42,6 +42,8 @@ mod linear;
 mod lora;
 mod rows;
 mod switch;
+#[cfg(test)]
+mod exact_faults;
 
 pub fn cases() -> Vec<Case> {
     let mut cases = Vec::new();

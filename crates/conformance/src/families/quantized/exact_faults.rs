@@ -1,0 +1,150 @@
+//! The exact oracle's self-test: each fault kind that a bit comparison
+//! against the same kernel cannot see is planted into a copy of a real
+//! port output (MLX on this machine's CPU), and the oracle must put it
+//! outside the bound, with a readable row. The unplanted output must be
+//! within.
+
+use exact::Model;
+use layers::quantized::{Mode, QuantizedLinear};
+use oracle::{Arg, DType, HostTensor};
+
+use super::{activation, affine, host, layer_tensors, mode_default, quantized_weight, QuantizedTensors};
+use crate::exactness::{quantized::linear, ExactCheck, ExactClass, ExactPair, Sent};
+use crate::inputs::Inputs;
+
+const M: usize = 6;
+const N: usize = 32;
+
+fn sent(x: &HostTensor, t: &QuantizedTensors) -> Sent {
+    Sent::new(vec![
+        ("x", Arg::Tensor(x.clone())),
+        ("weight", Arg::Tensor(t.weight.clone())),
+        ("scales", Arg::Tensor(t.scales.clone())),
+        ("biases", t.biases.clone().map_or(Arg::None, Arg::Tensor)),
+        ("bias", Arg::None),
+        ("mode", Arg::from(t.spec.mode.as_str())),
+        ("bits", Arg::from(t.spec.bits)),
+        ("group_size", Arg::from(t.spec.group_size)),
+    ])
+}
+
+struct Setup {
+    x: HostTensor,
+    tensors: QuantizedTensors,
+    layer: QuantizedLinear,
+    y: HostTensor,
+    exact: ExactPair,
+}
+
+fn setup(mode: Mode, seed: u64) -> Setup {
+    let spec = if mode == Mode::Affine { affine(4, 32) } else { mode_default(mode) };
+    let mut inputs = Inputs::new(seed);
+    let k = 3 * spec.group_size as usize;
+    let x = activation(&mut inputs, DType::Bfloat16, &[M, k]);
+    let payload = quantized_weight(&mut inputs, spec, DType::Bfloat16, &[N, k]).unwrap();
+    let tensors = layer_tensors(&payload, None).unwrap();
+    let layer = QuantizedLinear::new(payload, None).unwrap();
+    let y = host(&layer.forward(&x.to_array()).unwrap()).unwrap();
+    let e = std::sync::Arc::new(linear(&sent(&x, &tensors), Model::Cpu, "weight", false).unwrap());
+    Setup {
+        x,
+        tensors,
+        layer,
+        y,
+        exact: ExactPair { reference: e.clone(), port: e },
+    }
+}
+
+/// Measures a planted output as both sides (a fault both share) and
+/// returns the row.
+fn caught(planted: &HostTensor, exact: &ExactPair, fault: &str) -> String {
+    let c = ExactCheck::measure(planted, planted, exact, true);
+    let row = c.line("y");
+    assert_eq!(c.class, ExactClass::ReferenceOutside, "{fault} not caught: {row}");
+    println!("{fault}: {row}");
+    row
+}
+
+/// bf16 bits of `values` in a tensor of `shape`.
+fn bf16(values: &[f64], shape: &[usize]) -> HostTensor {
+    let bytes = values
+        .iter()
+        .flat_map(|v| half::bf16::from_f64(*v).to_bits().to_le_bytes())
+        .collect();
+    HostTensor::new(DType::Bfloat16, shape.to_vec(), bytes).unwrap()
+}
+
+#[test]
+fn the_unplanted_output_is_within_its_bound() {
+    for mode in [Mode::Affine, Mode::Mxfp4] {
+        let s = setup(mode, 1);
+        let c = ExactCheck::measure(&s.y, &s.y, &s.exact, true);
+        assert_eq!(c.class, ExactClass::Within, "{}", c.line("y"));
+    }
+}
+
+#[test]
+fn a_zeroed_output_is_caught() {
+    let s = setup(Mode::Affine, 2);
+    let mut z = s.y.clone();
+    z.bytes.iter_mut().for_each(|b| *b = 0);
+    caught(&z, &s.exact, "zeroed output");
+}
+
+#[test]
+fn an_output_holding_a_recycled_buffer_is_caught() {
+    // The bytes an earlier call of the same shape left: its result.
+    let s = setup(Mode::Affine, 3);
+    let earlier = setup(Mode::Affine, 4);
+    caught(&earlier.y, &s.exact, "recycled buffer");
+}
+
+#[test]
+fn a_broadcast_read_as_contiguous_is_caught() {
+    // x is row 0 broadcast to M rows (stride 0); a kernel ignoring the
+    // stride reads the buffer's rows 0..M instead.
+    let s = setup(Mode::Affine, 5);
+    let k = s.x.shape[1];
+    let row0 = HostTensor::new(DType::Bfloat16, vec![1, k], s.x.bytes[..2 * k].to_vec()).unwrap();
+    let broadcast: Vec<u8> = std::iter::repeat_n(row0.bytes.clone(), M).flatten().collect();
+    let xb = HostTensor::new(DType::Bfloat16, vec![M, k], broadcast).unwrap();
+    let e = std::sync::Arc::new(linear(&sent(&xb, &s.tensors), Model::Cpu, "weight", false).unwrap());
+    let exact = ExactPair { reference: e.clone(), port: e };
+    // The right result is within: the port on the materialised broadcast.
+    let right = host(&s.layer.forward(&xb.to_array()).unwrap()).unwrap();
+    assert_eq!(ExactCheck::measure(&right, &right, &exact, true).class, ExactClass::Within);
+    caught(&s.y, &exact, "stride ignored (broadcast read as contiguous)");
+}
+
+#[test]
+fn a_scale_byte_used_raw_is_caught() {
+    // mxfp4: the e8m0 byte s used as the value s instead of 2^(s - 127).
+    let s = setup(Mode::Mxfp4, 6);
+    let m = crate::exactness::quantized::Matrix::from_sent(&sent(&s.x, &s.tensors), "weight").unwrap();
+    let w = m.view();
+    let k = w.cols;
+    let xs = crate::exactness::values(&s.x);
+    let mut raw = Vec::with_capacity(M * N);
+    for r in 0..M {
+        for n in 0..N {
+            let row = w.row(n);
+            let mut sum = 0.0;
+            for c in 0..k {
+                let g = c / w.group_size;
+                sum += xs[r * k + c] * row.code[c] * f64::from(s.tensors.scales.bytes[n * (k / w.group_size) + g]);
+            }
+            raw.push(sum);
+        }
+    }
+    caught(&bf16(&raw, &[M, N]), &s.exact, "scale applied raw");
+}
+
+#[test]
+fn one_rows_result_swapped_with_anothers_is_caught() {
+    let s = setup(Mode::Affine, 7);
+    let mut swapped = s.y.clone();
+    let row = 2 * N;
+    let (a, b) = swapped.bytes.split_at_mut(row);
+    a.swap_with_slice(&mut b[..row]);
+    caught(&swapped, &s.exact, "rows swapped");
+}
