@@ -100,29 +100,6 @@ pub fn quantized_linear(
     Ok(one_array(F, value)?.with_exact(exact))
 }
 
-/// `x @ mx.dequantize(layer).T`: the float product a quantized matmul
-/// stands for (findings only: nothing is perturbed).
-pub fn quantized_dequantized_matmul(
-    ctx: &Ctx,
-    x: &HostTensor,
-    layer: &QuantizedTensors,
-) -> Result<Expected, CaseError> {
-    const F: &str = "quantized_dequantized_matmul";
-    let params = vec![
-        fixed("x", x.clone()),
-        fixed("weight", layer.weight.clone()),
-        fixed("scales", layer.scales.clone()),
-        match &layer.biases {
-            Some(b) => fixed("biases", b.clone()),
-            None => fixed("biases", oracle::Arg::None),
-        },
-        fixed("mode", layer.spec.mode.as_str()),
-        fixed("bits", layer.spec.bits),
-        fixed("group_size", layer.spec.group_size),
-    ];
-    one_array(F, ctx.call(F, params)?)
-}
-
 /// The reference layer (LoRA-wrapped when `adapters` is not empty) called
 /// once per row of `x`, rows concatenated.
 pub fn quantized_linear_rows(

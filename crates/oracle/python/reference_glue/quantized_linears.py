@@ -30,11 +30,3 @@ def quantized_lora(x, weight, scales, biases, bias, lora_a, lora_b, lora_scales,
     """`mlx_lm.tuner.lora.LoRALinear.__call__` (nested per adapter) on x."""
     base = _q_linear(weight, scales, biases, bias, mode, bits, group_size)
     return _q_lora_layer(base, lora_a, lora_b, lora_scales)(x)
-
-
-def quantized_dequantized_matmul(x, weight, scales, biases, mode, bits, group_size):
-    """`x @ mx.dequantize(weight, scales, biases, group_size, bits, mode).T`:
-    the float product the quantized matmul stands for, to tell whether
-    `mx.quantized_matmul` wrote its output at all."""
-    w = mx.dequantize(weight, scales, biases, group_size, bits, mode=mode)
-    return x @ w.astype(x.dtype).T
