@@ -36,9 +36,11 @@
 //! quantization itself (`mx.quantize` picks codes: rounding decisions, not
 //! a value to bound).
 
+pub mod attention;
 pub mod check;
 pub mod formats;
 pub mod matmul;
+pub mod rope;
 pub mod tracked;
 
 pub use check::{check, Side};

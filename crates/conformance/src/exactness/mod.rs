@@ -37,6 +37,12 @@ impl Sent {
     pub(crate) fn new(args: Vec<(&'static str, Arg)>) -> Self {
         Self { args }
     }
+    /// These arguments with `name` set to `value` (replaced if present).
+    pub fn with(&self, name: &'static str, value: Arg) -> Sent {
+        let mut args: Vec<_> = self.args.iter().filter(|(n, _)| *n != name).cloned().collect();
+        args.push((name, value));
+        Sent::new(args)
+    }
     fn get(&self, name: &str) -> Result<&Arg, ExactError> {
         self.args
             .iter()
@@ -164,6 +170,47 @@ impl Calls {
         };
         Ok(ExactPair { reference, port })
     }
+}
+
+impl Calls {
+    /// Like [`Calls::exact`], with `extra` arguments added to each side's
+    /// (what the reference built from a file, as the port loaded it: the
+    /// read itself is outside this oracle's scope and bit-compared).
+    pub fn exact_with(
+        &self,
+        function: &str,
+        extra: &[(&'static str, Arg)],
+        f: impl Fn(&Sent, Model) -> Result<Exact, ExactError>,
+    ) -> Result<ExactPair, CaseError> {
+        let add = |s: &Sent| {
+            let mut args = s.args.clone();
+            args.extend(extra.iter().cloned());
+            Sent::new(args)
+        };
+        Calls {
+            reference: add(&self.reference),
+            port: self.port.as_ref().map(add),
+            model: self.model,
+        }
+        .exact(function, f)
+    }
+}
+
+/// The first `cols` columns of a row-major tensor `[.., C]` (`x[..., :cols]`).
+pub fn first_columns(t: &HostTensor, cols: usize) -> Result<HostTensor, ExactError> {
+    let c = *t.shape.last().ok_or_else(|| ExactError("a scalar has no columns".into()))?;
+    if cols > c {
+        return Err(ExactError(format!("{cols} columns of a tensor of {c}")));
+    }
+    let size = t.dtype.size();
+    let bytes = t
+        .bytes
+        .chunks(c * size)
+        .flat_map(|row| row[..cols * size].iter().copied())
+        .collect();
+    let mut shape = t.shape.clone();
+    *shape.last_mut().expect("checked") = cols;
+    HostTensor::new(t.dtype, shape, bytes).map_err(|e| ExactError(e.to_string()))
 }
 
 /// A float tensor's elements as float64 (exact: every bf16, f16 and f32 is

@@ -79,6 +79,9 @@ pub struct LoadedModules {
     /// The module's output on `x[:, :in]` (a switch module with `indices`),
     /// `None` for float layers.
     pub outputs: Vec<Option<Expected>>,
+    /// What each side computed from (for the exact oracle: the case adds
+    /// each module's tensors as the port loaded them).
+    pub calls: crate::exactness::Calls,
 }
 
 /// `mlx_lm.utils.load_model(directory)` with the fixtures' tiny model
@@ -100,10 +103,12 @@ pub fn quantized_checkpoint(
             oracle::Arg::List(paths.iter().map(|p| oracle::Arg::from(*p)).collect()),
         ),
     ];
-    let mut r = Fields::of(F, ctx.call(F, params)?)?;
+    let (value, calls) = ctx.call_sent(F, params)?;
+    let mut r = Fields::of(F, value)?;
     Ok(LoadedModules {
         specs: r.tensor("specs")?,
         outputs: opt_arrays(F, r.value("outputs")?)?,
+        calls,
     })
 }
 
@@ -112,6 +117,9 @@ pub fn quantized_checkpoint(
 pub struct FloatModule {
     pub module: String,
     pub y: Expected,
+    /// What each side computed from (the case adds the module's tensors as
+    /// the port loaded them, for the exact oracle).
+    pub calls: crate::exactness::Calls,
 }
 
 /// The module `load_model(directory)` built at `path`, on `x[:, :in]`.
@@ -127,9 +135,11 @@ pub fn float_checkpoint(
         fixed("directory", directory.to_string_lossy().as_ref()),
         fixed("path", path),
     ];
-    let mut r = Fields::of(F, ctx.call(F, params)?)?;
+    let (value, calls) = ctx.call_sent(F, params)?;
+    let mut r = Fields::of(F, value)?;
     Ok(FloatModule {
         module: r.string("module")?,
         y: r.tensor("y")?,
+        calls,
     })
 }

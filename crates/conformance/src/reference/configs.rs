@@ -7,7 +7,7 @@ use oracle::{DType, HostTensor, Value};
 
 use super::{fixed, list, tensor, varied, Fields, Param, Perturb};
 use crate::case::{CaseError, Ctx, Expected};
-use crate::reference::position::Prompt;
+use crate::reference::position::{rope2d_exact, MropeExact, Prompt, RotaryArgs};
 
 /// A float result as the bits of its f64 (int64), so it compares like any
 /// other output.
@@ -138,14 +138,56 @@ pub fn config_qwen3_5_mrope(
     ];
     params.extend(prompt.params());
     params.push(fixed("path", path));
-    let mut r = Fields::of(F, ctx.call(F, params)?)?;
+    let (value, calls) = ctx.call_sent(F, params)?;
+    let rotary = qwen3_5_rotary(ctx, config_text)?;
+    let mut r = Fields::of(F, value)?;
+    let path = r.string("path")?;
+    let position_ids = r.tensor("position_ids")?;
+    let exact = MropeExact::new(F, &calls, &path, position_ids.tensor().clone(), false)?
+        .with_rotary(rotary);
     Ok(Qwen3_5Mrope {
-        path: r.string("path")?,
-        q: r.tensor("q")?,
-        k: r.tensor("k")?,
-        position_ids: r.tensor("position_ids")?,
+        q: r.tensor("q")?.with_exact(exact.rotated(&calls, "q")?),
+        k: r.tensor("k")?.with_exact(exact.rotated(&calls, "k")?),
+        path,
+        position_ids,
         rope_deltas: r.tensor("rope_deltas")?,
     })
+}
+
+/// For the exact oracle: the rotary the reference's config classes read
+/// from the (fixed) config text, by the reference's own `config_qwen3_5`
+/// (the read itself is bit-compared by the `configs/` read cases).
+fn qwen3_5_rotary(ctx: &Ctx, config_text: &str) -> Result<RotaryArgs, CaseError> {
+    const F: &str = "config_qwen3_5";
+    let mut r = Fields::of(
+        F,
+        ctx.call(F, vec![fixed("config_text", config_text.to_owned())])?,
+    )?;
+    let fields = r.tensor("fields")?.into_tensor();
+    let section = r.tensor("mrope_section")?.into_tensor();
+    let theta = floats(F, r.value("floats")?)?;
+    let (Some(&rope_theta), true) = (theta.first(), fields.len() > 1) else {
+        return Err(CaseError::Harness(format!("`{F}` read no rotary")));
+    };
+    Ok(RotaryArgs {
+        rotary_dim: fields.value(1) as usize,
+        rope_theta,
+        mrope_section: (0..section.len()).map(|i| section.value(i) as usize).collect(),
+    })
+}
+
+/// A list of Python floats.
+fn floats(function: &'static str, values: Value) -> Result<Vec<f64>, CaseError> {
+    list(function, values)?
+        .into_iter()
+        .map(|v| match v {
+            Value::Float(f) => Ok(f),
+            Value::Int(i) => Ok(i as f64),
+            other => Err(CaseError::Harness(format!(
+                "`{function}` returned {other:?} for a float"
+            ))),
+        })
+        .collect()
 }
 
 /// What mlx-vlm's Gemma 4 vision config reads.
@@ -181,5 +223,23 @@ pub fn config_gemma4_rope2d(
         tensor("inputs", inputs),
         fixed("positions", positions.clone()),
     ];
-    super::one_array(F, ctx.call(F, params)?)
+    let (value, calls) = ctx.call_sent(F, params)?;
+    let theta = gemma4_rope_theta(ctx, config_text)?;
+    let exact = calls.exact(F, |sent, model| rope2d_exact(sent, theta, model))?;
+    Ok(super::one_array(F, value)?.with_exact(exact))
+}
+
+/// For the exact oracle: the vision `rope_theta` the reference's config
+/// classes read from the (fixed) config text, by its own
+/// `config_gemma4_vision`.
+fn gemma4_rope_theta(ctx: &Ctx, config_text: &str) -> Result<f64, CaseError> {
+    const F: &str = "config_gemma4_vision";
+    let mut r = Fields::of(
+        F,
+        ctx.call(F, vec![fixed("config_text", config_text.to_owned())])?,
+    )?;
+    floats(F, r.value("floats")?)?
+        .first()
+        .copied()
+        .ok_or_else(|| CaseError::Harness(format!("`{F}` read no rope_theta")))
 }

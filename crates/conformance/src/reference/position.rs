@@ -4,11 +4,14 @@
 //! `mrope_section` and cache offsets are perturbable; shapes, paths and
 //! token layouts are constants.
 
+use exact::rope::{self, Mrope, Path};
+use exact::{Exact, ExactError, Model};
 use layers::position::GridThw;
 use oracle::{Arg, HostTensor};
 
 use super::{fixed, int32, ints, list, one_array, tensor, text, varied, Fields, Param, Perturb};
 use crate::case::{CaseError, Ctx, Expected};
+use crate::exactness::{float_of, values, Calls, Sent};
 
 /// The rotary configuration, as `MRoPERotaryEmbedding` is built from a
 /// text config.
@@ -74,18 +77,154 @@ pub struct MropeApplied {
     pub decode_position_ids: Option<Expected>,
 }
 
-fn applied(function: &'static str, value: oracle::Value) -> Result<MropeApplied, CaseError> {
+fn applied(
+    function: &'static str,
+    (value, calls): (oracle::Value, Calls),
+    decode: bool,
+) -> Result<MropeApplied, CaseError> {
     let mut r = Fields::of(function, value)?;
+    let path = r.string("path")?;
+    let position_ids = r.tensor("position_ids")?;
+    let decode_position_ids = r.opt_tensor("decode_position_ids")?;
+    // The positions the reference rotated by: its own rope-index output
+    // (integers, bit-compared on their own), the decode ones for a decode.
+    let positions = match (decode, &decode_position_ids) {
+        (false, _) => position_ids.tensor().clone(),
+        (true, Some(p)) => p.tensor().clone(),
+        (true, None) => {
+            return Err(CaseError::Harness(format!(
+                "`{function}` returned no decode positions"
+            )))
+        }
+    };
+    let exact = MropeExact::new(function, &calls, &path, positions, decode)?;
     Ok(MropeApplied {
-        path: r.string("path")?,
-        q: r.tensor("q")?,
-        k: r.tensor("k")?,
-        inv_freq: r.tensor("inv_freq")?,
+        q: r.tensor("q")?.with_exact(exact.rotated(&calls, "q")?),
+        k: r.tensor("k")?.with_exact(exact.rotated(&calls, "k")?),
+        inv_freq: r.tensor("inv_freq")?.with_exact(calls.exact(function, |sent, model| {
+            let rotary = sent_rotary(sent)?;
+            inv_freq_exact(&[rotary.rotary_dim], rotary.rope_theta, model)
+        })?),
+        path,
         position_selector: r.tensor("position_selector")?,
-        position_ids: r.tensor("position_ids")?,
+        position_ids,
         rope_deltas: r.tensor("rope_deltas")?,
-        decode_position_ids: r.opt_tensor("decode_position_ids")?,
+        decode_position_ids,
     })
+}
+
+/// The rotary of an mRoPE apply, as the reference built it.
+#[derive(Debug, Clone)]
+pub(crate) struct RotaryArgs {
+    pub rotary_dim: usize,
+    pub rope_theta: f64,
+    pub mrope_section: Vec<usize>,
+}
+
+/// [`RotaryArgs`] from a `position_mrope_*` call's arguments:
+/// `int(head_dim * partial_rotary_factor)` as the Qwen3.5 attention
+/// computes the rotary's dims.
+fn sent_rotary(sent: &Sent) -> Result<RotaryArgs, ExactError> {
+    let head_dim = sent.int("head_dim")? as f64;
+    let rotary_dim = (head_dim * sent.float("partial_rotary_factor")?).trunc() as usize;
+    let mrope_section = sent
+        .ints("mrope_section")?
+        .into_iter()
+        .map(|s| usize::try_from(s).map_err(|_| ExactError(format!("mrope_section holds {s}"))))
+        .collect::<Result<_, _>>()?;
+    Ok(RotaryArgs {
+        rotary_dim,
+        rope_theta: sent.float("rope_theta")?,
+        mrope_section,
+    })
+}
+
+/// The exact rotated q / k of an mRoPE apply (see [`exact::rope`]).
+pub(crate) struct MropeExact {
+    function: &'static str,
+    path: Path,
+    positions: HostTensor,
+    /// The reference's `cache_offset` (decode calls): a side computed at
+    /// another offset (the port, under `--perturb`) rotates by positions
+    /// moved by the difference, as `LanguageModel.__call__` computes decode
+    /// positions (`cache_offset + t + rope_delta`, every stream).
+    reference_offset: Option<i64>,
+    /// The rotary from a side's arguments (None: `sent_rotary`).
+    rotary: Option<RotaryArgs>,
+}
+
+impl MropeExact {
+    pub(crate) fn new(
+        function: &'static str,
+        calls: &Calls,
+        path: &str,
+        positions: HostTensor,
+        decode: bool,
+    ) -> Result<Self, CaseError> {
+        let harness = |e: ExactError| CaseError::Harness(format!("`{function}`: {e}"));
+        Ok(MropeExact {
+            function,
+            path: Path::from_name(path).map_err(harness)?,
+            positions,
+            reference_offset: if decode {
+                Some(calls.reference.int("cache_offset").map_err(harness)?)
+            } else {
+                None
+            },
+            rotary: None,
+        })
+    }
+    /// With a rotary read elsewhere (a config), the same on both sides.
+    pub(crate) fn with_rotary(mut self, rotary: RotaryArgs) -> Self {
+        self.rotary = Some(rotary);
+        self
+    }
+    /// The exact value of output `which` (`q` or `k`) on each side.
+    pub(crate) fn rotated(
+        &self,
+        calls: &Calls,
+        which: &'static str,
+    ) -> Result<crate::exactness::ExactPair, CaseError> {
+        calls.exact(self.function, |sent, model| self.one(sent, model, which))
+    }
+    fn one(&self, sent: &Sent, model: Model, which: &str) -> Result<Exact, ExactError> {
+        let rotary = match &self.rotary {
+            Some(r) => r.clone(),
+            None => sent_rotary(sent)?,
+        };
+        let shift = match self.reference_offset {
+            Some(offset) => (sent.int("cache_offset")? - offset) as f64,
+            None => 0.0,
+        };
+        let x = sent.tensor(which)?;
+        let k = sent.tensor("k")?;
+        let positions: Vec<f64> = values(&self.positions).iter().map(|p| p + shift).collect();
+        rope::mrope_apply(
+            &values(x),
+            &x.shape,
+            float_of(x)?,
+            // cos / sin are cast to k's dtype (`self(k, position_ids)`).
+            float_of(k)?,
+            &positions,
+            &self.positions.shape,
+            Mrope {
+                rotary_dim: rotary.rotary_dim,
+                rope_theta: rotary.rope_theta,
+                mrope_section: &rotary.mrope_section,
+            },
+            self.path,
+            model,
+        )
+    }
+}
+
+/// `compute_inv_freq(d, base)` for each of `dims`, concatenated.
+fn inv_freq_exact(dims: &[usize], base: f64, model: Model) -> Result<Exact, ExactError> {
+    let mut all = Vec::new();
+    for &d in dims {
+        all.extend(rope::inv_freq(d, base, model)?);
+    }
+    Ok(Exact::from_tracked("inv_freq", model, vec![all.len()], &all))
 }
 
 /// Prefill: the rope index of `prompt`, then the apply with its positions
@@ -103,7 +242,7 @@ pub fn position_mrope_prompt(
     params.extend(prompt.params());
     params.extend(rotary.params());
     params.push(fixed("path", path));
-    applied(F, ctx.call(F, params)?)
+    applied(F, ctx.call_sent(F, params)?, false)
 }
 
 /// Decode: the rope index of `prompt`, the decode positions of q's tokens
@@ -124,7 +263,7 @@ pub fn position_mrope_decode(
     params.push(varied("cache_offset", cache_offset, Perturb::Add(1)));
     params.extend(rotary.params());
     params.push(fixed("path", path));
-    applied(F, ctx.call(F, params)?)
+    applied(F, ctx.call_sent(F, params)?, true)
 }
 
 /// `rope_utils.compute_inv_freq(dim, base)` for each of `dims`,
@@ -135,7 +274,16 @@ pub fn position_inv_freq(ctx: &Ctx, dims: &[usize], base: f64) -> Result<Expecte
         fixed("dims", ints(dims)),
         varied("base", base, Perturb::NextUp),
     ];
-    one_array(F, ctx.call(F, params)?)
+    let (value, calls) = ctx.call_sent(F, params)?;
+    let exact = calls.exact(F, |sent, model| {
+        let dims = sent
+            .ints("dims")?
+            .into_iter()
+            .map(|d| usize::try_from(d).map_err(|_| ExactError(format!("dim {d}"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        inv_freq_exact(&dims, sent.float("base")?, model)
+    })?;
+    Ok(one_array(F, value)?.with_exact(exact))
 }
 
 /// `rope_utils._interleaved_position_selector(section, freq_dim)` for each
@@ -355,5 +503,25 @@ pub fn position_rope2d(
         tensor("positions", positions),
         varied("base_frequency", base_frequency, Perturb::NextUp),
     ];
-    one_array(F, ctx.call(F, params)?)
+    let (value, calls) = ctx.call_sent(F, params)?;
+    let exact = calls.exact(F, |sent, model| {
+        rope2d_exact(sent, sent.float("base_frequency")?, model)
+    })?;
+    Ok(one_array(F, value)?.with_exact(exact))
+}
+
+/// The exact `apply_multidimensional_rope(inputs, positions, base)` of a
+/// call's `inputs` and `positions` (see [`exact::rope::rope2d`]).
+pub(crate) fn rope2d_exact(sent: &Sent, base: f64, model: Model) -> Result<Exact, ExactError> {
+    let inputs = sent.tensor("inputs")?;
+    let positions = sent.tensor("positions")?;
+    rope::rope2d(
+        &values(inputs),
+        &inputs.shape,
+        float_of(inputs)?,
+        &values(positions),
+        &positions.shape,
+        base,
+        model,
+    )
 }

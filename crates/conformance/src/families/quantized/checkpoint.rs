@@ -32,6 +32,8 @@ use serde_json::Value as Json;
 
 use super::switch::{expert_indices, port_apply};
 use super::{activation, fixture_dir, host, port};
+use crate::exactness::Sent;
+use oracle::Arg;
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
 use crate::reference;
 
@@ -176,6 +178,9 @@ fn load(ctx: &Ctx, fixture: &str) -> Result<CaseOutput, CaseError> {
     let mut outputs: Vec<Option<HostTensor>> = Vec::with_capacity(paths.len());
     // Paths whose output is a loaded tensor, not a forward of x.
     let mut loaded_constants = std::collections::BTreeSet::new();
+    // Each quantized module's tensors as the port loaded them, for the
+    // exact oracle (the read is bit-checked; the arithmetic is its scope).
+    let mut modules: Vec<Option<Vec<(&'static str, Arg)>>> = Vec::with_capacity(paths.len());
     let xa = x.to_array();
     for path in &paths {
         let info = &infos[path.as_str()];
@@ -185,6 +190,7 @@ fn load(ctx: &Ctx, fixture: &str) -> Result<CaseOutput, CaseError> {
         let SpecResolution::Quantized { spec, .. } = resolution else {
             table.extend([0, 0, -1]);
             outputs.push(None);
+            modules.push(None);
             continue;
         };
         table.extend([spec.bits, spec.group_size, mode_id(spec.mode)]);
@@ -194,12 +200,14 @@ fn load(ctx: &Ctx, fixture: &str) -> Result<CaseOutput, CaseError> {
                 let table =
                     QuantizedEmbedding::from_checkpoint(&checkpoint, path, info.in_features as i32)
                         .map_err(port)?;
+                modules.push(Some(module_args(table.payload(), None, "linear", info.in_features)?));
                 table.as_linear(&xs).map_err(port)?
             }
             LayerKind::Linear => {
                 let layer =
                     QuantizedLinear::from_checkpoint(&checkpoint, path, info.in_features as i32)
                         .map_err(port)?;
+                modules.push(Some(module_args(layer.payload(), layer.bias(), "linear", info.in_features)?));
                 layer.forward(&xs).map_err(port)?
             }
             LayerKind::Switch => {
@@ -213,9 +221,11 @@ fn load(ctx: &Ctx, fixture: &str) -> Result<CaseOutput, CaseError> {
                     // The forward needs gather_qmm with a global scale,
                     // which the pinned MLX lacks (quantized/global-scale).
                     outputs.push(Some(host(gs)?));
+                    modules.push(None);
                     loaded_constants.insert(path.to_string());
                     continue;
                 }
+                modules.push(Some(module_args(layer.payload(), layer.bias(), "switch", info.in_features)?));
                 port_apply(
                     &layer,
                     &xs.expand_dims(0)?,
@@ -244,7 +254,15 @@ fn load(ctx: &Ctx, fixture: &str) -> Result<CaseOutput, CaseError> {
         &loaded.specs,
         "read from the committed checkpoint's config.json, a constant of the case",
     );
-    for ((path, ours), theirs) in paths.iter().zip(&outputs).zip(loaded.outputs) {
+    for (((path, ours), theirs), module) in paths.iter().zip(&outputs).zip(loaded.outputs).zip(&modules) {
+        let theirs = match (theirs, module) {
+            (Some(t), Some(args)) => Some(t.with_exact(loaded.calls.exact_with(
+                "quantized_checkpoint",
+                args,
+                module_exact,
+            )?)),
+            (t, _) => t,
+        };
         match (ours, theirs) {
             (Some(ours), Some(theirs)) if loaded_constants.contains(path.as_str()) => out
                 .compare_derived(
@@ -261,6 +279,39 @@ fn load(ctx: &Ctx, fixture: &str) -> Result<CaseOutput, CaseError> {
         }
     }
     Ok(out)
+}
+
+/// A loaded module's tensors as glue-style arguments (`kind`: `linear` or
+/// `switch`; `in_features`: the columns of x it reads).
+fn module_args(
+    p: &layers::quantized::QuantizedPayload,
+    bias: Option<&mlx_rs::Array>,
+    kind: &str,
+    in_features: usize,
+) -> Result<Vec<(&'static str, Arg)>, CaseError> {
+    let spec = p.spec();
+    Ok(vec![
+        ("weight", Arg::Tensor(host(p.weight())?)),
+        ("scales", Arg::Tensor(host(p.scales())?)),
+        ("biases", p.biases().map(host).transpose()?.map_or(Arg::None, Arg::Tensor)),
+        ("bias", bias.map(host).transpose()?.map_or(Arg::None, Arg::Tensor)),
+        ("mode", Arg::from(spec.mode.as_str())),
+        ("bits", Arg::from(spec.bits)),
+        ("group_size", Arg::from(spec.group_size)),
+        ("kind", Arg::from(kind)),
+        ("in_features", Arg::from(in_features)),
+    ])
+}
+
+/// The exact value of one loaded module's output on `x[:, :in]`.
+fn module_exact(s: &Sent, model: exact::Model) -> Result<exact::Exact, exact::ExactError> {
+    let cols = usize::try_from(s.int("in_features")?).unwrap_or(0);
+    let x = crate::exactness::first_columns(s.tensor("x")?, cols)?;
+    let s = s.with("x", Arg::Tensor(x));
+    match s.string("kind")? {
+        "switch" => crate::exactness::quantized::switch(&s, model),
+        _ => crate::exactness::quantized::linear(&s, model, "weight", false),
+    }
 }
 
 /// Where the port's spec of each path comes from.

@@ -143,7 +143,17 @@ fn checkpoint(ctx: &Ctx, fixture: &str, path: &str) -> Result<CaseOutput, CaseEr
             loaded.module
         )));
     }
-    let reference = loaded.y;
+    // The exact oracle on the module's tensors as the port loaded them.
+    let module = [
+        ("weight", oracle::Arg::Tensor(host(layer.weight())?)),
+        ("bias", layer.bias().map(host).transpose()?.map_or(oracle::Arg::None, oracle::Arg::Tensor)),
+    ];
+    let exact = loaded.calls.exact_with(
+        "float_checkpoint",
+        &module,
+        crate::exactness::quantized::float_linear,
+    )?;
+    let reference = loaded.y.with_exact(exact);
     let xa: Array = x.to_array();
     let y = host(
         &layer
