@@ -172,7 +172,9 @@ fn qwen3_5_rotary(ctx: &Ctx, config_text: &str) -> Result<RotaryArgs, CaseError>
     Ok(RotaryArgs {
         rotary_dim: fields.value(1) as usize,
         rope_theta,
-        mrope_section: (0..section.len()).map(|i| section.value(i) as usize).collect(),
+        mrope_section: (0..section.len())
+            .map(|i| section.value(i) as usize)
+            .collect(),
     })
 }
 

@@ -101,10 +101,12 @@ fn applied(
     Ok(MropeApplied {
         q: r.tensor("q")?.with_exact(exact.rotated(&calls, "q")?),
         k: r.tensor("k")?.with_exact(exact.rotated(&calls, "k")?),
-        inv_freq: r.tensor("inv_freq")?.with_exact(calls.exact(function, |sent, model| {
-            let rotary = sent_rotary(sent)?;
-            inv_freq_exact(&[rotary.rotary_dim], rotary.rope_theta, model)
-        })?),
+        inv_freq: r
+            .tensor("inv_freq")?
+            .with_exact(calls.exact(function, |sent, model| {
+                let rotary = sent_rotary(sent)?;
+                inv_freq_exact(&[rotary.rotary_dim], rotary.rope_theta, model)
+            })?),
         path,
         position_selector: r.tensor("position_selector")?,
         position_ids,
@@ -224,7 +226,12 @@ fn inv_freq_exact(dims: &[usize], base: f64, model: Model) -> Result<Exact, Exac
     for &d in dims {
         all.extend(rope::inv_freq(d, base, model)?);
     }
-    Ok(Exact::from_tracked("inv_freq", model, vec![all.len()], &all))
+    Ok(Exact::from_tracked(
+        "inv_freq",
+        model,
+        vec![all.len()],
+        &all,
+    ))
 }
 
 /// Prefill: the rope index of `prompt`, then the apply with its positions
