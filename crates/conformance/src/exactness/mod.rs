@@ -54,7 +54,7 @@ impl Sent {
     pub fn tensor(&self, name: &str) -> Result<&HostTensor, ExactError> {
         match self.get(name)? {
             Arg::Tensor(t) => Ok(t),
-            other => Err(ExactError(format!("`{name}` is {other:?}, not a tensor"))),
+            other => Err(ExactError(format!("`{name}` is {}, not a tensor", short(other)))),
         }
     }
     /// An optional tensor argument (`None` when passed as None or not
@@ -66,7 +66,7 @@ impl Sent {
         match self.get(name)? {
             Arg::Tensor(t) => Ok(Some(t)),
             Arg::None => Ok(None),
-            other => Err(ExactError(format!("`{name}` is {other:?}, not a tensor"))),
+            other => Err(ExactError(format!("`{name}` is {}, not a tensor", short(other)))),
         }
     }
     /// A list of tensors.
@@ -76,23 +76,23 @@ impl Sent {
                 .iter()
                 .map(|a| match a {
                     Arg::Tensor(t) => Ok(t),
-                    other => Err(ExactError(format!("`{name}` holds {other:?}"))),
+                    other => Err(ExactError(format!("`{name}` holds {}", short(other)))),
                 })
                 .collect(),
-            other => Err(ExactError(format!("`{name}` is {other:?}, not a list"))),
+            other => Err(ExactError(format!("`{name}` is {}, not a list", short(other)))),
         }
     }
     pub fn int(&self, name: &str) -> Result<i64, ExactError> {
         match self.get(name)? {
             Arg::Int(i) => Ok(*i),
-            other => Err(ExactError(format!("`{name}` is {other:?}, not an int"))),
+            other => Err(ExactError(format!("`{name}` is {}, not an int", short(other)))),
         }
     }
     pub fn float(&self, name: &str) -> Result<f64, ExactError> {
         match self.get(name)? {
             Arg::Float(f) => Ok(*f),
             Arg::Int(i) => Ok(*i as f64),
-            other => Err(ExactError(format!("`{name}` is {other:?}, not a float"))),
+            other => Err(ExactError(format!("`{name}` is {}, not a float", short(other)))),
         }
     }
     pub fn floats(&self, name: &str) -> Result<Vec<f64>, ExactError> {
@@ -102,10 +102,10 @@ impl Sent {
                 .map(|a| match a {
                     Arg::Float(f) => Ok(*f),
                     Arg::Int(i) => Ok(*i as f64),
-                    other => Err(ExactError(format!("`{name}` holds {other:?}"))),
+                    other => Err(ExactError(format!("`{name}` holds {}", short(other)))),
                 })
                 .collect(),
-            other => Err(ExactError(format!("`{name}` is {other:?}, not a list"))),
+            other => Err(ExactError(format!("`{name}` is {}, not a list", short(other)))),
         }
     }
     pub fn ints(&self, name: &str) -> Result<Vec<i64>, ExactError> {
@@ -114,23 +114,36 @@ impl Sent {
                 .iter()
                 .map(|a| match a {
                     Arg::Int(i) => Ok(*i),
-                    other => Err(ExactError(format!("`{name}` holds {other:?}"))),
+                    other => Err(ExactError(format!("`{name}` holds {}", short(other)))),
                 })
                 .collect(),
-            other => Err(ExactError(format!("`{name}` is {other:?}, not a list"))),
+            other => Err(ExactError(format!("`{name}` is {}, not a list", short(other)))),
         }
     }
     pub fn string(&self, name: &str) -> Result<&str, ExactError> {
         match self.get(name)? {
             Arg::Str(s) => Ok(s),
-            other => Err(ExactError(format!("`{name}` is {other:?}, not a string"))),
+            other => Err(ExactError(format!("`{name}` is {}, not a string", short(other)))),
         }
     }
     pub fn bool(&self, name: &str) -> Result<bool, ExactError> {
         match self.get(name)? {
             Arg::Bool(b) => Ok(*b),
-            other => Err(ExactError(format!("`{name}` is {other:?}, not a bool"))),
+            other => Err(ExactError(format!("`{name}` is {}, not a bool", short(other)))),
         }
+    }
+}
+
+/// An argument's kind, for messages (never a whole tensor).
+fn short(a: &Arg) -> String {
+    match a {
+        Arg::Tensor(t) => format!("a {} tensor {:?}", t.dtype.name(), t.shape),
+        Arg::List(items) => format!("a list of {}", items.len()),
+        Arg::Int(i) => format!("the int {i}"),
+        Arg::Float(f) => format!("the float {f}"),
+        Arg::Bool(b) => format!("the bool {b}"),
+        Arg::Str(s) => format!("the string {s:?}"),
+        Arg::None => "None".into(),
     }
 }
 
@@ -182,10 +195,11 @@ impl Calls {
         extra: &[(&'static str, Arg)],
         f: impl Fn(&Sent, Model) -> Result<Exact, ExactError>,
     ) -> Result<ExactPair, CaseError> {
+        // The extra arguments replace any of the same name.
         let add = |s: &Sent| {
-            let mut args = s.args.clone();
-            args.extend(extra.iter().cloned());
-            Sent::new(args)
+            extra
+                .iter()
+                .fold(s.clone(), |s, (name, value)| s.with(name, value.clone()))
         };
         Calls {
             reference: add(&self.reference),

@@ -275,3 +275,36 @@ pub fn embedding_lookup(sent: &Sent, model: Model) -> Result<Exact, ExactError> 
 pub fn embedding_as_linear(sent: &Sent, model: Model) -> Result<Exact, ExactError> {
     linear(sent, model, "weight", false)
 }
+
+/// A port-loaded layer's tensors as glue-style arguments (`weight`,
+/// `scales`, `biases`, `bias`, `mode`, `bits`, `group_size`), plus
+/// `in_features`: the columns of `x` the layer reads. For cases whose
+/// reference builds the layer from a file (checkpoints, adapter
+/// directories): the read is bit-checked, the arithmetic is this oracle's.
+pub fn payload_args(
+    p: &layers::quantized::QuantizedPayload,
+    bias: Option<&mlx_rs::Array>,
+    in_features: usize,
+) -> Result<Vec<(&'static str, oracle::Arg)>, crate::case::CaseError> {
+    use oracle::Arg;
+    let host = |a: &mlx_rs::Array| HostTensor::from_array(a).map_err(crate::case::CaseError::from);
+    let spec = p.spec();
+    Ok(vec![
+        ("weight", Arg::Tensor(host(p.weight())?)),
+        ("scales", Arg::Tensor(host(p.scales())?)),
+        ("biases", p.biases().map(host).transpose()?.map_or(Arg::None, Arg::Tensor)),
+        ("bias", bias.map(host).transpose()?.map_or(Arg::None, Arg::Tensor)),
+        ("mode", Arg::from(spec.mode.as_str())),
+        ("bits", Arg::from(spec.bits)),
+        ("group_size", Arg::from(spec.group_size)),
+        ("in_features", Arg::from(in_features)),
+    ])
+}
+
+/// `sent` with `x` cut to its first `in_features` columns (`x[..., :in]`).
+pub fn sliced(sent: &Sent) -> Result<Sent, ExactError> {
+    let cols = usize::try_from(sent.int("in_features")?)
+        .map_err(|_| ExactError("in_features is negative".into()))?;
+    let x = super::first_columns(sent.tensor("x")?, cols)?;
+    Ok(sent.with("x", oracle::Arg::Tensor(x)))
+}

@@ -139,6 +139,9 @@ pub struct Applied {
     pub y: Vec<Expected>,
     pub y_fused: Vec<Option<Expected>>,
     pub fuse_refused: String,
+    /// What each side computed from (the case adds each module's base
+    /// tensors and adapter, for the exact oracle on `y`).
+    pub calls: crate::exactness::Calls,
 }
 
 /// Loads `directory` with `library`'s loader into the tiny model with
@@ -180,7 +183,8 @@ pub fn adapters_apply(
     params.push(fixed("mode", base.mode));
     params.push(fixed("paths", strings(paths.iter().cloned())));
     params.push(tensor("x", x));
-    let mut r = Fields::of(F, ctx.call(F, params)?)?;
+    let (value, calls) = ctx.call_sent(F, params)?;
+    let mut r = Fields::of(F, value)?;
     let y = list(F, r.value("y")?)?
         .into_iter()
         .map(|v| match v {
@@ -200,5 +204,6 @@ pub fn adapters_apply(
         y,
         y_fused,
         fuse_refused: r.string("fuse_refused")?,
+        calls,
     })
 }

@@ -33,6 +33,8 @@ use super::{affine, dtype_tag, host, mode_default, port, quantized_weight};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
 use crate::inputs::Inputs;
 use crate::reference;
+use oracle::Arg;
+use crate::exactness::quantized as q;
 use crate::reference::adapters::{Applied, BaseLayers, Library, TinyModel, Trained};
 
 const FAMILY: &str = "quantized/adapters";
@@ -260,14 +262,32 @@ fn run(
             .map_err(port)?;
         let x = input(&s, *key)?;
         let y = adapted.forward(&x).map_err(port)?;
-        out.compare(&format!("{path}/y"), &host(&y)?, &r.y[j]);
+        // The exact oracle: the base layer plus the adapter as the port
+        // read it (tensors and scale, bit-checked through `y`).
+        let mut module = q::payload_args(&s.payloads[*key], None, s.ins[*key])?;
+        module.extend([
+            ("lora_a", Arg::List(vec![Arg::Tensor(host(adapter.lora_a())?)])),
+            ("lora_b", Arg::List(vec![Arg::Tensor(host(adapter.lora_b())?)])),
+            ("lora_scales", Arg::List(vec![Arg::Float(set.scale_f64())])),
+        ]);
+        let exact = r.calls.exact_with("adapters_apply", &module, |sent, model| {
+            q::linear(&q::sliced(sent)?, model, "weight", true)
+        })?;
+        out.compare(&format!("{path}/y"), &host(&y)?, &r.y[j].clone().with_exact(exact));
         if library != Library::MlxVlmLegacy {
             let fused = lora::fuse(&base, adapter).map_err(port)?;
             let y_fused = fused.forward(&x).map_err(port)?;
             let expected = r.y_fused[j].as_ref().ok_or_else(|| {
                 CaseError::Harness(format!("the reference's fuse failed: {}", r.fuse_refused))
             })?;
-            out.compare(&format!("{path}/y_fused"), &host(&y_fused)?, expected);
+            // The exact oracle on the fused layer's own tensors as the port
+            // built them (the fuse's requantization decides codes, which is
+            // not arithmetic to bound; the bits of y_fused check it).
+            let fused_module = q::payload_args(fused.payload(), fused.bias(), s.ins[*key])?;
+            let exact = r.calls.exact_with("adapters_apply", &fused_module, |sent, model| {
+                q::linear(&q::sliced(sent)?, model, "weight", false)
+            })?;
+            out.compare(&format!("{path}/y_fused"), &host(&y_fused)?, &expected.clone().with_exact(exact));
         }
     }
     Ok(out)

@@ -281,33 +281,22 @@ fn load(ctx: &Ctx, fixture: &str) -> Result<CaseOutput, CaseError> {
     Ok(out)
 }
 
-/// A loaded module's tensors as glue-style arguments (`kind`: `linear` or
-/// `switch`; `in_features`: the columns of x it reads).
+/// A loaded module's tensors for the exact oracle, and its kind
+/// (`linear` or `switch`).
 fn module_args(
     p: &layers::quantized::QuantizedPayload,
     bias: Option<&mlx_rs::Array>,
     kind: &str,
     in_features: usize,
 ) -> Result<Vec<(&'static str, Arg)>, CaseError> {
-    let spec = p.spec();
-    Ok(vec![
-        ("weight", Arg::Tensor(host(p.weight())?)),
-        ("scales", Arg::Tensor(host(p.scales())?)),
-        ("biases", p.biases().map(host).transpose()?.map_or(Arg::None, Arg::Tensor)),
-        ("bias", bias.map(host).transpose()?.map_or(Arg::None, Arg::Tensor)),
-        ("mode", Arg::from(spec.mode.as_str())),
-        ("bits", Arg::from(spec.bits)),
-        ("group_size", Arg::from(spec.group_size)),
-        ("kind", Arg::from(kind)),
-        ("in_features", Arg::from(in_features)),
-    ])
+    let mut args = crate::exactness::quantized::payload_args(p, bias, in_features)?;
+    args.push(("kind", Arg::from(kind)));
+    Ok(args)
 }
 
 /// The exact value of one loaded module's output on `x[:, :in]`.
 fn module_exact(s: &Sent, model: exact::Model) -> Result<exact::Exact, exact::ExactError> {
-    let cols = usize::try_from(s.int("in_features")?).unwrap_or(0);
-    let x = crate::exactness::first_columns(s.tensor("x")?, cols)?;
-    let s = s.with("x", Arg::Tensor(x));
+    let s = crate::exactness::quantized::sliced(s)?;
     match s.string("kind")? {
         "switch" => crate::exactness::quantized::switch(&s, model),
         _ => crate::exactness::quantized::linear(&s, model, "weight", false),
