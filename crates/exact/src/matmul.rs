@@ -270,6 +270,32 @@ pub fn embedding(ids: &[usize], w: &QuantizedMatrix, t: Float) -> Result<Vec<Tra
     Ok(out)
 }
 
+/// `mx.dequantize(w, scales, mode="nvfp4", global_scale=g)`: each code
+/// times its e4m3 scale times `g / (448 * 6)` (the encoding's inverse, as
+/// MLX's `dequantize` builds it), in `t`: `inv = T(g / T(2688))`,
+/// `s = T(T(scale) * inv)`, `w = T(code * s)`; a kernel computing in
+/// float32 and rounding once is within.
+pub fn dequantize_global_scale(w: &QuantizedMatrix, global_scale: f64, t: Float) -> Result<Vec<Tracked>, ExactError> {
+    w.validate()?;
+    if w.format != Format::Nvfp4 {
+        return err(format!("a global scale is nvfp4's, not {:?}'s", w.format));
+    }
+    let inv = Tracked::exact(global_scale)
+        .round(t)
+        .scale(1.0 / 2688.0)
+        .widen(global_scale.abs() * crate::F64_SLACK)
+        .round(t);
+    let mut out = Vec::with_capacity(w.rows * w.cols);
+    for r in 0..w.rows {
+        let row = w.row(r);
+        for k in 0..w.cols {
+            let s = Tracked::exact(row.scale[k / w.group_size]).round(t).mul(inv).round(t);
+            out.push(Tracked::exact(row.code[k]).round(t).mul(s).round(t));
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

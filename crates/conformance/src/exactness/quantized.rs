@@ -308,3 +308,28 @@ pub fn sliced(sent: &Sent) -> Result<Sent, ExactError> {
     let x = super::first_columns(sent.tensor("x")?, cols)?;
     Ok(sent.with("x", oracle::Arg::Tensor(x)))
 }
+
+/// `mx.dequantize` with an nvfp4 global scale, of the reference's own
+/// `mx.quantize` results (`weight`, `scales`, `global_scale`), in `out`.
+pub fn dequantize_global_scale(
+    weight: &HostTensor,
+    scales: &HostTensor,
+    global_scale: &HostTensor,
+    group_size: i64,
+    out: Float,
+    model: Model,
+) -> Result<Exact, ExactError> {
+    let sent = Sent::new(vec![
+        ("weight", oracle::Arg::Tensor(weight.clone())),
+        ("scales", oracle::Arg::Tensor(scales.clone())),
+        ("mode", oracle::Arg::from("nvfp4")),
+        ("bits", oracle::Arg::Int(4)),
+        ("group_size", oracle::Arg::Int(group_size)),
+    ]);
+    let m = Matrix::from_sent(&sent, "weight")?;
+    if global_scale.len() != 1 {
+        return Err(ExactError(format!("global_scale has {} elements, not 1", global_scale.len())));
+    }
+    let y = exact::matmul::dequantize_global_scale(&m.view(), global_scale.value(0), out)?;
+    Ok(Exact::from_tracked("dequantize", model, vec![m.rows, m.cols], &y))
+}

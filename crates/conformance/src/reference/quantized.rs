@@ -297,12 +297,15 @@ pub struct GlobalScaleOut {
 }
 
 /// `mx.quantize(w, group_size, 4, "nvfp4", global_scale=max|w|)`, its
-/// `mx.dequantize`, and the `quantized_matmul` attempt.
+/// `mx.dequantize`, and the `quantized_matmul` attempt. `port_codes` (the
+/// port's weight, scales and global scale) give the exact oracle the port's
+/// own dequantization.
 pub fn quantized_global_scale(
     ctx: &Ctx,
     w: &HostTensor,
     x: &HostTensor,
     group_size: i32,
+    port_codes: [&HostTensor; 3],
 ) -> Result<GlobalScaleOut, CaseError> {
     const F: &str = "quantized_global_scale";
     let params = vec![
@@ -310,12 +313,30 @@ pub fn quantized_global_scale(
         fixed("x", x.clone()),
         fixed("group_size", group_size),
     ];
-    let mut r = Fields::of(F, ctx.call(F, params)?)?;
+    let (value, calls) = ctx.call_sent(F, params)?;
+    let mut r = Fields::of(F, value)?;
+    let (global_scale, weight, scales) = (r.tensor("global_scale")?, r.tensor("weight")?, r.tensor("scales")?);
+    let dequantized = r.tensor("dequantized")?;
+    // The exact dequantization of the reference's own codes (quantization
+    // itself picks codes: not arithmetic to bound; the bits check it).
+    // The port's side from the port's own codes (`port_codes`: weight,
+    // scales, global scale), which differ under `--perturb`.
+    let harness = |e: exact::ExactError| CaseError::Harness(format!("`{F}`: {e}"));
+    let out = crate::exactness::float_of(dequantized.tensor()).map_err(harness)?;
+    let of = |[w, s, g]: [&HostTensor; 3]| {
+        q::dequantize_global_scale(w, s, g, i64::from(group_size), out, calls.model)
+            .map(std::sync::Arc::new)
+            .map_err(harness)
+    };
+    let exact = crate::exactness::ExactPair {
+        reference: of([weight.tensor(), scales.tensor(), global_scale.tensor()])?,
+        port: of(port_codes)?,
+    };
     Ok(GlobalScaleOut {
-        global_scale: r.tensor("global_scale")?,
-        weight: r.tensor("weight")?,
-        scales: r.tensor("scales")?,
-        dequantized: r.tensor("dequantized")?,
+        global_scale,
+        weight,
+        scales,
+        dequantized: dequantized.with_exact(exact),
         matmul_refused: r.string("matmul_refused")?,
     })
 }
