@@ -186,6 +186,33 @@ impl Calls {
 }
 
 impl Calls {
+    /// Several outputs' exact values computed together from each side's
+    /// arguments (one decode gives four outputs): one pair per output.
+    pub fn exact_all(
+        &self,
+        function: &str,
+        f: impl Fn(&Sent, Model) -> Result<Vec<Exact>, ExactError>,
+    ) -> Result<Vec<ExactPair>, CaseError> {
+        let wrap = |e: ExactError| CaseError::Harness(format!("`{function}`: {e}"));
+        let reference: Vec<Arc<Exact>> = f(&self.reference, self.model)
+            .map_err(wrap)?
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        let port = match &self.port {
+            Some(p) => f(p, self.model).map_err(wrap)?.into_iter().map(Arc::new).collect(),
+            None => reference.clone(),
+        };
+        if port.len() != reference.len() {
+            return Err(CaseError::Harness(format!("`{function}`: the sides' exact outputs differ in number")));
+        }
+        Ok(reference
+            .into_iter()
+            .zip(port)
+            .map(|(reference, port)| ExactPair { reference, port })
+            .collect())
+    }
+
     /// Like [`Calls::exact`], with `extra` arguments added to each side's
     /// (what the reference built from a file, as the port loaded it: the
     /// read itself is outside this oracle's scope and bit-compared).
@@ -280,6 +307,12 @@ pub struct ExactCheck {
     /// Whether port and reference were bit-equal (a reference outside the
     /// bound with a bit-equal port is one fact, not two).
     pub bit_equal: bool,
+    /// Whether the bound can tell an output from zeros: some element's
+    /// exact value exceeds its bound. An uninformative check (the bound
+    /// wider than every value: e.g. attention after bf16 CPU projections)
+    /// cannot fail on a zeroed output, so reports count it apart from
+    /// `within`.
+    pub informative: bool,
 }
 
 impl ExactCheck {
@@ -293,6 +326,8 @@ impl ExactCheck {
         } else {
             ExactClass::Within
         };
+        let e = &pair.reference;
+        let informative = e.value.is_empty() || e.value.iter().zip(&e.bound).any(|(v, b)| v.abs() > *b);
         ExactCheck {
             op: pair.reference.op.to_owned(),
             model: pair.reference.model,
@@ -300,6 +335,7 @@ impl ExactCheck {
             port: p,
             reference: r,
             bit_equal,
+            informative,
         }
     }
     /// One line for a report row: the class, the worst ratio and element.

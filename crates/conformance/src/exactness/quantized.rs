@@ -333,3 +333,20 @@ pub fn dequantize_global_scale(
     let y = exact::matmul::dequantize_global_scale(&m.view(), global_scale.value(0), out)?;
     Ok(Exact::from_tracked("dequantize", model, vec![m.rows, m.cols], &y))
 }
+
+/// `mx.max(mx.abs(w), axis=...).astype(float32)` over each of `groups`
+/// equal slices of `w` (1: the whole tensor; E: per expert, as mlx-lm's
+/// `_quantize_experts`): a maximum is exact, so the bound is zero.
+pub fn max_abs(sent: &Sent, model: Model, groups: usize) -> Result<Exact, ExactError> {
+    let w = sent.tensor("w")?;
+    if groups == 0 || w.len() % groups != 0 {
+        return Err(ExactError(format!("{} values in {groups} equal slices", w.len())));
+    }
+    let v = values(w);
+    let per: Vec<Tracked> = v
+        .chunks(v.len() / groups)
+        .map(|c| Tracked::exact(c.iter().fold(0.0_f64, |m, x| m.max(x.abs()))).round(Float::Float32))
+        .collect();
+    let shape = if groups == 1 { vec![] } else { vec![groups] };
+    Ok(Exact::from_tracked("max_abs", model, shape, &per))
+}

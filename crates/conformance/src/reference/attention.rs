@@ -4,10 +4,13 @@
 //! Activations, every projection tensor and the prefilled K/V are
 //! perturbable; the graph's shape is constant.
 
-use oracle::HostTensor;
+use exact::attention::{decode_m1, DecodeExact, DecodeInputs, Graph as ExactGraph};
+use exact::{Exact, ExactError, Format, Model, QuantizedMatrix};
+use oracle::{DType, HostTensor};
 
 use super::{fixed, list, one_array, tensor, Param};
 use crate::case::{CaseError, Ctx, Expected};
+use crate::exactness::{float_of, values, Sent};
 
 /// One affine quantized projection (no additive bias).
 #[derive(Debug, Clone, Copy)]
@@ -39,6 +42,10 @@ pub struct DecodeRows {
     pub keys: Expected,
     pub values: Expected,
 }
+
+/// The longest KV window (prefill plus decoded rows) the exact oracle
+/// checks.
+pub const EXACT_MAX_KV: usize = 8192;
 
 /// Decodes the rows of `x` [T, hidden] one token at a time (M = 1) after a
 /// cache prefilled with `k0`, `v0` [1, H_kv, L0, D].
@@ -76,14 +83,130 @@ pub fn attention_decode_m1(
         fixed("group_size", graph.group_size),
         fixed("bits", graph.bits),
     ]);
-    let rows = list(F, ctx.call(F, params)?)?;
+    let (value, calls) = ctx.call_sent(F, params)?;
+    let rows = list(F, value)?;
     let [attn, y, keys, values]: [oracle::Value; 4] = rows.try_into().map_err(|v: Vec<_>| {
         CaseError::Harness(format!("`{F}` returned {} arrays, not 4", v.len()))
     })?;
+    // One exact decode per side gives all four outputs; windows longer
+    // than EXACT_MAX_KV are not checked (the float64 SDPA over every cached
+    // key of every step costs seconds per thousand keys).
+    let (h, hkv, dd) = (graph.n_heads, graph.n_kv_heads, graph.head_dim);
+    let hidden = x.shape.last().copied().unwrap_or(0);
+    let window = k0.shape.get(2).copied().unwrap_or(0) + x.len() / hidden.max(1);
+    let exact = if window <= EXACT_MAX_KV {
+        let pairs = calls.exact_all(F, |s, m| {
+            let d = exact_decode(s, m)?;
+            let rows = s.tensor("x")?.len() / hidden.max(1);
+            Ok(vec![
+                Exact::from_tracked("attention_sdpa", m, vec![rows, h * dd], &d.attn),
+                Exact::from_tracked("attention_o_proj", m, vec![rows, hidden], &d.y),
+                Exact::from_tracked("attention_keys", m, vec![rows, hkv * dd], &d.keys),
+                Exact::from_tracked("attention_values", m, vec![rows, hkv * dd], &d.values),
+            ])
+        })?;
+        pairs.into_iter().map(Some).collect()
+    } else {
+        vec![None; 4]
+    };
+    let attach = |e: Expected, x: &Option<crate::exactness::ExactPair>| match x {
+        Some(x) => e.with_exact(x.clone()),
+        None => e,
+    };
     Ok(DecodeRows {
-        attn: one_array(F, attn)?,
-        y: one_array(F, y)?,
-        keys: one_array(F, keys)?,
-        values: one_array(F, values)?,
+        attn: attach(one_array(F, attn)?, &exact[0]),
+        y: attach(one_array(F, y)?, &exact[1]),
+        keys: attach(one_array(F, keys)?, &exact[2]),
+        values: attach(one_array(F, values)?, &exact[3]),
     })
+}
+
+fn usize_arg(s: &Sent, name: &str) -> Result<usize, ExactError> {
+    let v = s.int(name)?;
+    usize::try_from(v).map_err(|_| ExactError(format!("`{name}` is {v}")))
+}
+
+/// One affine projection's tensors, owned (scales and biases as values).
+struct OwnedProjection {
+    packed: Vec<u8>,
+    scales: Vec<f64>,
+    biases: Vec<f64>,
+    rows: usize,
+    cols: usize,
+    scales_dtype: exact::Float,
+}
+
+impl OwnedProjection {
+    fn from_sent(s: &Sent, [w, sc, b]: [&str; 3], bits: usize) -> Result<Self, ExactError> {
+        let wt = s.tensor(w)?;
+        if wt.dtype != DType::Uint32 || wt.shape.len() != 2 || bits == 0 {
+            return Err(ExactError(format!("`{w}` is {} {:?}, not packed uint32 [N, K * bits / 32]", wt.dtype.name(), wt.shape)));
+        }
+        let scales = s.tensor(sc)?;
+        Ok(Self {
+            packed: wt.bytes.clone(),
+            scales: values(scales),
+            biases: values(s.tensor(b)?),
+            rows: wt.shape[0],
+            cols: wt.shape[1] * 32 / bits,
+            scales_dtype: float_of(scales)?,
+        })
+    }
+    fn view(&self, bits: usize, group_size: usize) -> QuantizedMatrix<'_> {
+        QuantizedMatrix {
+            format: Format::Affine,
+            bits,
+            group_size,
+            rows: self.rows,
+            cols: self.cols,
+            packed: &self.packed,
+            scales: &self.scales,
+            scale_codes: &[],
+            biases: &self.biases,
+        }
+    }
+}
+
+/// The exact decode from the arguments one side computed from (names as
+/// the glue's parameters).
+fn exact_decode(s: &Sent, model: Model) -> Result<DecodeExact, ExactError> {
+    let bits = usize_arg(s, "bits")?;
+    let group_size = usize_arg(s, "group_size")?;
+    let names = [
+        ["q_w", "q_s", "q_b"],
+        ["k_w", "k_s", "k_b"],
+        ["v_w", "v_s", "v_b"],
+        ["o_w", "o_s", "o_b"],
+    ];
+    let owned = names
+        .iter()
+        .map(|n| OwnedProjection::from_sent(s, *n, bits))
+        .collect::<Result<Vec<_>, _>>()?;
+    let x = s.tensor("x")?;
+    let (k0, v0) = (s.tensor("k0")?, s.tensor("v0")?);
+    if k0.shape.len() != 4 || k0.shape[0] != 1 || k0.shape != v0.shape {
+        return Err(ExactError(format!("prefill k0 {:?} / v0 {:?}, not [1, H_kv, L0, D]", k0.shape, v0.shape)));
+    }
+    let l0 = k0.shape[2];
+    let graph = ExactGraph {
+        n_heads: usize_arg(s, "n_heads")?,
+        n_kv_heads: usize_arg(s, "n_kv_heads")?,
+        head_dim: usize_arg(s, "head_dim")?,
+        rotary_dims: usize_arg(s, "rotary_dims")?,
+        rope_base: s.float("rope_base")?,
+    };
+    let (xv, k0v, v0v) = (values(x), values(k0), values(v0));
+    let inputs = DecodeInputs {
+        x: &xv,
+        x_dtype: float_of(x)?,
+        projections: std::array::from_fn(|i| owned[i].view(bits, group_size)),
+        scales_dtypes: std::array::from_fn(|i| owned[i].scales_dtype),
+        k0: &k0v,
+        v0: &v0v,
+        l0,
+        k0_dtype: if l0 > 0 { Some(float_of(k0)?) } else { None },
+        v0_dtype: if l0 > 0 { Some(float_of(v0)?) } else { None },
+        graph,
+    };
+    decode_m1(&inputs, model)
 }

@@ -332,6 +332,7 @@ pub fn quantized_global_scale(
         reference: of([weight.tensor(), scales.tensor(), global_scale.tensor()])?,
         port: of(port_codes)?,
     };
+    let global_scale = global_scale.with_exact(calls.exact(F, |s, m| q::max_abs(s, m, 1))?);
     Ok(GlobalScaleOut {
         global_scale,
         weight,
@@ -367,11 +368,14 @@ pub fn quantized_switch_global_scale(
         fixed("indices", indices.clone()),
         fixed("group_size", group_size),
     ];
-    let mut r = Fields::of(F, ctx.call(F, params)?)?;
+    let (value, calls) = ctx.call_sent(F, params)?;
+    let experts = w.shape.first().copied().unwrap_or(1);
+    let exact = calls.exact(F, |s, m| q::max_abs(s, m, experts))?;
+    let mut r = Fields::of(F, value)?;
     Ok(SwitchGlobalScaleOut {
         weight: r.tensor("weight")?,
         scales: r.tensor("scales")?,
-        global_scale: r.tensor("global_scale")?,
+        global_scale: r.tensor("global_scale")?.with_exact(exact),
         call_refused: r.string("call_refused")?,
     })
 }

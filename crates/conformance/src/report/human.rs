@@ -90,9 +90,10 @@ pub fn summary(report: &Report) -> String {
     // reference outside its bound computes the wrong thing.
     let x = &s.exact;
     out.push_str(&format!(
-        "exact oracle: {} outputs checked, {} within their bound, {} with the REFERENCE OUTSIDE, {} with the port alone outside\n",
+        "exact oracle: {} outputs checked, {} within their bound ({} more within a bound too wide to tell zeros), {} with the REFERENCE OUTSIDE, {} with the port alone outside\n",
         x.outputs_checked,
         x.within,
+        x.uninformative.len(),
         x.reference_outside.len(),
         x.port_outside.len()
     ));

@@ -54,12 +54,20 @@ pub fn render(report: &Report) -> String {
     let x = &s.exact;
     let _ = writeln!(
         md,
-        "**Exact oracle**: {} outputs checked against float64 definitions, {} within their derived bound, **{} with the reference outside**, {} with the port alone outside.\n",
+        "**Exact oracle**: {} outputs checked against float64 definitions, {} within their derived bound, {} within a bound too wide to tell zeros (uninformative), **{} with the reference outside**, {} with the port alone outside.\n",
         x.outputs_checked,
         x.within,
+        x.uninformative.len(),
         x.reference_outside.len(),
         x.port_outside.len()
     );
+    if !x.uninformative.is_empty() {
+        let _ = writeln!(md, "<details><summary>Uninformative exact checks ({}): the bound is wider than every value</summary>\n", x.uninformative.len());
+        for n in &x.uninformative {
+            let _ = writeln!(md, "- `{n}`");
+        }
+        let _ = writeln!(md, "\n</details>\n");
+    }
     let outside = super::exact_outside(&report.cases);
     if !outside.is_empty() {
         let _ = writeln!(md, "## Outside the exact bound ({})\n", outside.len());

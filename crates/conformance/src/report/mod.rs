@@ -96,7 +96,11 @@ pub struct Summary {
 pub struct ExactSummary {
     /// Outputs measured against the exact oracle (both sides each).
     pub outputs_checked: usize,
+    /// Within an informative bound (one that zeros would exceed).
     pub within: usize,
+    /// `case: output` within a bound wider than every value (zeros would
+    /// pass it): checked, but it cannot tell much.
+    pub uninformative: Vec<String>,
     /// `case: output` where the reference is outside its bound: the
     /// reference computes the wrong thing there.
     pub reference_outside: Vec<String>,
@@ -115,7 +119,8 @@ impl ExactSummary {
                 s.outputs_checked += 1;
                 let name = format!("{}: {}", row.result.name, o.name);
                 match e.class {
-                    ExactClass::Within => s.within += 1,
+                    ExactClass::Within if e.informative => s.within += 1,
+                    ExactClass::Within => s.uninformative.push(name),
                     ExactClass::ReferenceOutside => s.reference_outside.push(name),
                     ExactClass::PortOutside => s.port_outside.push(name),
                 }

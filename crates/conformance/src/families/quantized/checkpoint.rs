@@ -283,7 +283,7 @@ fn load(ctx: &Ctx, fixture: &str) -> Result<CaseOutput, CaseError> {
 
 /// A loaded module's tensors for the exact oracle, and its kind
 /// (`linear` or `switch`).
-fn module_args(
+pub(super) fn module_args(
     p: &layers::quantized::QuantizedPayload,
     bias: Option<&mlx_rs::Array>,
     kind: &str,
@@ -295,7 +295,7 @@ fn module_args(
 }
 
 /// The exact value of one loaded module's output on `x[:, :in]`.
-fn module_exact(s: &Sent, model: exact::Model) -> Result<exact::Exact, exact::ExactError> {
+pub(super) fn module_exact(s: &Sent, model: exact::Model) -> Result<exact::Exact, exact::ExactError> {
     let s = crate::exactness::quantized::sliced(s)?;
     match s.string("kind")? {
         "switch" => crate::exactness::quantized::switch(&s, model),

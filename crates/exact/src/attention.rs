@@ -1,0 +1,745 @@
+//! The attention decode step (mlx-lm's `Glm4Attention` on a `KVCache`, one
+//! token per call): exact values and bounds of the attention output before
+//! `o_proj` (`attn`), the layer output (`y`) and the token's cached keys and
+//! values.
+//!
+//! # The definition (float64)
+//! Per token `t` of `x` `[T, hidden]`, at position `pos = L0 + t` (the cache
+//! offset; `L0` prefilled tokens):
+//! ```text
+//! q, k, v = x W_q^T, x W_k^T, x W_v^T          (W dequantized exactly)
+//! q_h, k_g = rope(q_h, pos), rope(k_g, pos)    (first rotary_dims channels,
+//!     non-traditional: channel i pairs with i + rotary_dims/2,
+//!     theta_i = pos * rope_base^(-2i / rotary_dims))
+//! K_g, V_g = cache keys / values of KV head g (prefill, then each token's)
+//! s_j = scale * q_h . K_g[j],   scale = head_dim^-0.5, g = h / (n_heads / n_kv_heads)
+//! p = softmax(s)   (no mask: one query row attends to the whole cache)
+//! attn_h = sum_j p_j V_g[j];    y = attn W_o^T
+//! ```
+//! The softmax is evaluated exactly in float64 (max-shifted exponentials).
+//!
+//! # Bounds, step by step
+//! Every kernel value is bounded against the definition, with the errors of
+//! its inputs propagated (the cache holds the kernel's own earlier keys).
+//!
+//! **Projections** q/k/v: [`crate::matmul::quantized_matmul`] (its model).
+//! `o_proj` reads the computed `attn`, whose error is carried: the same
+//! affine model as `matmul.rs` on tracked inputs ([`quantized_matmul_tracked`];
+//! with exact inputs it reproduces `quantized_matmul` exactly, a test checks).
+//!
+//! **RoPE** (CPU: `mlx/fast.cpp`'s `rope` fallback, every op an MLX op):
+//! `c = f32(logf(base) / half)`, `a_i = f32(-i * c)`, `inv_i = expf(a_i)`,
+//! `theta_i = f32(pos * inv_i)` (`pos` exact below 2^24), `exp` being MLX's
+//! `simd::exp` (argument times `1.442695f`, rounded: a relative error
+//! `e^{K |a|}`, K ~ 1.2 u32, see [`exp_arg_k`]), `cos`/`sin` in
+//! float32 then cast to the activation dtype `T`; then
+//! `T(T(x1 cos) - T(x2 sin))`, `T(T(x1 sin) + T(x2 cos))`. So
+//! `|dc| <= |ln f32(base) - ln base| / half + 2^-23 |ln base| / half + u(...)`,
+//! `|da_i| = i |dc| + u |a_i|`, `|dinv_i| <= inv_i (e^{|da_i|}(1 + eps_exp) - 1)`,
+//! `|dtheta_i| <= pos |dinv_i| + u (theta_i + pos |dinv_i|)` (K |a_i| is in `da_i`), and the float32
+//! cosine is within `min(2, |dtheta|) + eps_trig` of `cos(theta)` (cos and sin
+//! are 1-Lipschitz). `eps_exp = 2^-21` (4 ulp: the polynomial of
+//! `simd::exp` measured within 2 ulp by test
+//! `mlx_cpu_exp_polynomial_is_within_eps_exp`; glibc's `expf` within 1),
+//! `eps_trig = 2^-21` absolute (4 ulp of 1; `rope.rs` measured MLX's Cephes
+//! `sincos` under 1 ulp of 1 to 1e5). Large positions
+//! matter: at `pos` 65540, `theta_1` carries ~1e-2 rad of float32 error, which
+//! the bound propagates into the rotated values.
+//! Gpu (Metal `rope.metal`: `exp2(-d * log2(base))`, `fast::cos`/`fast::sin`
+//! of a float32 theta, one rounding to `T`; CUDA `rope.cu` likewise): the same
+//! chain with `eps_exp = 2^-20` and `eps_trig = 2^-13 + |theta| 2^-22`
+//! (fast sin/cos: absolute 2^-13 as Metal's fast-math table gives for reduced
+//! arguments, plus a range reduction error proportional to |theta|; this is
+//! an assumption read from documentation, not measured). The CPU model's
+//! three roundings to `T` are counted too (they bound the one GPU rounding).
+//! This module has its own minimal partial RoPE: `rope.rs` models mlx-vlm's
+//! `compute_inv_freq` (`1 / base ** (arange / dim)`, MLX `Power`) on exact
+//! inputs, while `mx.fast.rope`'s fallback computes `exp(-i ln(base) / half)`
+//! and the q / k rotated here carry the projections' errors.
+//!
+//! **Scores** (CPU: the SDPA fallback of `mlx/fast.cpp`:
+//! `q = multiply(array(scale, T), q)` rounds the scale and the product to
+//! `T`; `scores = matmul(q, k^T)`: `simd_gemm<T, float>` (or BNNS on macOS),
+//! products and sums in float32 in block order, one rounding to `T`):
+//! `|ds_j| <= sum_d (|q~_d| |dk_jd| + |k_jd| |dq~_d| + |dq~_d||dk_jd|)
+//!  + gamma_D(u32) sum_d (|q~_d| + |dq~_d|)(|k_jd| + |dk_jd|)`, then the
+//! rounding to `T`. Gpu (Metal `sdpa_vector` / `sdpa_vector_2pass_*`, CUDA
+//! `sdpa_vector*`: scale and products in float32, `simd_sum`, no rounding
+//! of scores to `T`; CUDA folds `log2 e` into the scale; the unfused
+//! fallback as on CPU): the CPU chain is counted (it bounds the fused one).
+//!
+//! **Softmax of perturbed scores** (rigorous, not first order): with
+//! `|s^_j - s_j| <= ds_j`, `p'_j = softmax(s^)_j` satisfies
+//! `p'_j / p_j = e^{s^_j - s_j} / sum_k p_k e^{s^_k - s_k}`, so
+//! `e^{-ds_j} / D+ <= p'_j / p_j <= e^{ds_j} / D-`, `D± = sum_k p_k e^{±ds_k}`.
+//!
+//! **Softmax kernel** on the computed scores. CPU (`softmax.cpp`,
+//! `precise=True` for bf16/f16 inputs: AccT = float32): the max `m^` is
+//! exact; `x_j = f32(s^_j - m^)` (relative u32; `|x_j| <= m - s_j + ds_j +
+//! max ds`), `e_j = exp(x_j)` (`simd::exp` on x86-64, `std::exp` in arm64's
+//! tail; so `e_j / e^{s^_j - m^}` lies in
+//! `[e^{-(u+K)|x_j|}(1 - eps_exp), e^{(u+K)|x_j|}(1 + eps_exp)]`, plus
+//! `2^-125` absolute at underflow), the normalizer
+//! summed in float32 (index order, or SIMD lanes: any order,
+//! `gamma_{n-1}(u32)` of the positive terms), `1 / Z` and `e_j * (1 / Z)`
+//! each rounded to float32, the weight rounded to `T`.
+//! Gpu (fused online softmax): each weight is a product of the direct
+//! `exp(s^_j - new_max)` and up to `R = ceil(n / 32) + 3` rescaling factors
+//! `exp(max_old - max_new)` (one per loop step of a simdgroup / warp, the
+//! cross-simdgroup, 2-pass and final combines), each `fast::exp` within
+//! `2^-23 (3 + 2|x|)` relative (Metal's fast-math table; CUDA's `exp2f` is
+//! within 2 ulp and its `log2 e`-scaled argument within `u |x|`), the
+//! arguments summing to at most `|x_j|`, and each multiply rounded
+//! (`(1 + u32)^{2R + 4}`); the normalizer likewise, then divided once. The
+//! CPU chain (the unfused fallback, the weight held in `T` as cuDNN's P
+//! tile is) is multiplied in: every source named is counted.
+//!
+//! **Output** `attn_d = sum_j p^_j v^_jd`: with `r_j` the relative weight
+//! error from the two steps above, `|d attn_d| <= sum_j r_j p_j |v_jd| +
+//! p_j (1 + r_j) |dv_jd| + g sum_j p_j (1 + r_j)(|v_jd| + |dv_jd|)`, then the
+//! rounding to `T`; `g = gamma_n(u32)` (CPU `simd_gemm`: products and sums in
+//! float32, any order), plus `u_T` on Gpu (the 2-pass kernels hold their
+//! per-block partials in `T`).
+//!
+//! Float64 evaluation of the definition (exp, the normalizer, the dot
+//! products, cos of large arguments) is covered by explicit `gamma(., 2^-53)`
+//! terms added to each bound.
+
+use crate::formats::{Format, QuantizedMatrix};
+use crate::matmul::quantized_matmul;
+use crate::tracked::{gamma, sum_any_order, sum_in_order, Tracked};
+use crate::{err, ExactError, Float, Model};
+
+const U64: f64 = 1.0 / (1u64 << 53) as f64;
+
+/// The attention graph's constants, in the field's terms.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Graph {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub rotary_dims: usize,
+    pub rope_base: f64,
+}
+
+/// One decode run's inputs, as the reference received them.
+pub struct DecodeInputs<'a> {
+    /// `[T, hidden]`, exactly the activations' values.
+    pub x: &'a [f64],
+    pub x_dtype: Float,
+    /// q, k, v, o projections (affine, no additive bias), and each one's
+    /// scales dtype.
+    pub projections: [QuantizedMatrix<'a>; 4],
+    pub scales_dtypes: [Float; 4],
+    /// The prefilled cache `[n_kv_heads, L0, head_dim]` (batch 1), and its
+    /// dtypes (`None` when `L0 == 0`: the cache takes the new keys' dtype).
+    pub k0: &'a [f64],
+    pub v0: &'a [f64],
+    pub l0: usize,
+    pub k0_dtype: Option<Float>,
+    pub v0_dtype: Option<Float>,
+    pub graph: Graph,
+}
+
+/// The four outputs, token-major, each element tracked, and their dtypes.
+#[derive(Debug, Clone)]
+pub struct DecodeExact {
+    /// `[T, n_heads * head_dim]`, before `o_proj`.
+    pub attn: Vec<Tracked>,
+    /// `[T, hidden]`.
+    pub y: Vec<Tracked>,
+    /// `[T, n_kv_heads * head_dim]`: the roped keys as cached.
+    pub keys: Vec<Tracked>,
+    /// `[T, n_kv_heads * head_dim]`.
+    pub values: Vec<Tracked>,
+}
+
+/// `t` cast from `from` to `to` (no rounding when they are the same).
+fn cast(t: Tracked, from: Float, to: Float) -> Tracked {
+    if from == to {
+        t
+    } else {
+        t.round(to)
+    }
+}
+
+/// Rounding errors of the exp and trig functions per model (see the
+/// module doc).
+fn eps_exp(model: Model) -> f64 {
+    match model {
+        Model::Cpu => 2f64.powi(-21),
+        Model::Gpu => 2f64.powi(-20),
+    }
+}
+
+/// MLX's CPU `simd::exp` (`cpu/simd/math.h`, every CPU `exp`: unary ops and
+/// the softmax's main loop) scales its argument by the float constant
+/// `1.442695f` and rounds: `2^{x c'(1 + u)}` is `e^x` times at most
+/// `e^{|x| K}`, `K = ln 2 (|c' - log2 e| + c' u32)` (about 1.2 u32).
+fn exp_arg_k() -> f64 {
+    let c = f64::from(1.442_695_f32);
+    std::f64::consts::LN_2 * ((c - std::f64::consts::LOG2_E).abs() + c * Float::Float32.u())
+}
+
+/// The absolute error of that `exp` near underflow (it flushes below -88
+/// and builds `2^ipart` from the bits: at most `2^-125`).
+const EXP_ABS: f64 = 2.350_988_701_644_575_e-38;
+
+/// The (cos, sin) of each rotated pair `i < rotary_dims / 2` at `pos`, as
+/// the kernel holds them in `t` (see the module doc's RoPE step).
+pub fn rope_tables(pos: usize, rotary_dims: usize, rope_base: f64, t: Float, model: Model) -> Vec<(Tracked, Tracked)> {
+    let half = rotary_dims / 2;
+    let u = Float::Float32.u();
+    let eta = Float::Float32.eta();
+    let hf = half as f64;
+    let base32 = f64::from(rope_base as f32);
+    let ln_b = rope_base.ln();
+    // logf(f32(base)) / half, rounded (log within 1 ulp, the division u).
+    let dlog = (base32.ln() - ln_b).abs() + 2f64.powi(-23) * ln_b.abs() + eta;
+    let c = ln_b / hf;
+    let dc = dlog / hf + u * (c.abs() + dlog / hf) + eta;
+    let p = pos as f64;
+    (0..half)
+        .map(|i| {
+            let fi = i as f64;
+            let a = -fi * c;
+            let da = fi * dc + u * (a.abs() + fi * dc) + eta + exp_arg_k() * (a.abs() + fi * dc);
+            let inv = a.exp();
+            let dinv = inv * ((da.exp()) * (1.0 + eps_exp(model)) - 1.0) + EXP_ABS;
+            let theta = p * inv;
+            let dtheta = p * dinv + u * (theta + p * dinv) + eta;
+            let trig = match model {
+                Model::Cpu => 2f64.powi(-21),
+                Model::Gpu => 2f64.powi(-13) + (theta + dtheta) * 2f64.powi(-22),
+            };
+            // float64: theta within 4 ulp, cos / sin within 2 ulp of theirs.
+            let f64_err = 4.0 * U64 * theta + 4.0 * U64;
+            let e = dtheta.min(2.0) + trig + f64_err;
+            let cos = Tracked { v: theta.cos(), e, mag: 1.0 };
+            let sin = Tracked { v: theta.sin(), e, mag: 1.0 };
+            (cos.round(t), sin.round(t))
+        })
+        .collect()
+}
+
+/// Non-traditional partial RoPE of one head `x` (`head_dim` values in `t`)
+/// with `tables` from [`rope_tables`]: channel `i` pairs with `i + half`.
+pub fn rope_head(x: &[Tracked], tables: &[(Tracked, Tracked)], t: Float) -> Vec<Tracked> {
+    let half = tables.len();
+    let mut out = x.to_vec();
+    for (i, &(c, s)) in tables.iter().enumerate() {
+        let (x1, x2) = (x[i], x[i + half]);
+        out[i] = x1.mul(c).round(t).add(x2.mul(s).round(t).scale(-1.0)).round(t);
+        out[i + half] = x1.mul(s).round(t).add(x2.mul(c).round(t)).round(t);
+    }
+    out
+}
+
+/// `x @ dequantize(w).T` for an affine `w` on tracked inputs `x` `[rows, K]`,
+/// the model of [`crate::matmul::quantized_matmul`] (see `matmul.rs`) with
+/// each input's error carried.
+pub fn quantized_matmul_tracked(x: &[Tracked], w: &QuantizedMatrix, t: Float, model: Model) -> Result<Vec<Tracked>, ExactError> {
+    w.validate()?;
+    if w.format != Format::Affine {
+        return err(format!("{:?} projection: the attention oracle reads affine only", w.format));
+    }
+    let k = w.cols;
+    if k == 0 || x.len() % k != 0 {
+        return err(format!("x holds {} values, not rows of K = {k}", x.len()));
+    }
+    let gs = w.group_size;
+    let f32_ = Float::Float32;
+    let rows = x.len() / k;
+    let mut out = Vec::with_capacity(rows * w.rows);
+    let dequantized: Vec<(Vec<Tracked>, ())> = (0..w.rows)
+        .map(|n| {
+            let row = w.row(n);
+            let wq = (0..k)
+                .map(|c| {
+                    let g = c / gs;
+                    Tracked::exact(row.scale[g])
+                        .mul(Tracked::exact(row.code[c]))
+                        .round(t)
+                        .add(Tracked::exact(row.bias[g]))
+                        .round(t)
+                })
+                .collect();
+            (wq, ())
+        })
+        .collect();
+    for r in 0..rows {
+        let xr = &x[r * k..(r + 1) * k];
+        for (wq, ()) in &dequantized {
+            let y = match model {
+                Model::Cpu => {
+                    let mut magnitude = 0.0;
+                    let s = sum_in_order(
+                        xr.iter().zip(wq).map(|(xv, wv)| {
+                            magnitude += (xv.v * wv.v).abs() + xv.v.abs() * wv.e + xv.e * (wv.v.abs() + wv.e);
+                            xv.mul(*wv).round(t)
+                        }),
+                        t,
+                    );
+                    s.widen(gamma(k + 2, f32_.u()) * magnitude)
+                }
+                Model::Gpu => {
+                    let partials: Vec<Tracked> = (0..k / gs)
+                        .map(|g| {
+                            let terms: Vec<Tracked> = (g * gs..(g + 1) * gs)
+                                .map(|c| xr[c].mul(wq[c]).round(f32_))
+                                .collect();
+                            sum_any_order(&terms, f32_).round(t)
+                        })
+                        .collect();
+                    sum_any_order(&partials, f32_).round(t)
+                }
+            };
+            out.push(y);
+        }
+    }
+    Ok(out)
+}
+
+/// One query row's SDPA over `n` cached keys and values (`[n, D]`, D =
+/// `q.len()`), all in the SDPA dtype `t`, with the bound of the module doc.
+pub fn sdpa_row(q: &[Tracked], keys: &[Tracked], values: &[Tracked], scale: f64, t: Float, model: Model) -> Result<Vec<Tracked>, ExactError> {
+    let d = q.len();
+    if d == 0 || keys.len() % d != 0 || keys.len() != values.len() || keys.is_empty() {
+        return err(format!("SDPA of a {d}-channel query over {} keys and {} values", keys.len(), values.len()));
+    }
+    let n = keys.len() / d;
+    let u32_ = Float::Float32.u();
+    let eta32 = Float::Float32.eta();
+    let ut = t.u();
+    // The scaled query: T(T(scale) * q) (Gpu: f32(scale), counted within).
+    let mut sc = Tracked::exact(scale).round(t);
+    if model == Model::Gpu {
+        sc.e = sc.e.max((f64::from(scale as f32) - scale).abs());
+    }
+    let qs: Vec<Tracked> = q.iter().map(|x| x.mul(sc).round(t)).collect();
+    // Scores and their bounds.
+    let g_d = gamma(d, u32_);
+    let mut s = vec![0.0; n];
+    let mut ds = vec![0.0; n];
+    for j in 0..n {
+        let kj = &keys[j * d..(j + 1) * d];
+        let (mut v, mut e, mut abs) = (0.0, 0.0, 0.0);
+        for (a, b) in qs.iter().zip(kj) {
+            v += a.v * b.v;
+            e += a.v.abs() * b.e + b.v.abs() * a.e + a.e * b.e;
+            abs += (a.v.abs() + a.e) * (b.v.abs() + b.e);
+        }
+        e += g_d * abs + d as f64 * eta32 + gamma(d + 1, U64) * abs;
+        e += ut * (v.abs() + e) + t.eta();
+        s[j] = v;
+        ds[j] = e;
+    }
+    // The exact softmax, float64.
+    let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let ex: Vec<f64> = s.iter().map(|&sj| (sj - m).exp()).collect();
+    let z: f64 = ex.iter().sum();
+    let p: Vec<f64> = ex.iter().map(|e| e / z).collect();
+    // Perturbed-score factors.
+    let dmax = ds.iter().cloned().fold(0.0, f64::max);
+    let d_plus: f64 = p.iter().zip(&ds).map(|(p, e)| p * e.exp()).sum();
+    let d_minus: f64 = p.iter().zip(&ds).map(|(p, e)| p * (-e).exp()).sum();
+    // Kernel factors: the computed weight over softmax(s^), in [lo, hi].
+    let r_steps = n.div_ceil(32) + 3;
+    let a_bounds: Vec<(f64, f64)> = s
+        .iter()
+        .zip(&ds)
+        .map(|(&sj, &dsj)| {
+            let x = m - sj + dsj + dmax;
+            // The CPU chain: f32 subtraction, `simd::exp` (argument scaling
+            // and its polynomial).
+            let kx = (u32_ + exp_arg_k()) * x;
+            let mut hi = kx.exp() * (1.0 + eps_exp(Model::Cpu));
+            let mut lo = (-kx).exp() * (1.0 - eps_exp(Model::Cpu));
+            if model == Model::Gpu {
+                let chain = (2f64.powi(-23) * (3.0 * (r_steps as f64 + 1.0) + 4.0 * x)).exp()
+                    * (1.0 + u32_).powi(2 * r_steps as i32 + 4);
+                hi *= chain;
+                lo *= (2.0 - chain).max(0.0);
+            }
+            (lo, hi)
+        })
+        .collect();
+    let g_z = gamma(n.saturating_sub(1), u32_);
+    let a_hi = a_bounds.iter().map(|b| b.1).fold(0.0, f64::max);
+    let a_lo = a_bounds.iter().map(|b| b.0).fold(f64::INFINITY, f64::min);
+    // The normalizer is at least its largest term (~1): absolute underflow
+    // terms are relative to it.
+    let z_hi = (1.0 + g_z) * a_hi + n as f64 * (eta32 + EXP_ABS);
+    let z_lo = ((1.0 - g_z) * a_lo - n as f64 * (eta32 + EXP_ABS)).max(0.0);
+    if z_lo <= 0.0 {
+        return err(format!("SDPA over {n} keys: the normalizer's bound is vacuous"));
+    }
+    let f64_p = gamma(n + 8, U64);
+    let mut r = vec![0.0; n];
+    for j in 0..n {
+        let (lo_a, hi_a) = a_bounds[j];
+        let hi = ds[j].exp() / d_minus * hi_a * (1.0 + u32_).powi(2) / z_lo * (1.0 + ut);
+        let lo = (-ds[j]).exp() / d_plus * lo_a * (1.0 - u32_).powi(2) / z_hi * (1.0 - ut);
+        r[j] = (hi - 1.0).max(1.0 - lo) + f64_p;
+    }
+    // Absolute (underflow) error of each weight: the exp, the product and
+    // the rounding to T.
+    let a_abs = 2.0 * EXP_ABS + eta32 + t.eta();
+    let g_out = gamma(n, u32_) + if model == Model::Gpu { ut } else { 0.0 };
+    let f64_out = gamma(n + d + 8, U64);
+    let mut out = Vec::with_capacity(d);
+    for c in 0..d {
+        let (mut v, mut e, mut mg, mut mag) = (0.0, 0.0, 0.0, 0.0);
+        for j in 0..n {
+            let vj = values[j * d + c];
+            let pj = p[j];
+            let w = pj * (1.0 + r[j]) + a_abs;
+            v += pj * vj.v;
+            e += (r[j] * pj + a_abs) * vj.v.abs() + w * vj.e;
+            mg += w * (vj.v.abs() + vj.e);
+            mag += pj * vj.v.abs();
+        }
+        e += g_out * mg + n as f64 * eta32 + f64_out * mag;
+        out.push(Tracked { v, e, mag }.round(t));
+    }
+    Ok(out)
+}
+
+/// The decode run: each token projected, roped at its position, appended
+/// to the KV cache, attended over the whole cache, and projected by o_proj.
+pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactError> {
+    let g = inp.graph;
+    let (h, hkv, d, rd) = (g.n_heads, g.n_kv_heads, g.head_dim, g.rotary_dims);
+    if h == 0 || hkv == 0 || h % hkv != 0 {
+        return err(format!("{h} heads over {hkv} KV heads"));
+    }
+    if rd % 2 != 0 || rd > d {
+        return err(format!("rotary_dims {rd} of head_dim {d}"));
+    }
+    let [wq, wk, wv, wo] = &inp.projections;
+    let hidden = wq.cols;
+    if hidden == 0 || inp.x.len() % hidden != 0 {
+        return err(format!("x holds {} values, not rows of hidden {hidden}", inp.x.len()));
+    }
+    if wq.rows != h * d || wk.rows != hkv * d || wv.rows != hkv * d || wo.cols != h * d {
+        return err(format!(
+            "projections [{}, {}], [{}, {}], [{}, {}], [{}, {}] for {h} heads, {hkv} KV heads of {d}",
+            wq.rows, wq.cols, wk.rows, wk.cols, wv.rows, wv.cols, wo.rows, wo.cols
+        ));
+    }
+    let l0 = inp.l0;
+    if inp.k0.len() != hkv * l0 * d || inp.v0.len() != hkv * l0 * d {
+        return err(format!("prefill of {} / {} values for [{hkv}, {l0}, {d}]", inp.k0.len(), inp.v0.len()));
+    }
+    let tokens = inp.x.len() / hidden;
+    let p_dtypes: Vec<Float> = inp.scales_dtypes.iter().map(|s| inp.x_dtype.promote(*s)).collect();
+    let (pq, pk, pv) = (p_dtypes[0], p_dtypes[1], p_dtypes[2]);
+    let ck = inp.k0_dtype.unwrap_or(pk);
+    let cv = inp.v0_dtype.unwrap_or(pv);
+    let f = pq.promote(ck).promote(cv);
+    let py = f.promote(inp.scales_dtypes[3]);
+    let scale = (d as f64).powf(-0.5);
+    // The KV cache per KV head, `[len, D]`, in the SDPA dtype.
+    let mut cache_k: Vec<Vec<Tracked>> = (0..hkv)
+        .map(|gh| inp.k0[gh * l0 * d..(gh + 1) * l0 * d].iter().map(|&v| cast(Tracked::exact(v), ck, f)).collect())
+        .collect();
+    let mut cache_v: Vec<Vec<Tracked>> = (0..hkv)
+        .map(|gh| inp.v0[gh * l0 * d..(gh + 1) * l0 * d].iter().map(|&v| cast(Tracked::exact(v), cv, f)).collect())
+        .collect();
+    let mut out = DecodeExact { attn: Vec::new(), y: Vec::new(), keys: Vec::new(), values: Vec::new() };
+    for tok in 0..tokens {
+        let xr = &inp.x[tok * hidden..(tok + 1) * hidden];
+        let q = quantized_matmul(xr, wq, pq, model)?;
+        let k = quantized_matmul(xr, wk, pk, model)?;
+        let v = quantized_matmul(xr, wv, pv, model)?;
+        let pos = l0 + tok;
+        let tab_q = rope_tables(pos, rd, g.rope_base, pq, model);
+        let tab_k = rope_tables(pos, rd, g.rope_base, pk, model);
+        for gh in 0..hkv {
+            let kr = rope_head(&k[gh * d..(gh + 1) * d], &tab_k, pk);
+            for (kc, vc) in kr.iter().zip(&v[gh * d..(gh + 1) * d]) {
+                let kc = cast(*kc, pk, ck);
+                let vc = cast(*vc, pv, cv);
+                out.keys.push(kc);
+                out.values.push(vc);
+                cache_k[gh].push(cast(kc, ck, f));
+                cache_v[gh].push(cast(vc, cv, f));
+            }
+        }
+        let mut attn = Vec::with_capacity(h * d);
+        for hh in 0..h {
+            let qr: Vec<Tracked> =
+                rope_head(&q[hh * d..(hh + 1) * d], &tab_q, pq).into_iter().map(|t| cast(t, pq, f)).collect();
+            let gh = hh / (h / hkv);
+            attn.extend(sdpa_row(&qr, &cache_k[gh], &cache_v[gh], scale, f, model)?);
+        }
+        out.y.extend(quantized_matmul_tracked(&attn, wo, py, model)?);
+        out.attn.extend(attn);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{check, Exact};
+
+    fn bf(v: f64) -> f64 {
+        f64::from(half::bf16::from_f64(v))
+    }
+    fn bf32(v: f32) -> f32 {
+        f32::from(half::bf16::from_f32(v))
+    }
+
+    /// A deterministic pseudo-random stream in [-1, 1).
+    struct Lcg(u64);
+    impl Lcg {
+        fn next(&mut self) -> f64 {
+            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((self.0 >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
+        }
+    }
+
+    /// MLX's CPU SDPA fallback for one bf16 query row, written out
+    /// independently of the model: T(T(scale) q), bf16 scores from float32
+    /// dots, the precise softmax (float32 exp, normalizer, reciprocal), bf16
+    /// weights, float32 p.v, bf16 output.
+    fn cpu_sdpa_bf16(q: &[f64], k: &[f64], v: &[f64], scale: f64) -> Vec<f64> {
+        let d = q.len();
+        let n = k.len() / d;
+        let sc = bf32(scale as f32);
+        let qs: Vec<f32> = q.iter().map(|&x| bf32(sc * x as f32)).collect();
+        let s: Vec<f32> = (0..n)
+            .map(|j| bf32((0..d).map(|c| qs[c] * k[j * d + c] as f32).sum::<f32>()))
+            .collect();
+        let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let z: f32 = s.iter().map(|&x| (x - m).exp()).sum();
+        let inv = 1.0 / z;
+        let p: Vec<f32> = s.iter().map(|&x| bf32((x - m).exp() * inv)).collect();
+        (0..d)
+            .map(|c| f64::from(bf32((0..n).map(|j| p[j] * v[j * d + c] as f32).sum::<f32>())))
+            .collect()
+    }
+
+    fn row_case(seed: u64, n: usize, d: usize, spread: f64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        let mut r = Lcg(seed);
+        let q = (0..d).map(|_| bf(r.next() * spread)).collect();
+        let k = (0..n * d).map(|_| bf(r.next() * spread)).collect();
+        let v = (0..n * d).map(|_| bf(r.next())).collect();
+        (q, k, v)
+    }
+
+    fn exact_row(q: &[f64], k: &[f64], v: &[f64], scale: f64, model: Model) -> Exact {
+        let t = |x: &[f64]| x.iter().map(|&v| Tracked::exact(v)).collect::<Vec<_>>();
+        let o = sdpa_row(&t(q), &t(k), &t(v), scale, Float::Bfloat16, model).unwrap();
+        Exact::from_tracked("sdpa", model, vec![q.len()], &o)
+    }
+
+    /// The written-out CPU fallback lies within the bound; wrong outputs
+    /// (uniform weights, another row's cache, zeros) do not.
+    #[test]
+    fn the_cpu_sdpa_fallback_is_within_and_wrong_outputs_are_outside() {
+        let (n, d) = (300, 64);
+        let scale = (d as f64).powf(-0.5);
+        let (q, k, v) = row_case(7, n, d, 3.0);
+        let exact = exact_row(&q, &k, &v, scale, Model::Cpu);
+        let computed = cpu_sdpa_bf16(&q, &k, &v, scale);
+        let side = check(&computed, &exact);
+        assert!(side.within(), "{side:?}");
+        // Uniform weights: the mean of the values.
+        let uniform: Vec<f64> = (0..d).map(|c| bf((0..n).map(|j| v[j * d + c]).sum::<f64>() / n as f64)).collect();
+        assert!(!check(&uniform, &exact).within());
+        // Another batch row's cache (other keys and values).
+        let (_, k2, v2) = row_case(8, n, d, 3.0);
+        let other = cpu_sdpa_bf16(&q, &k2, &v2, scale);
+        assert!(!check(&other, &exact).within());
+        // A stale cache: the last key and value missing.
+        let stale = cpu_sdpa_bf16(&q, &k[..(n - 1) * d], &v[..(n - 1) * d], scale);
+        let s = check(&stale, &exact);
+        assert!(!s.within() || s.max_ratio > 0.0);
+        assert!(!check(&vec![0.0; d], &exact).within());
+        // The Gpu bound is wider and holds it too.
+        let gpu = exact_row(&q, &k, &v, scale, Model::Gpu);
+        assert!(check(&computed, &gpu).within());
+    }
+
+    /// A score error widens the weights' bound rigorously: a weight computed
+    /// from perturbed scores (every score moved by its full bound) is inside.
+    #[test]
+    fn perturbed_scores_stay_within_the_softmax_bound() {
+        let (n, d) = (50, 32);
+        let scale = (d as f64).powf(-0.5);
+        let (q, k, v) = row_case(3, n, d, 2.0);
+        let dk = 0.01;
+        let qt: Vec<Tracked> = q.iter().map(|&x| Tracked::exact(x)).collect();
+        let kt: Vec<Tracked> = k.iter().map(|&x| Tracked { v: x, e: dk, mag: x.abs() }).collect();
+        let vt: Vec<Tracked> = v.iter().map(|&x| Tracked::exact(x)).collect();
+        let o = sdpa_row(&qt, &kt, &vt, scale, Float::Bfloat16, Model::Cpu).unwrap();
+        let exact = Exact::from_tracked("sdpa", Model::Cpu, vec![d], &o);
+        // Keys moved by +-dk towards the query's sign on alternate rows.
+        let mut r = Lcg(11);
+        let k_moved: Vec<f64> = k.iter().map(|&x| x + dk * r.next()).collect();
+        let computed = cpu_sdpa_bf16(&q, &k_moved, &v, scale);
+        let s = check(&computed, &exact);
+        assert!(s.within(), "{s:?}");
+    }
+
+    /// MLX's CPU `simd::exp` ported (float32, fused multiply-adds): its
+    /// error past the argument scaling is within `eps_exp`.
+    #[test]
+    fn mlx_cpu_exp_polynomial_is_within_eps_exp() {
+        let mlx_exp = |x0: f32| -> f32 {
+            let x = x0 * 1.442695f32;
+            let ipart = (x + 0.5).floor();
+            let f = x - ipart;
+            let mut p = 1.535336188319500e-4f32;
+            for c in [1.339887440266574e-3f32, 9.618437357674640e-3, 5.550332471162809e-2, 2.402264791363012e-1, 6.931472028550421e-1, 1.0] {
+                p = p.mul_add(f, c);
+            }
+            if x0 < -88.0 {
+                return 0.0;
+            }
+            let bits = ((ipart as i32 + 127) << 23) as u32;
+            f32::from_bits(bits) * p
+        };
+        let mut worst = 0f64;
+        for i in 0..2_000_000u32 {
+            let x0 = -87.0f32 * i as f32 / 2_000_000.0;
+            let got = f64::from(mlx_exp(x0));
+            // The exact value of 2^(the float32 scaled argument), so only
+            // the polynomial's error is left.
+            let y = f64::from(x0 * 1.442695f32);
+            let want = y.exp2();
+            worst = worst.max((got - want).abs() / want);
+        }
+        assert!(worst <= eps_exp(Model::Cpu), "{worst:e}");
+        assert!(worst > 0.0);
+    }
+
+    /// The tracked-input qmm equals `quantized_matmul` on exact inputs.
+    #[test]
+    fn the_tracked_qmm_reproduces_quantized_matmul_on_exact_inputs() {
+        let (n, k, gs) = (8, 128, 64);
+        let mut packed = vec![0u8; n * k / 2];
+        for i in 0..n * k {
+            packed[i / 2] |= (((i * 5 + 3) % 16) as u8) << (4 * (i % 2));
+        }
+        let scales = vec![bf(0.013); n * k / gs];
+        let biases = vec![bf(-0.1); n * k / gs];
+        let w = QuantizedMatrix {
+            format: Format::Affine,
+            bits: 4,
+            group_size: gs,
+            rows: n,
+            cols: k,
+            packed: &packed,
+            scales: &scales,
+            scale_codes: &[],
+            biases: &biases,
+        };
+        let mut r = Lcg(5);
+        let x: Vec<f64> = (0..2 * k).map(|_| bf(r.next())).collect();
+        for model in [Model::Cpu, Model::Gpu] {
+            let a = quantized_matmul(&x, &w, Float::Bfloat16, model).unwrap();
+            let xt: Vec<Tracked> = x.iter().map(|&v| Tracked::exact(v)).collect();
+            let b = quantized_matmul_tracked(&xt, &w, Float::Bfloat16, model).unwrap();
+            for (a, b) in a.iter().zip(&b) {
+                assert!((a.v - b.v).abs() <= 1e-12 * a.mag && (a.e - b.e).abs() <= 1e-9 * a.e.max(1e-30), "{a:?} {b:?}");
+            }
+        }
+    }
+
+    /// MLX's CPU rope fallback written out in float32 / bf16 at a large
+    /// position lies within the RoPE bound; the unrotated head does not.
+    #[test]
+    fn the_cpu_rope_fallback_is_within_at_large_positions() {
+        let (d, rd, base) = (256, 64, 1e7f64);
+        let mut r = Lcg(9);
+        let x: Vec<f64> = (0..d).map(|_| bf(r.next() * 2.0)).collect();
+        for pos in [0usize, 1, 1029, 65539] {
+            let tab = rope_tables(pos, rd, base, Float::Bfloat16, Model::Cpu);
+            let xt: Vec<Tracked> = x.iter().map(|&v| Tracked::exact(v)).collect();
+            let o = rope_head(&xt, &tab, Float::Bfloat16);
+            let exact = Exact::from_tracked("rope", Model::Cpu, vec![d], &o);
+            let half = rd / 2;
+            let c = (base as f32).ln() / half as f32;
+            let mut computed = x.clone();
+            for i in 0..half {
+                let inv = (-(i as f32) * c).exp();
+                let th = pos as f32 * inv;
+                let (co, si) = (bf32(th.cos()), bf32(th.sin()));
+                let (x1, x2) = (x[i] as f32, x[i + half] as f32);
+                computed[i] = f64::from(bf32(bf32(x1 * co) - bf32(x2 * si)));
+                computed[i + half] = f64::from(bf32(bf32(x1 * si) + bf32(x2 * co)));
+            }
+            let s = check(&computed, &exact);
+            assert!(s.within(), "pos {pos}: {s:?}");
+            if pos == 1029 {
+                assert!(!check(&x, &exact).within());
+            }
+        }
+    }
+
+    /// A whole decode over a small graph: wrong keys (another position)
+    /// fall outside the keys' bound.
+    #[test]
+    fn a_small_decode_runs_and_a_wrong_position_is_outside() {
+        let (hidden, h, hkv, d, rd, l0, toks, gs) = (64, 4, 2, 32, 16, 5, 2, 32);
+        let mut r = Lcg(21);
+        let mk = |rows: usize, cols: usize, r: &mut Lcg| {
+            let mut packed = vec![0u8; rows * cols / 2];
+            for i in 0..rows * cols {
+                packed[i / 2] |= (((r.next() + 1.0) * 8.0) as u8 & 15) << (4 * (i % 2));
+            }
+            let g = rows * cols / gs;
+            let s: Vec<f64> = (0..g).map(|_| bf(0.02 + 0.01 * r.next())).collect();
+            let b: Vec<f64> = (0..g).map(|_| bf(-0.16 + 0.01 * r.next())).collect();
+            (packed, s, b)
+        };
+        let ps = [mk(h * d, hidden, &mut r), mk(hkv * d, hidden, &mut r), mk(hkv * d, hidden, &mut r), mk(hidden, h * d, &mut r)];
+        let dims = [(h * d, hidden), (hkv * d, hidden), (hkv * d, hidden), (hidden, h * d)];
+        let projections = std::array::from_fn(|i| QuantizedMatrix {
+            format: Format::Affine,
+            bits: 4,
+            group_size: gs,
+            rows: dims[i].0,
+            cols: dims[i].1,
+            packed: &ps[i].0,
+            scales: &ps[i].1,
+            scale_codes: &[],
+            biases: &ps[i].2,
+        });
+        let x: Vec<f64> = (0..toks * hidden).map(|_| bf(r.next())).collect();
+        let k0: Vec<f64> = (0..hkv * l0 * d).map(|_| bf(r.next())).collect();
+        let v0: Vec<f64> = (0..hkv * l0 * d).map(|_| bf(r.next())).collect();
+        let inp = DecodeInputs {
+            x: &x,
+            x_dtype: Float::Float32,
+            projections,
+            scales_dtypes: [Float::Float32; 4],
+            k0: &k0,
+            v0: &v0,
+            l0,
+            k0_dtype: Some(Float::Float32),
+            v0_dtype: Some(Float::Float32),
+            graph: Graph { n_heads: h, n_kv_heads: hkv, head_dim: d, rotary_dims: rd, rope_base: 10000.0 },
+        };
+        let out = decode_m1(&inp, Model::Cpu).unwrap();
+        assert_eq!(out.attn.len(), toks * h * d);
+        assert_eq!(out.y.len(), toks * hidden);
+        assert_eq!(out.keys.len(), toks * hkv * d);
+        // float32 activations: the bounds stay tight (in bf16 the scalar
+        // CPU qmm's bf16 accumulation widens them with K).
+        for t in &out.attn {
+            assert!(t.e.is_finite() && t.e < 1e-3, "{t:?}");
+        }
+        assert!(out.y.iter().all(|t| t.e.is_finite()));
+        // Keys rotated at position 0 instead of l0: outside.
+        let keys = Exact::from_tracked("keys", Model::Cpu, vec![out.keys.len()], &out.keys);
+        let kproj = quantized_matmul(&x[..hidden], &inp.projections[1], Float::Float32, Model::Cpu).unwrap();
+        let tab0 = rope_tables(0, rd, 10000.0, Float::Float32, Model::Cpu);
+        let mut wrong: Vec<f64> = rope_head(&kproj[..d], &tab0, Float::Float32).iter().map(|t| f64::from(t.v as f32)).collect();
+        wrong.extend(vec![0.0; out.keys.len() - d]);
+        assert!(check(&wrong, &keys).outside >= 1);
+    }
+}
