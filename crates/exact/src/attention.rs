@@ -24,7 +24,7 @@
 //!
 //! **Projections** q/k/v: [`crate::matmul::quantized_matmul`] (its model).
 //! `o_proj` reads the computed `attn`, whose error is carried: the same
-//! affine model as `matmul.rs` on tracked inputs ([`quantized_matmul_tracked`];
+//! affine model as `matmul.rs` on tracked inputs ([`crate::matmul::quantized_matmul_tracked`];
 //! with exact inputs it reproduces `quantized_matmul` exactly, a test checks).
 //!
 //! **RoPE** (CPU: `mlx/fast.cpp`'s `rope` fallback, every op an MLX op):
@@ -105,9 +105,9 @@
 //! products, cos of large arguments) is covered by explicit `gamma(., 2^-53)`
 //! terms added to each bound.
 
-use crate::formats::{Format, QuantizedMatrix};
-use crate::matmul::quantized_matmul;
-use crate::tracked::{gamma, sum_any_order, sum_in_order, Tracked};
+use crate::formats::QuantizedMatrix;
+use crate::matmul::{quantized_matmul, quantized_matmul_tracked};
+use crate::tracked::{gamma, Tracked};
 use crate::{err, ExactError, Float, Model};
 
 const U64: f64 = 1.0 / (1u64 << 53) as f64;
@@ -233,71 +233,6 @@ pub fn rope_head(x: &[Tracked], tables: &[(Tracked, Tracked)], t: Float) -> Vec<
         out[i + half] = x1.mul(s).round(t).add(x2.mul(c).round(t)).round(t);
     }
     out
-}
-
-/// `x @ dequantize(w).T` for an affine `w` on tracked inputs `x` `[rows, K]`,
-/// the model of [`crate::matmul::quantized_matmul`] (see `matmul.rs`) with
-/// each input's error carried.
-pub fn quantized_matmul_tracked(x: &[Tracked], w: &QuantizedMatrix, t: Float, model: Model) -> Result<Vec<Tracked>, ExactError> {
-    w.validate()?;
-    if w.format != Format::Affine {
-        return err(format!("{:?} projection: the attention oracle reads affine only", w.format));
-    }
-    let k = w.cols;
-    if k == 0 || x.len() % k != 0 {
-        return err(format!("x holds {} values, not rows of K = {k}", x.len()));
-    }
-    let gs = w.group_size;
-    let f32_ = Float::Float32;
-    let rows = x.len() / k;
-    let mut out = Vec::with_capacity(rows * w.rows);
-    let dequantized: Vec<(Vec<Tracked>, ())> = (0..w.rows)
-        .map(|n| {
-            let row = w.row(n);
-            let wq = (0..k)
-                .map(|c| {
-                    let g = c / gs;
-                    Tracked::exact(row.scale[g])
-                        .mul(Tracked::exact(row.code[c]))
-                        .round(t)
-                        .add(Tracked::exact(row.bias[g]))
-                        .round(t)
-                })
-                .collect();
-            (wq, ())
-        })
-        .collect();
-    for r in 0..rows {
-        let xr = &x[r * k..(r + 1) * k];
-        for (wq, ()) in &dequantized {
-            let y = match model {
-                Model::Cpu => {
-                    let mut magnitude = 0.0;
-                    let s = sum_in_order(
-                        xr.iter().zip(wq).map(|(xv, wv)| {
-                            magnitude += (xv.v * wv.v).abs() + xv.v.abs() * wv.e + xv.e * (wv.v.abs() + wv.e);
-                            xv.mul(*wv).round(t)
-                        }),
-                        t,
-                    );
-                    s.widen(gamma(k + 2, f32_.u()) * magnitude)
-                }
-                Model::Gpu => {
-                    let partials: Vec<Tracked> = (0..k / gs)
-                        .map(|g| {
-                            let terms: Vec<Tracked> = (g * gs..(g + 1) * gs)
-                                .map(|c| xr[c].mul(wq[c]).round(f32_))
-                                .collect();
-                            sum_any_order(&terms, f32_).round(t)
-                        })
-                        .collect();
-                    sum_any_order(&partials, f32_).round(t)
-                }
-            };
-            out.push(y);
-        }
-    }
-    Ok(out)
 }
 
 /// One query row's SDPA over `n` cached keys and values (`[n, D]`, D =

@@ -28,35 +28,63 @@
 //! once to `T`. Every rounding named is counted whether or not a given
 //! kernel performs it, so the bound holds for each of them.
 //!
+//! CUDA's `qmv` (`qmm/qmv.cu`, the matrix-vector kernel of every mode on
+//! sm80/sm90: `fp_qmv` runs on sm100+ only) keeps each thread's
+//! accumulators in `T` for codes under 8 bits
+//! (`conditional_t<(bits >= 8), float, T> sums[elems_per_thread]`,
+//! `cutlass::fma` in `T`): each of `K` elements is fma'd into one of
+//! `32 * elems_per_thread` accumulators, one per `32 * elems_per_thread`
+//! columns, so a chain of `c = ceil(K / 256)` roundings to `T` (at 8
+//! elements per thread; 16 gives shorter chains) before the float32
+//! warp sum. The Gpu bound adds `gamma_c(u_T)` of the sum of the
+//! products' magnitudes for codes under 8 bits and 16-bit `T` (found on
+//! an H200: without it, about 1% of mxfp4, nvfp4 and one-group affine bf16
+//! outputs exceeded the bound by up to 4x).
+//!
 //! Float matmul (`x @ w.T`, `gather_mm`; CPU casts to float32 for BLAS,
 //! GPUs accumulate in float32): products and sums in float32 in any order,
 //! output rounded to `T`. An additive bias (`x + bias`, or `addmm`'s
-//! epilogue) is counted as a second rounding to the output dtype.
+//! epilogue) is counted as a second rounding to the output dtype. On GPUs a
+//! float32 matmul reads its inputs as TF32 (10 mantissa bits): MLX enables
+//! TF32 by default (`MLX_ENABLE_TF32`, default 1; CUDA
+//! `CUBLAS_COMPUTE_32F_FAST_TF32`, the grouped gemm, and Metal's NAX path),
+//! so the Gpu model rounds each float32 operand to TF32 first (seen on an
+//! H200: float32 `nn.Linear` outputs exceeded the float32 bound by ~20x).
 
 use crate::formats::{Format, QuantizedMatrix};
 use crate::tracked::{gamma, sum_any_order, sum_in_order, Tracked};
 use crate::{err, ExactError, Float, Model};
 
-/// One output element of a quantized matmul: row `x` (K values, exactly as
-/// the kernel reads them) against row `n` of `w`, rounded as `model` says,
-/// in output dtype `t`.
-fn qmm_element(x: &[f64], w: &QuantizedMatrix, n: usize, t: Float, model: Model) -> Tracked {
+/// Half an ulp of TF32 at 1 (10 explicit mantissa bits), the precision
+/// GPU float32 matmuls read their inputs at.
+const TF32_U: f64 = 1.0 / 2048.0;
+
+/// One output element of a quantized matmul: row `x` (K values, tracked:
+/// exact inputs, or computed ones with their errors) against row `n` of
+/// `w`, rounded as `model` says, in output dtype `t`.
+fn qmm_element(x: &[Tracked], w: &QuantizedMatrix, n: usize, t: Float, model: Model) -> Tracked {
     let row = w.row(n);
     let gs = w.group_size;
     let groups = w.cols / gs;
     let f32_ = Float::Float32;
+    // The sum of the products' magnitudes (errors included).
     let mut magnitude = 0.0;
+    let mut add_magnitude = |xk: &Tracked, wk: &Tracked| {
+        magnitude += (xk.v.abs() + xk.e) * (wk.v.abs() + wk.e);
+    };
+    let affine_weight = |k: usize, g: usize| {
+        Tracked::exact(row.scale[g])
+            .mul(Tracked::exact(row.code[k]))
+            .round(t)
+            .add(Tracked::exact(row.bias[g]))
+            .round(t)
+    };
     let out = match (model, w.format) {
         (Model::Cpu, Format::Affine) => sum_in_order(
             (0..w.cols).map(|k| {
-                let g = k / gs;
-                let wq = Tracked::exact(row.scale[g])
-                    .mul(Tracked::exact(row.code[k]))
-                    .round(t)
-                    .add(Tracked::exact(row.bias[g]))
-                    .round(t);
-                magnitude += (x[k] * wq.v).abs() + x[k].abs() * wq.e;
-                Tracked::exact(x[k]).mul(wq).round(t)
+                let wq = affine_weight(k, k / gs);
+                add_magnitude(&x[k], &wq);
+                x[k].mul(wq).round(t)
             }),
             t,
         ),
@@ -65,8 +93,8 @@ fn qmm_element(x: &[f64], w: &QuantizedMatrix, n: usize, t: Float, model: Model)
                 let gsum = sum_in_order(
                     (g * gs..(g + 1) * gs).map(|k| {
                         let code = Tracked::exact(row.code[k]).round(t);
-                        magnitude += (x[k] * code.v * row.scale[g]).abs();
-                        Tracked::exact(x[k]).mul(code).round(t)
+                        add_magnitude(&x[k], &code.scale(row.scale[g]));
+                        x[k].mul(code).round(t)
                     }),
                     t,
                 );
@@ -80,15 +108,13 @@ fn qmm_element(x: &[f64], w: &QuantizedMatrix, n: usize, t: Float, model: Model)
                     let terms: Vec<Tracked> = (g * gs..(g + 1) * gs)
                         .map(|k| {
                             let wq = if format == Format::Affine {
-                                Tracked::exact(row.scale[g])
-                                    .mul(Tracked::exact(row.code[k]))
-                                    .round(t)
-                                    .add(Tracked::exact(row.bias[g]))
-                                    .round(t)
+                                affine_weight(k, g)
                             } else {
                                 Tracked::exact(row.code[k]).round(t)
                             };
-                            Tracked::exact(x[k]).mul(wq).round(f32_)
+                            let scaled = if format == Format::Affine { wq } else { wq.scale(row.scale[g]) };
+                            add_magnitude(&x[k], &scaled);
+                            x[k].mul(wq).round(f32_)
                         })
                         .collect();
                     let p = sum_any_order(&terms, f32_).round(t);
@@ -102,20 +128,21 @@ fn qmm_element(x: &[f64], w: &QuantizedMatrix, n: usize, t: Float, model: Model)
             sum_any_order(&partials, f32_).round(t)
         }
     };
-    // The Cpu model also covers the float32 SIMD path (see the module doc).
     match model {
+        // The Cpu model also covers the float32 SIMD path (module doc).
         Model::Cpu => out.widen(gamma(w.cols + 2, f32_.u()) * magnitude),
+        // CUDA qmv's accumulators in `T` (module doc).
+        Model::Gpu if w.bits < 8 && t != f32_ => {
+            out.widen(gamma(w.cols.div_ceil(256), t.u()) * magnitude)
+        }
         Model::Gpu => out,
     }
 }
 
-/// `x @ dequantize(w).T` as `mx.quantized_matmul(x, w, scales, biases,
-/// transpose=True)` computes it: `x` is `[rows, K]` (leading dimensions
-/// flattened), `w` `[N, K]`; the result is `[rows, N]`, each element
-/// tracked. `t` is the output dtype (the promotion of x's and the scales'
-/// dtypes).
-pub fn quantized_matmul(
-    x: &[f64],
+/// [`quantized_matmul`] on tracked activations (computed inputs: the
+/// attention step's projections of its own results).
+pub fn quantized_matmul_tracked(
+    x: &[Tracked],
     w: &QuantizedMatrix,
     t: Float,
     model: Model,
@@ -134,6 +161,21 @@ pub fn quantized_matmul(
         }
     }
     Ok(out)
+}
+
+/// `x @ dequantize(w).T` as `mx.quantized_matmul(x, w, scales, biases,
+/// transpose=True)` computes it: `x` is `[rows, K]` (leading dimensions
+/// flattened), `w` `[N, K]`; the result is `[rows, N]`, each element
+/// tracked. `t` is the output dtype (the promotion of x's and the scales'
+/// dtypes).
+pub fn quantized_matmul(
+    x: &[f64],
+    w: &QuantizedMatrix,
+    t: Float,
+    model: Model,
+) -> Result<Vec<Tracked>, ExactError> {
+    let xt: Vec<Tracked> = x.iter().map(|&v| Tracked::exact(v)).collect();
+    quantized_matmul_tracked(&xt, w, t, model)
 }
 
 /// `gather_qmm`: row `r` of `x` (`[rows, K]`) against expert `experts[r]`
@@ -165,17 +207,18 @@ pub fn gather_qmm(
         if e >= e_count {
             return err(format!("expert index {e} of {e_count} experts"));
         }
-        let xr = &x[r * k..(r + 1) * k];
+        let xr: Vec<Tracked> = x[r * k..(r + 1) * k].iter().map(|&v| Tracked::exact(v)).collect();
         for j in 0..n {
-            out.push(qmm_element(xr, w, e * n + j, t, model));
+            out.push(qmm_element(&xr, w, e * n + j, t, model));
         }
     }
     Ok(out)
 }
 
 /// A float matmul `a @ b` with `a` `[rows, K]` tracked and `b` `[K, N]`
-/// exact (row-major), in float32 in any order, rounded to `t`.
-pub fn matmul(a: &[Tracked], b: &[f64], k: usize, n: usize, t: Float) -> Result<Vec<Tracked>, ExactError> {
+/// exact (row-major), in float32 in any order, rounded to `t`; a float32
+/// matmul (`t` float32) on a GPU reads its operands as TF32 (module doc).
+pub fn matmul(a: &[Tracked], b: &[f64], k: usize, n: usize, t: Float, model: Model) -> Result<Vec<Tracked>, ExactError> {
     if k == 0 || a.len() % k != 0 || b.len() != k * n {
         return err(format!(
             "matmul of {} values in rows of {k} with a [{k}, {n}] matrix of {} values",
@@ -185,21 +228,27 @@ pub fn matmul(a: &[Tracked], b: &[f64], k: usize, n: usize, t: Float) -> Result<
     }
     let rows = a.len() / k;
     let f32_ = Float::Float32;
+    let tf32 = model == Model::Gpu && t == f32_;
     let mut out = Vec::with_capacity(rows * n);
     let mut terms = Vec::with_capacity(k);
     for r in 0..rows {
         for j in 0..n {
             terms.clear();
             terms.extend((0..k).map(|i| {
-                a[r * k + i]
-                    .round(f32_)
-                    .mul(Tracked::exact(b[i * n + j]).round(f32_))
-                    .round(f32_)
+                let (x, y) = (a[r * k + i].round(f32_), Tracked::exact(b[i * n + j]).round(f32_));
+                let (x, y) = if tf32 { (tf32_round(x), tf32_round(y)) } else { (x, y) };
+                x.mul(y).round(f32_)
             }));
             out.push(sum_any_order(&terms, f32_).round(t));
         }
     }
     Ok(out)
+}
+
+/// A float32 operand read as TF32 (round to nearest at 10 mantissa bits;
+/// truncation would be within twice this, and is covered by the factor 2).
+fn tf32_round(x: Tracked) -> Tracked {
+    x.widen(2.0 * TF32_U * (x.v.abs() + x.e))
 }
 
 /// `y + bias` broadcast over rows of `bias.len()`, rounded to `t`.
@@ -226,6 +275,7 @@ pub fn lora_residual(
     z_dtype: Float,
     x_dtype: Float,
     out: Float,
+    model: Model,
 ) -> Result<Vec<Tracked>, ExactError> {
     if rank == 0 || lora_a.len() % rank != 0 || lora_b.len() % rank != 0 {
         return err(format!("LoRA rank {rank} with {} and {} values", lora_a.len(), lora_b.len()));
@@ -233,8 +283,8 @@ pub fn lora_residual(
     let k = lora_a.len() / rank;
     let n = lora_b.len() / rank;
     let xt: Vec<Tracked> = x.iter().map(|&v| Tracked::exact(v)).collect();
-    let t = matmul(&xt, lora_a, k, rank, z_dtype)?;
-    let z = matmul(&t, lora_b, rank, n, z_dtype)?;
+    let t = matmul(&xt, lora_a, k, rank, z_dtype, model)?;
+    let z = matmul(&t, lora_b, rank, n, z_dtype, model)?;
     if z.len() != y.len() {
         return err(format!("LoRA delta of {} values for an output of {}", z.len(), y.len()));
     }

@@ -118,7 +118,7 @@ fn with_bias(sent: &Sent, y: Vec<Tracked>, t: Float) -> Result<(Vec<Tracked>, Fl
 
 /// The LoRA residuals of `lora_a`, `lora_b`, `lora_scales`, nested in order
 /// (adapter 0 innermost), onto `y`.
-fn with_adapters(sent: &Sent, x: &HostTensor, mut y: Vec<Tracked>, mut t: Float) -> Result<(Vec<Tracked>, Float), ExactError> {
+fn with_adapters(sent: &Sent, x: &HostTensor, mut y: Vec<Tracked>, mut t: Float, model: Model) -> Result<(Vec<Tracked>, Float), ExactError> {
     let a = sent.tensors("lora_a")?;
     let b = sent.tensors("lora_b")?;
     let s = sent.floats("lora_scales")?;
@@ -131,7 +131,7 @@ fn with_adapters(sent: &Sent, x: &HostTensor, mut y: Vec<Tracked>, mut t: Float)
         let rank = *a.shape.last().unwrap_or(&0);
         let z_dtype = xt.promote(float_of(a)?).promote(float_of(b)?);
         let out = t.promote(xt);
-        y = lora_residual(&y, &xv, &values(a), &values(b), rank, *s, z_dtype, xt, out)?;
+        y = lora_residual(&y, &xv, &values(a), &values(b), rank, *s, z_dtype, xt, out, model)?;
         t = out;
     }
     Ok((y, t))
@@ -145,7 +145,7 @@ pub fn linear(sent: &Sent, model: Model, weight: &str, lora: bool) -> Result<Exa
     let t = m.out_dtype(x)?;
     let y = quantized_matmul(&values(x), &m.view(), t, model)?;
     let (y, t) = with_bias(sent, y, t)?;
-    let (y, _) = if lora { with_adapters(sent, x, y, t)? } else { (y, t) };
+    let (y, _) = if lora { with_adapters(sent, x, y, t, model)? } else { (y, t) };
     Ok(Exact::from_tracked("quantized_matmul", model, out_shape(x, m.n), &y))
 }
 
@@ -217,7 +217,7 @@ pub fn float_linear(sent: &Sent, model: Model) -> Result<Exact, ExactError> {
     let t = float_of(x)?.promote(float_of(w)?);
     let wt = transpose(&values(w), n, k);
     let xt: Vec<Tracked> = values(x).into_iter().map(Tracked::exact).collect();
-    let y = matmul(&xt, &wt, k, n, t)?;
+    let y = matmul(&xt, &wt, k, n, t, model)?;
     let (y, _) = with_bias(sent, y, t)?;
     Ok(Exact::from_tracked("matmul", model, out_shape(x, n), &y))
 }
@@ -240,7 +240,7 @@ pub fn float_switch(sent: &Sent, model: Model) -> Result<Exact, ExactError> {
         }
         let wt = transpose(&wv[e * n * k..(e + 1) * n * k], n, k);
         let xr: Vec<Tracked> = xs[r * k..(r + 1) * k].iter().map(|&v| Tracked::exact(v)).collect();
-        y.extend(matmul(&xr, &wt, k, n, t)?);
+        y.extend(matmul(&xr, &wt, k, n, t, model)?);
     }
     let (y, _) = with_expert_bias(sent, y, &experts, n, t)?;
     let mut shape = indices.shape.clone();
