@@ -266,6 +266,10 @@ pub struct CaseOutput {
     /// sha256 chained over the same tensors in order: one value for the
     /// whole case (reported; the snapshot pins [`CaseOutput::digests`]).
     pub case_digest: String,
+    /// Outputs measured by the exact oracle only, not bit-compared (a
+    /// finding's output whose bytes vary run to run: an unwritten buffer).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exact_only: Vec<(String, crate::exactness::ExactCheck)>,
     /// With `--keep-outputs`: every compared or digested tensor, named
     /// `port/<output>` or `reference/<output>` (the release gate compares
     /// two environments' tensors element by element).
@@ -334,6 +338,30 @@ impl CaseOutput {
         if let Some(o) = self.outputs.last_mut() {
             o.derived = Some(why.to_owned());
         }
+    }
+    /// Measures `port` and the reference's output against the exact
+    /// oracle only (no bit comparison, no digest: for findings whose bytes
+    /// vary); the check is returned and reported like a compared output's.
+    pub fn measure_exact(
+        &mut self,
+        name: &str,
+        port: &HostTensor,
+        expected: &Expected,
+    ) -> Result<crate::exactness::ExactCheck, CaseError> {
+        let pair = expected
+            .exact()
+            .ok_or_else(|| CaseError::Harness(format!("`{name}` carries no exact value")))?;
+        let equal = compare(port, expected.tensor()).is_equal();
+        let check = crate::exactness::ExactCheck::measure(port, expected.tensor(), pair, equal);
+        self.exact_only.push((name.to_owned(), check.clone()));
+        Ok(check)
+    }
+    /// Every exact check of the case: compared outputs', then exact-only.
+    pub fn exact_checks(&self) -> impl Iterator<Item = (&str, &crate::exactness::ExactCheck)> {
+        self.outputs
+            .iter()
+            .filter_map(|o| Some((o.name.as_str(), o.exact.as_ref()?)))
+            .chain(self.exact_only.iter().map(|(n, c)| (n.as_str(), c)))
     }
     /// Records the digest of a port tensor a finding measured.
     pub fn digest(&mut self, name: &str, t: &HostTensor) {

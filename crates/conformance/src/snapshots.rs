@@ -248,13 +248,9 @@ pub fn body(result: &CaseResult) -> Option<Value> {
     // appearing or disappearing is drift). Absent when every output is
     // within, so such snapshots are unchanged by the exact oracle.
     let outside: serde_json::Map<String, Value> = out
-        .outputs
-        .iter()
-        .filter_map(|o| {
-            let e = o.exact.as_ref()?;
-            (e.class != crate::exactness::ExactClass::Within)
-                .then(|| (o.name.clone(), json!(e.class)))
-        })
+        .exact_checks()
+        .filter(|(_, e)| e.class != crate::exactness::ExactClass::Within)
+        .map(|(name, e)| (name.to_owned(), json!(e.class)))
         .collect();
     if !outside.is_empty() {
         body["exact_outside"] = Value::Object(outside);

@@ -114,10 +114,9 @@ impl ExactSummary {
         let mut s = ExactSummary::default();
         for row in rows {
             let Some(out) = &row.result.output else { continue };
-            for o in &out.outputs {
-                let Some(e) = &o.exact else { continue };
+            for (output, e) in out.exact_checks() {
                 s.outputs_checked += 1;
-                let name = format!("{}: {}", row.result.name, o.name);
+                let name = format!("{}: {output}", row.result.name);
                 match e.class {
                     ExactClass::Within if e.informative => s.within += 1,
                     ExactClass::Within => s.uninformative.push(name),
@@ -135,10 +134,9 @@ pub fn exact_outside(rows: &[Row]) -> Vec<(&Row, &str, &crate::exactness::ExactC
     rows.iter()
         .flat_map(|row| {
             row.result.output.iter().flat_map(move |out| {
-                out.outputs.iter().filter_map(move |o| {
-                    let e = o.exact.as_ref()?;
-                    (e.class != crate::exactness::ExactClass::Within).then_some((row, o.name.as_str(), e))
-                })
+                out.exact_checks()
+                    .filter(|(_, e)| e.class != crate::exactness::ExactClass::Within)
+                    .map(move |(name, e)| (row, name, e))
             })
         })
         .collect()
