@@ -417,7 +417,7 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{check, Exact};
+    use crate::{check, Exact, Format};
 
     fn bf(v: f64) -> f64 {
         f64::from(half::bf16::from_f64(v))

@@ -6,6 +6,10 @@ use serde::{Deserialize, Serialize};
 use crate::Exact;
 
 /// One side (port or reference) measured against an [`Exact`].
+///
+/// JSON has no NaN or infinity: those values travel as the strings
+/// `"NaN"`, `"inf"` and `"-inf"` (an unwritten output holds NaN), so a
+/// check survives a worker's answer and reads plainly in report.json.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Side {
     /// Elements whose error exceeds their bound (a NaN or infinity where
@@ -14,13 +18,51 @@ pub struct Side {
     pub total: usize,
     /// The largest `|computed - exact| / bound` (0 when every element is
     /// exact; infinite for a non-finite value or a zero bound exceeded).
+    #[serde(with = "nonfinite")]
     pub max_ratio: f64,
     /// Row-major index of the worst element, its computed value, the
     /// exact value and its bound.
     pub worst_index: usize,
+    #[serde(with = "nonfinite")]
     pub worst_value: f64,
+    #[serde(with = "nonfinite")]
     pub worst_exact: f64,
+    #[serde(with = "nonfinite")]
     pub worst_bound: f64,
+}
+
+/// f64 as a JSON number, or `"NaN"` / `"inf"` / `"-inf"`.
+mod nonfinite {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if v.is_nan() {
+            s.serialize_str("NaN")
+        } else if v.is_infinite() {
+            s.serialize_str(if *v > 0.0 { "inf" } else { "-inf" })
+        } else {
+            s.serialize_f64(*v)
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Number(f64),
+        Text(String),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        match Repr::deserialize(d)? {
+            Repr::Number(v) => Ok(v),
+            Repr::Text(t) => match t.as_str() {
+                "NaN" => Ok(f64::NAN),
+                "inf" => Ok(f64::INFINITY),
+                "-inf" => Ok(f64::NEG_INFINITY),
+                other => Err(serde::de::Error::custom(format!("`{other}` is not a number"))),
+            },
+        }
+    }
 }
 
 impl Side {
@@ -59,7 +101,10 @@ pub fn check(computed: &[f64], exact: &Exact) -> Side {
         .enumerate()
     {
         let err = (c - x).abs();
-        let ratio = if err == 0.0 {
+        // Where the definition itself is NaN or infinite (a NaN input, an
+        // e4m3 NaN code), the same value is exact.
+        let same = c == x || (c.is_nan() && x.is_nan());
+        let ratio = if same || err == 0.0 {
             0.0
         } else if !err.is_finite() || b == 0.0 {
             f64::INFINITY
@@ -105,5 +150,20 @@ mod tests {
         assert!(check(&[1.0, 2.0, 3.0], &e).within());
         assert_eq!(check(&[1.0, f64::NAN, 3.0], &e).outside, 1);
         assert_eq!(check(&[1.0], &e).outside, 3);
+        // A NaN definition (a NaN input) is met by NaN only.
+        let n = exact(&[f64::NAN, f64::INFINITY], 0.1);
+        assert!(check(&[f64::NAN, f64::INFINITY], &n).within());
+        assert_eq!(check(&[0.0, 1.0], &n).outside, 2);
+    }
+
+    #[test]
+    fn a_nan_check_survives_json() {
+        let e = exact(&[1.0, 2.0], 0.1);
+        let s = check(&[f64::NAN, 2.0], &e);
+        let text = serde_json::to_string(&s).unwrap();
+        assert!(text.contains("\"NaN\"") && text.contains("\"inf\""), "{text}");
+        let back: Side = serde_json::from_str(&text).unwrap();
+        assert!(back.worst_value.is_nan() && back.max_ratio.is_infinite());
+        assert_eq!(back.outside, 1);
     }
 }

@@ -171,6 +171,9 @@ struct Crash {
     status: Option<ExitStatus>,
     stderr_tail: Vec<String>,
     detail: String,
+    /// The worker was still running: the runner ended it (after an answer
+    /// it could not read), so its signal says nothing about the case.
+    ended_by_runner: bool,
 }
 
 impl Worker {
@@ -241,6 +244,7 @@ impl Worker {
                 }
             }
         }
+        let ended_by_runner = matches!(self.child.try_wait(), Ok(None));
         let _ = self.child.kill();
         let status = self.child.wait().ok();
         if let Some(t) = self.passthrough.take() {
@@ -255,6 +259,7 @@ impl Worker {
             status,
             stderr_tail,
             detail,
+            ended_by_runner,
         })
     }
 }
@@ -289,6 +294,9 @@ fn signal_name(signal: i32) -> String {
 fn crash_result(case: &Case, crash: Crash, time_ms: f64) -> CaseResult {
     use std::os::unix::process::ExitStatusExt;
     let how = match crash.status {
+        _ if crash.ended_by_runner => {
+            "did not give a readable answer, and the runner ended it".to_owned()
+        }
         Some(status) => match status.signal() {
             Some(signal) => format!("was killed by {}", signal_name(signal)),
             None => format!(
