@@ -589,6 +589,50 @@ mod tests {
         assert!(matches!(s[0], Status::Drift { .. }));
     }
 
+    /// An exact check of class `class` on output `y` of a result.
+    fn with_exact(mut r: CaseResult, class: crate::exactness::ExactClass) -> CaseResult {
+        let side = exact::Side {
+            outside: usize::from(class != crate::exactness::ExactClass::Within),
+            total: 1,
+            max_ratio: 2.0,
+            worst_index: 0,
+            worst_value: f64::NAN,
+            worst_exact: 1.0,
+            worst_bound: 0.1,
+        };
+        let check = crate::exactness::ExactCheck {
+            op: "quantized_matmul".into(),
+            model: exact::Model::Gpu,
+            class,
+            port: side.clone(),
+            reference: side,
+            bit_equal: true,
+            informative: true,
+        };
+        r.output.as_mut().unwrap().exact_only.push(("y".into(), check));
+        r
+    }
+
+    #[test]
+    fn a_reference_outside_its_bound_is_pinned_both_ways() {
+        use crate::exactness::ExactClass;
+        let dir = temp_dir("exact");
+        // Within: nothing is added to the body (existing snapshots unchanged).
+        let within = with_exact(result("e/x"), ExactClass::Within);
+        assert!(body(&within).unwrap().get("exact_outside").is_none());
+        let outside = with_exact(result("e/x"), ExactClass::ReferenceOutside);
+        assert_eq!(body(&outside).unwrap()["exact_outside"]["y"], json!("reference_outside"));
+        // Recorded outside: appearing-then-disappearing and the reverse drift.
+        record(&dir, &outside);
+        let (s, _) = gate(&dir, std::slice::from_ref(&outside), Mode::Check, &provenance(), true);
+        assert_eq!(s, vec![Status::Match]);
+        let (s, _) = gate(&dir, &[within.clone()], Mode::Check, &provenance(), true);
+        assert!(matches!(s[0], Status::Drift { .. }), "disappearing: {s:?}");
+        record(&dir, &within);
+        let (s, _) = gate(&dir, &[outside], Mode::Check, &provenance(), true);
+        assert!(matches!(s[0], Status::Drift { .. }), "appearing: {s:?}");
+    }
+
     #[test]
     fn hand_edited_and_corrupted_snapshots_are_typed_errors_naming_the_file() {
         let dir = temp_dir("edit");

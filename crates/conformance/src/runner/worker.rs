@@ -220,6 +220,7 @@ impl Worker {
             Ok(()) => String::new(),
             Err(e) => format!("could not send the case to the worker ({e})"),
         };
+        let mut unreadable = false;
         if detail.is_empty() {
             let mut line = String::new();
             loop {
@@ -232,6 +233,7 @@ impl Worker {
                                 Ok(result) => return Ok(result),
                                 Err(e) => {
                                     detail = format!("unreadable answer from the worker ({e})");
+                                    unreadable = true;
                                     break;
                                 }
                             }
@@ -244,7 +246,9 @@ impl Worker {
                 }
             }
         }
-        let ended_by_runner = matches!(self.child.try_wait(), Ok(None));
+        // Only an answer that could not be read leaves a live worker the
+        // runner must end (a crashing worker closes its stdout first).
+        let ended_by_runner = unreadable && matches!(self.child.try_wait(), Ok(None));
         let _ = self.child.kill();
         let status = self.child.wait().ok();
         if let Some(t) = self.passthrough.take() {
@@ -294,9 +298,7 @@ fn signal_name(signal: i32) -> String {
 fn crash_result(case: &Case, crash: Crash, time_ms: f64) -> CaseResult {
     use std::os::unix::process::ExitStatusExt;
     let how = match crash.status {
-        _ if crash.ended_by_runner => {
-            "did not give a readable answer, and the runner ended it".to_owned()
-        }
+        _ if crash.ended_by_runner => "gave an answer the runner could not read, and the runner ended it".to_owned(),
         Some(status) => match status.signal() {
             Some(signal) => format!("was killed by {}", signal_name(signal)),
             None => format!(
