@@ -211,8 +211,9 @@ impl Expected {
         Self(t, None)
     }
     /// Attaches the exact value this output stands for.
-    pub(crate) fn with_exact(mut self, exact: crate::exactness::ExactPair) -> Self {
-        self.1 = Some(exact);
+    /// (`None`: the definition has no value for these inputs.)
+    pub(crate) fn with_exact(mut self, exact: impl Into<Option<crate::exactness::ExactPair>>) -> Self {
+        self.1 = exact.into();
         self
     }
     pub fn tensor(&self) -> &HostTensor {

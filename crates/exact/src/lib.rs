@@ -162,6 +162,21 @@ impl std::fmt::Display for ExactError {
 
 impl std::error::Error for ExactError {}
 
+/// The prefix of an [`ExactError`] saying the definition has no value for
+/// these inputs (an expert index out of range, as `--perturb` can make
+/// one): no exact check, rather than a harness error.
+const UNDEFINED: &str = "undefined: ";
+
+impl ExactError {
+    /// The op's definition has no value for these inputs.
+    pub fn undefined(what: impl std::fmt::Display) -> Self {
+        ExactError(format!("{UNDEFINED}{what}"))
+    }
+    pub fn is_undefined(&self) -> bool {
+        self.0.starts_with(UNDEFINED)
+    }
+}
+
 /// Shorthand for an [`ExactError`].
 pub(crate) fn err<T>(what: impl Into<String>) -> Result<T, ExactError> {
     Err(ExactError(what.into()))

@@ -205,7 +205,7 @@ pub fn gather_qmm(
     let mut out = Vec::with_capacity(experts.len() * n);
     for (r, &e) in experts.iter().enumerate() {
         if e >= e_count {
-            return err(format!("expert index {e} of {e_count} experts"));
+            return Err(ExactError::undefined(format!("expert index {e} of {e_count} experts")));
         }
         let xr: Vec<Tracked> = x[r * k..(r + 1) * k].iter().map(|&v| Tracked::exact(v)).collect();
         for j in 0..n {

@@ -175,13 +175,35 @@ impl Calls {
         function: &str,
         f: impl Fn(&Sent, Model) -> Result<Exact, ExactError>,
     ) -> Result<ExactPair, CaseError> {
-        let wrap = |e: ExactError| CaseError::Harness(format!("`{function}`: {e}"));
-        let reference = Arc::new(f(&self.reference, self.model).map_err(wrap)?);
+        self.exact_if_defined(function, f)?.ok_or_else(|| {
+            CaseError::Harness(format!("`{function}`: the exact oracle has no value for these inputs"))
+        })
+    }
+
+    /// Like [`Calls::exact`], `None` where either side's definition has no
+    /// value ([`ExactError::undefined`]: an expert index out of range):
+    /// the output is then not exact-checked.
+    pub fn exact_if_defined(
+        &self,
+        function: &str,
+        f: impl Fn(&Sent, Model) -> Result<Exact, ExactError>,
+    ) -> Result<Option<ExactPair>, CaseError> {
+        let run = |s: &Sent| match f(s, self.model) {
+            Ok(e) => Ok(Some(Arc::new(e))),
+            Err(e) if e.is_undefined() => Ok(None),
+            Err(e) => Err(CaseError::Harness(format!("`{function}`: {e}"))),
+        };
+        let Some(reference) = run(&self.reference)? else {
+            return Ok(None);
+        };
         let port = match &self.port {
-            Some(p) => Arc::new(f(p, self.model).map_err(wrap)?),
+            Some(p) => match run(p)? {
+                Some(p) => p,
+                None => return Ok(None),
+            },
             None => reference.clone(),
         };
-        Ok(ExactPair { reference, port })
+        Ok(Some(ExactPair { reference, port }))
     }
 }
 
@@ -221,7 +243,7 @@ impl Calls {
         function: &str,
         extra: &[(&'static str, Arg)],
         f: impl Fn(&Sent, Model) -> Result<Exact, ExactError>,
-    ) -> Result<ExactPair, CaseError> {
+    ) -> Result<Option<ExactPair>, CaseError> {
         // The extra arguments replace any of the same name.
         let add = |s: &Sent| {
             extra
@@ -233,7 +255,7 @@ impl Calls {
             port: self.port.as_ref().map(add),
             model: self.model,
         }
-        .exact(function, f)
+        .exact_if_defined(function, f)
     }
 }
 

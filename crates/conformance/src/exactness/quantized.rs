@@ -236,7 +236,7 @@ pub fn float_switch(sent: &Sent, model: Model) -> Result<Exact, ExactError> {
     let mut y = Vec::with_capacity(experts.len() * n);
     for (r, &e) in experts.iter().enumerate() {
         if e >= w.shape[0] {
-            return Err(ExactError(format!("expert index {e} of {}", w.shape[0])));
+            return Err(ExactError::undefined(format!("expert index {e} of {}", w.shape[0])));
         }
         let wt = transpose(&wv[e * n * k..(e + 1) * n * k], n, k);
         let xr: Vec<Tracked> = xs[r * k..(r + 1) * k].iter().map(|&v| Tracked::exact(v)).collect();

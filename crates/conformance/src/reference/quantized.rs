@@ -153,7 +153,7 @@ pub fn quantized_switch(
     let (value, calls) = ctx.call_sent(F, params)?;
     // The layer's meaning: stride-0 views of expert 0 stand for expert 0
     // everywhere (the exact value reads them as such).
-    let exact = calls.exact(F, |s, m| {
+    let exact = calls.exact_if_defined(F, |s, m| {
         if s.bool("expert0_views")? {
             q::switch_expert0(s, m)
         } else {
@@ -230,7 +230,7 @@ pub fn float_switch(
         fixed("sort", sort),
     ];
     let (value, calls) = ctx.call_sent(F, params)?;
-    let exact = calls.exact(F, q::float_switch)?;
+    let exact = calls.exact_if_defined(F, q::float_switch)?;
     Ok(one_array(F, value)?.with_exact(exact))
 }
 
