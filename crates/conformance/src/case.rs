@@ -212,7 +212,10 @@ impl Expected {
     }
     /// Attaches the exact value this output stands for.
     /// (`None`: the definition has no value for these inputs.)
-    pub(crate) fn with_exact(mut self, exact: impl Into<Option<crate::exactness::ExactPair>>) -> Self {
+    pub(crate) fn with_exact(
+        mut self,
+        exact: impl Into<Option<crate::exactness::ExactPair>>,
+    ) -> Self {
         self.1 = exact.into();
         self
     }
@@ -317,7 +320,12 @@ impl CaseOutput {
         }
         let comparison = compare(port, expected.tensor());
         let exact = expected.exact().map(|pair| {
-            crate::exactness::ExactCheck::measure(port, expected.tensor(), pair, comparison.is_equal())
+            crate::exactness::ExactCheck::measure(
+                port,
+                expected.tensor(),
+                pair,
+                comparison.is_equal(),
+            )
         });
         self.outputs.push(Output {
             name: name.into(),

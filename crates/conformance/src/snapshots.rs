@@ -609,7 +609,11 @@ mod tests {
             bit_equal: true,
             informative: true,
         };
-        r.output.as_mut().unwrap().exact_only.push(("y".into(), check));
+        r.output
+            .as_mut()
+            .unwrap()
+            .exact_only
+            .push(("y".into(), check));
         r
     }
 
@@ -621,10 +625,19 @@ mod tests {
         let within = with_exact(result("e/x"), ExactClass::Within);
         assert!(body(&within).unwrap().get("exact_outside").is_none());
         let outside = with_exact(result("e/x"), ExactClass::ReferenceOutside);
-        assert_eq!(body(&outside).unwrap()["exact_outside"]["y"], json!("reference_outside"));
+        assert_eq!(
+            body(&outside).unwrap()["exact_outside"]["y"],
+            json!("reference_outside")
+        );
         // Recorded outside: appearing-then-disappearing and the reverse drift.
         record(&dir, &outside);
-        let (s, _) = gate(&dir, std::slice::from_ref(&outside), Mode::Check, &provenance(), true);
+        let (s, _) = gate(
+            &dir,
+            std::slice::from_ref(&outside),
+            Mode::Check,
+            &provenance(),
+            true,
+        );
         assert_eq!(s, vec![Status::Match]);
         let (s, _) = gate(&dir, &[within.clone()], Mode::Check, &provenance(), true);
         assert!(matches!(s[0], Status::Drift { .. }), "disappearing: {s:?}");

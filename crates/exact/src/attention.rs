@@ -187,7 +187,13 @@ const EXP_ABS: f64 = 2.350_988_701_644_575_e-38;
 
 /// The (cos, sin) of each rotated pair `i < rotary_dims / 2` at `pos`, as
 /// the kernel holds them in `t` (see the module doc's RoPE step).
-pub fn rope_tables(pos: usize, rotary_dims: usize, rope_base: f64, t: Float, model: Model) -> Vec<(Tracked, Tracked)> {
+pub fn rope_tables(
+    pos: usize,
+    rotary_dims: usize,
+    rope_base: f64,
+    t: Float,
+    model: Model,
+) -> Vec<(Tracked, Tracked)> {
     let half = rotary_dims / 2;
     let u = Float::Float32.u();
     let eta = Float::Float32.eta();
@@ -215,8 +221,16 @@ pub fn rope_tables(pos: usize, rotary_dims: usize, rope_base: f64, t: Float, mod
             // float64: theta within 4 ulp, cos / sin within 2 ulp of theirs.
             let f64_err = 4.0 * U64 * theta + 4.0 * U64;
             let e = dtheta.min(2.0) + trig + f64_err;
-            let cos = Tracked { v: theta.cos(), e, mag: 1.0 };
-            let sin = Tracked { v: theta.sin(), e, mag: 1.0 };
+            let cos = Tracked {
+                v: theta.cos(),
+                e,
+                mag: 1.0,
+            };
+            let sin = Tracked {
+                v: theta.sin(),
+                e,
+                mag: 1.0,
+            };
             (cos.round(t), sin.round(t))
         })
         .collect()
@@ -229,7 +243,11 @@ pub fn rope_head(x: &[Tracked], tables: &[(Tracked, Tracked)], t: Float) -> Vec<
     let mut out = x.to_vec();
     for (i, &(c, s)) in tables.iter().enumerate() {
         let (x1, x2) = (x[i], x[i + half]);
-        out[i] = x1.mul(c).round(t).add(x2.mul(s).round(t).scale(-1.0)).round(t);
+        out[i] = x1
+            .mul(c)
+            .round(t)
+            .add(x2.mul(s).round(t).scale(-1.0))
+            .round(t);
         out[i + half] = x1.mul(s).round(t).add(x2.mul(c).round(t)).round(t);
     }
     out
@@ -237,10 +255,21 @@ pub fn rope_head(x: &[Tracked], tables: &[(Tracked, Tracked)], t: Float) -> Vec<
 
 /// One query row's SDPA over `n` cached keys and values (`[n, D]`, D =
 /// `q.len()`), all in the SDPA dtype `t`, with the bound of the module doc.
-pub fn sdpa_row(q: &[Tracked], keys: &[Tracked], values: &[Tracked], scale: f64, t: Float, model: Model) -> Result<Vec<Tracked>, ExactError> {
+pub fn sdpa_row(
+    q: &[Tracked],
+    keys: &[Tracked],
+    values: &[Tracked],
+    scale: f64,
+    t: Float,
+    model: Model,
+) -> Result<Vec<Tracked>, ExactError> {
     let d = q.len();
     if d == 0 || keys.len() % d != 0 || keys.len() != values.len() || keys.is_empty() {
-        return err(format!("SDPA of a {d}-channel query over {} keys and {} values", keys.len(), values.len()));
+        return err(format!(
+            "SDPA of a {d}-channel query over {} keys and {} values",
+            keys.len(),
+            values.len()
+        ));
     }
     let n = keys.len() / d;
     let u32_ = Float::Float32.u();
@@ -307,7 +336,9 @@ pub fn sdpa_row(q: &[Tracked], keys: &[Tracked], values: &[Tracked], scale: f64,
     let z_hi = (1.0 + g_z) * a_hi + n as f64 * (eta32 + EXP_ABS);
     let z_lo = ((1.0 - g_z) * a_lo - n as f64 * (eta32 + EXP_ABS)).max(0.0);
     if z_lo <= 0.0 {
-        return err(format!("SDPA over {n} keys: the normalizer's bound is vacuous"));
+        return err(format!(
+            "SDPA over {n} keys: the normalizer's bound is vacuous"
+        ));
     }
     let f64_p = gamma(n + 8, U64);
     let mut r = vec![0.0; n];
@@ -354,7 +385,10 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
     let [wq, wk, wv, wo] = &inp.projections;
     let hidden = wq.cols;
     if hidden == 0 || inp.x.len() % hidden != 0 {
-        return err(format!("x holds {} values, not rows of hidden {hidden}", inp.x.len()));
+        return err(format!(
+            "x holds {} values, not rows of hidden {hidden}",
+            inp.x.len()
+        ));
     }
     if wq.rows != h * d || wk.rows != hkv * d || wv.rows != hkv * d || wo.cols != h * d {
         return err(format!(
@@ -364,10 +398,18 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
     }
     let l0 = inp.l0;
     if inp.k0.len() != hkv * l0 * d || inp.v0.len() != hkv * l0 * d {
-        return err(format!("prefill of {} / {} values for [{hkv}, {l0}, {d}]", inp.k0.len(), inp.v0.len()));
+        return err(format!(
+            "prefill of {} / {} values for [{hkv}, {l0}, {d}]",
+            inp.k0.len(),
+            inp.v0.len()
+        ));
     }
     let tokens = inp.x.len() / hidden;
-    let p_dtypes: Vec<Float> = inp.scales_dtypes.iter().map(|s| inp.x_dtype.promote(*s)).collect();
+    let p_dtypes: Vec<Float> = inp
+        .scales_dtypes
+        .iter()
+        .map(|s| inp.x_dtype.promote(*s))
+        .collect();
     let (pq, pk, pv) = (p_dtypes[0], p_dtypes[1], p_dtypes[2]);
     let ck = inp.k0_dtype.unwrap_or(pk);
     let cv = inp.v0_dtype.unwrap_or(pv);
@@ -376,12 +418,27 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
     let scale = (d as f64).powf(-0.5);
     // The KV cache per KV head, `[len, D]`, in the SDPA dtype.
     let mut cache_k: Vec<Vec<Tracked>> = (0..hkv)
-        .map(|gh| inp.k0[gh * l0 * d..(gh + 1) * l0 * d].iter().map(|&v| cast(Tracked::exact(v), ck, f)).collect())
+        .map(|gh| {
+            inp.k0[gh * l0 * d..(gh + 1) * l0 * d]
+                .iter()
+                .map(|&v| cast(Tracked::exact(v), ck, f))
+                .collect()
+        })
         .collect();
     let mut cache_v: Vec<Vec<Tracked>> = (0..hkv)
-        .map(|gh| inp.v0[gh * l0 * d..(gh + 1) * l0 * d].iter().map(|&v| cast(Tracked::exact(v), cv, f)).collect())
+        .map(|gh| {
+            inp.v0[gh * l0 * d..(gh + 1) * l0 * d]
+                .iter()
+                .map(|&v| cast(Tracked::exact(v), cv, f))
+                .collect()
+        })
         .collect();
-    let mut out = DecodeExact { attn: Vec::new(), y: Vec::new(), keys: Vec::new(), values: Vec::new() };
+    let mut out = DecodeExact {
+        attn: Vec::new(),
+        y: Vec::new(),
+        keys: Vec::new(),
+        values: Vec::new(),
+    };
     for tok in 0..tokens {
         let xr = &inp.x[tok * hidden..(tok + 1) * hidden];
         let q = quantized_matmul(xr, wq, pq, model)?;
@@ -403,12 +460,15 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
         }
         let mut attn = Vec::with_capacity(h * d);
         for hh in 0..h {
-            let qr: Vec<Tracked> =
-                rope_head(&q[hh * d..(hh + 1) * d], &tab_q, pq).into_iter().map(|t| cast(t, pq, f)).collect();
+            let qr: Vec<Tracked> = rope_head(&q[hh * d..(hh + 1) * d], &tab_q, pq)
+                .into_iter()
+                .map(|t| cast(t, pq, f))
+                .collect();
             let gh = hh / (h / hkv);
             attn.extend(sdpa_row(&qr, &cache_k[gh], &cache_v[gh], scale, f, model)?);
         }
-        out.y.extend(quantized_matmul_tracked(&attn, wo, py, model)?);
+        out.y
+            .extend(quantized_matmul_tracked(&attn, wo, py, model)?);
         out.attn.extend(attn);
     }
     Ok(out)
@@ -430,7 +490,10 @@ mod tests {
     struct Lcg(u64);
     impl Lcg {
         fn next(&mut self) -> f64 {
-            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            self.0 = self
+                .0
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((self.0 >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
         }
     }
@@ -452,7 +515,11 @@ mod tests {
         let inv = 1.0 / z;
         let p: Vec<f32> = s.iter().map(|&x| bf32((x - m).exp() * inv)).collect();
         (0..d)
-            .map(|c| f64::from(bf32((0..n).map(|j| p[j] * v[j * d + c] as f32).sum::<f32>())))
+            .map(|c| {
+                f64::from(bf32(
+                    (0..n).map(|j| p[j] * v[j * d + c] as f32).sum::<f32>(),
+                ))
+            })
             .collect()
     }
 
@@ -482,7 +549,9 @@ mod tests {
         let side = check(&computed, &exact);
         assert!(side.within(), "{side:?}");
         // Uniform weights: the mean of the values.
-        let uniform: Vec<f64> = (0..d).map(|c| bf((0..n).map(|j| v[j * d + c]).sum::<f64>() / n as f64)).collect();
+        let uniform: Vec<f64> = (0..d)
+            .map(|c| bf((0..n).map(|j| v[j * d + c]).sum::<f64>() / n as f64))
+            .collect();
         assert!(!check(&uniform, &exact).within());
         // Another batch row's cache (other keys and values).
         let (_, k2, v2) = row_case(8, n, d, 3.0);
@@ -507,7 +576,14 @@ mod tests {
         let (q, k, v) = row_case(3, n, d, 2.0);
         let dk = 0.01;
         let qt: Vec<Tracked> = q.iter().map(|&x| Tracked::exact(x)).collect();
-        let kt: Vec<Tracked> = k.iter().map(|&x| Tracked { v: x, e: dk, mag: x.abs() }).collect();
+        let kt: Vec<Tracked> = k
+            .iter()
+            .map(|&x| Tracked {
+                v: x,
+                e: dk,
+                mag: x.abs(),
+            })
+            .collect();
         let vt: Vec<Tracked> = v.iter().map(|&x| Tracked::exact(x)).collect();
         let o = sdpa_row(&qt, &kt, &vt, scale, Float::Bfloat16, Model::Cpu).unwrap();
         let exact = Exact::from_tracked("sdpa", Model::Cpu, vec![d], &o);
@@ -528,7 +604,14 @@ mod tests {
             let ipart = (x + 0.5).floor();
             let f = x - ipart;
             let mut p = 1.535336188319500e-4f32;
-            for c in [1.339887440266574e-3f32, 9.618437357674640e-3, 5.550332471162809e-2, 2.402264791363012e-1, 6.931472028550421e-1, 1.0] {
+            for c in [
+                1.339887440266574e-3f32,
+                9.618437357674640e-3,
+                5.550332471162809e-2,
+                2.402264791363012e-1,
+                6.931472028550421e-1,
+                1.0,
+            ] {
                 p = p.mul_add(f, c);
             }
             if x0 < -88.0 {
@@ -579,7 +662,11 @@ mod tests {
             let xt: Vec<Tracked> = x.iter().map(|&v| Tracked::exact(v)).collect();
             let b = quantized_matmul_tracked(&xt, &w, Float::Bfloat16, model).unwrap();
             for (a, b) in a.iter().zip(&b) {
-                assert!((a.v - b.v).abs() <= 1e-12 * a.mag && (a.e - b.e).abs() <= 1e-9 * a.e.max(1e-30), "{a:?} {b:?}");
+                assert!(
+                    (a.v - b.v).abs() <= 1e-12 * a.mag
+                        && (a.e - b.e).abs() <= 1e-9 * a.e.max(1e-30),
+                    "{a:?} {b:?}"
+                );
             }
         }
     }
@@ -631,8 +718,18 @@ mod tests {
             let b: Vec<f64> = (0..g).map(|_| bf(-0.16 + 0.01 * r.next())).collect();
             (packed, s, b)
         };
-        let ps = [mk(h * d, hidden, &mut r), mk(hkv * d, hidden, &mut r), mk(hkv * d, hidden, &mut r), mk(hidden, h * d, &mut r)];
-        let dims = [(h * d, hidden), (hkv * d, hidden), (hkv * d, hidden), (hidden, h * d)];
+        let ps = [
+            mk(h * d, hidden, &mut r),
+            mk(hkv * d, hidden, &mut r),
+            mk(hkv * d, hidden, &mut r),
+            mk(hidden, h * d, &mut r),
+        ];
+        let dims = [
+            (h * d, hidden),
+            (hkv * d, hidden),
+            (hkv * d, hidden),
+            (hidden, h * d),
+        ];
         let projections = std::array::from_fn(|i| QuantizedMatrix {
             format: Format::Affine,
             bits: 4,
@@ -657,7 +754,13 @@ mod tests {
             l0,
             k0_dtype: Some(Float::Float32),
             v0_dtype: Some(Float::Float32),
-            graph: Graph { n_heads: h, n_kv_heads: hkv, head_dim: d, rotary_dims: rd, rope_base: 10000.0 },
+            graph: Graph {
+                n_heads: h,
+                n_kv_heads: hkv,
+                head_dim: d,
+                rotary_dims: rd,
+                rope_base: 10000.0,
+            },
         };
         let out = decode_m1(&inp, Model::Cpu).unwrap();
         assert_eq!(out.attn.len(), toks * h * d);
@@ -671,9 +774,18 @@ mod tests {
         assert!(out.y.iter().all(|t| t.e.is_finite()));
         // Keys rotated at position 0 instead of l0: outside.
         let keys = Exact::from_tracked("keys", Model::Cpu, vec![out.keys.len()], &out.keys);
-        let kproj = quantized_matmul(&x[..hidden], &inp.projections[1], Float::Float32, Model::Cpu).unwrap();
+        let kproj = quantized_matmul(
+            &x[..hidden],
+            &inp.projections[1],
+            Float::Float32,
+            Model::Cpu,
+        )
+        .unwrap();
         let tab0 = rope_tables(0, rd, 10000.0, Float::Float32, Model::Cpu);
-        let mut wrong: Vec<f64> = rope_head(&kproj[..d], &tab0, Float::Float32).iter().map(|t| f64::from(t.v as f32)).collect();
+        let mut wrong: Vec<f64> = rope_head(&kproj[..d], &tab0, Float::Float32)
+            .iter()
+            .map(|t| f64::from(t.v as f32))
+            .collect();
         wrong.extend(vec![0.0; out.keys.len() - d]);
         assert!(check(&wrong, &keys).outside >= 1);
     }

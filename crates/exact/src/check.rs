@@ -59,7 +59,9 @@ mod nonfinite {
                 "NaN" => Ok(f64::NAN),
                 "inf" => Ok(f64::INFINITY),
                 "-inf" => Ok(f64::NEG_INFINITY),
-                other => Err(serde::de::Error::custom(format!("`{other}` is not a number"))),
+                other => Err(serde::de::Error::custom(format!(
+                    "`{other}` is not a number"
+                ))),
             },
         }
     }
@@ -161,7 +163,10 @@ mod tests {
         let e = exact(&[1.0, 2.0], 0.1);
         let s = check(&[f64::NAN, 2.0], &e);
         let text = serde_json::to_string(&s).unwrap();
-        assert!(text.contains("\"NaN\"") && text.contains("\"inf\""), "{text}");
+        assert!(
+            text.contains("\"NaN\"") && text.contains("\"inf\""),
+            "{text}"
+        );
         let back: Side = serde_json::from_str(&text).unwrap();
         assert!(back.worst_value.is_nan() && back.max_ratio.is_infinite());
         assert_eq!(back.outside, 1);

@@ -178,11 +178,17 @@ impl QuantizedMatrix<'_> {
                 self.biases[g0..g0 + groups].to_vec(),
             ),
             Format::Nvfp4 => (
-                self.scale_codes[g0..g0 + groups].iter().map(|&c| e4m3(c)).collect(),
+                self.scale_codes[g0..g0 + groups]
+                    .iter()
+                    .map(|&c| e4m3(c))
+                    .collect(),
                 vec![0.0; groups],
             ),
             Format::Mxfp4 | Format::Mxfp8 => (
-                self.scale_codes[g0..g0 + groups].iter().map(|&c| e8m0(c)).collect(),
+                self.scale_codes[g0..g0 + groups]
+                    .iter()
+                    .map(|&c| e8m0(c))
+                    .collect(),
                 vec![0.0; groups],
             ),
         };

@@ -112,7 +112,11 @@ fn qmm_element(x: &[Tracked], w: &QuantizedMatrix, n: usize, t: Float, model: Mo
                             } else {
                                 Tracked::exact(row.code[k]).round(t)
                             };
-                            let scaled = if format == Format::Affine { wq } else { wq.scale(row.scale[g]) };
+                            let scaled = if format == Format::Affine {
+                                wq
+                            } else {
+                                wq.scale(row.scale[g])
+                            };
                             add_magnitude(&x[k], &scaled);
                             x[k].mul(wq).round(f32_)
                         })
@@ -205,9 +209,14 @@ pub fn gather_qmm(
     let mut out = Vec::with_capacity(experts.len() * n);
     for (r, &e) in experts.iter().enumerate() {
         if e >= e_count {
-            return Err(ExactError::undefined(format!("expert index {e} of {e_count} experts")));
+            return Err(ExactError::undefined(format!(
+                "expert index {e} of {e_count} experts"
+            )));
         }
-        let xr: Vec<Tracked> = x[r * k..(r + 1) * k].iter().map(|&v| Tracked::exact(v)).collect();
+        let xr: Vec<Tracked> = x[r * k..(r + 1) * k]
+            .iter()
+            .map(|&v| Tracked::exact(v))
+            .collect();
         for j in 0..n {
             out.push(qmm_element(&xr, w, e * n + j, t, model));
         }
@@ -218,7 +227,14 @@ pub fn gather_qmm(
 /// A float matmul `a @ b` with `a` `[rows, K]` tracked and `b` `[K, N]`
 /// exact (row-major), in float32 in any order, rounded to `t`; a float32
 /// matmul (`t` float32) on a GPU reads its operands as TF32 (module doc).
-pub fn matmul(a: &[Tracked], b: &[f64], k: usize, n: usize, t: Float, model: Model) -> Result<Vec<Tracked>, ExactError> {
+pub fn matmul(
+    a: &[Tracked],
+    b: &[f64],
+    k: usize,
+    n: usize,
+    t: Float,
+    model: Model,
+) -> Result<Vec<Tracked>, ExactError> {
     if k == 0 || a.len() % k != 0 || b.len() != k * n {
         return err(format!(
             "matmul of {} values in rows of {k} with a [{k}, {n}] matrix of {} values",
@@ -235,8 +251,15 @@ pub fn matmul(a: &[Tracked], b: &[f64], k: usize, n: usize, t: Float, model: Mod
         for j in 0..n {
             terms.clear();
             terms.extend((0..k).map(|i| {
-                let (x, y) = (a[r * k + i].round(f32_), Tracked::exact(b[i * n + j]).round(f32_));
-                let (x, y) = if tf32 { (tf32_round(x), tf32_round(y)) } else { (x, y) };
+                let (x, y) = (
+                    a[r * k + i].round(f32_),
+                    Tracked::exact(b[i * n + j]).round(f32_),
+                );
+                let (x, y) = if tf32 {
+                    (tf32_round(x), tf32_round(y))
+                } else {
+                    (x, y)
+                };
                 x.mul(y).round(f32_)
             }));
             out.push(sum_any_order(&terms, f32_).round(t));
@@ -278,7 +301,11 @@ pub fn lora_residual(
     model: Model,
 ) -> Result<Vec<Tracked>, ExactError> {
     if rank == 0 || lora_a.len() % rank != 0 || lora_b.len() % rank != 0 {
-        return err(format!("LoRA rank {rank} with {} and {} values", lora_a.len(), lora_b.len()));
+        return err(format!(
+            "LoRA rank {rank} with {} and {} values",
+            lora_a.len(),
+            lora_b.len()
+        ));
     }
     let k = lora_a.len() / rank;
     let n = lora_b.len() / rank;
@@ -286,7 +313,11 @@ pub fn lora_residual(
     let t = matmul(&xt, lora_a, k, rank, z_dtype, model)?;
     let z = matmul(&t, lora_b, rank, n, z_dtype, model)?;
     if z.len() != y.len() {
-        return err(format!("LoRA delta of {} values for an output of {}", z.len(), y.len()));
+        return err(format!(
+            "LoRA delta of {} values for an output of {}",
+            z.len(),
+            y.len()
+        ));
     }
     let s = Tracked::exact(scale).round(z_dtype);
     Ok(y.iter()
@@ -325,7 +356,11 @@ pub fn embedding(ids: &[usize], w: &QuantizedMatrix, t: Float) -> Result<Vec<Tra
 /// MLX's `dequantize` builds it), in `t`: `inv = T(g / T(2688))`,
 /// `s = T(T(scale) * inv)`, `w = T(code * s)`; a kernel computing in
 /// float32 and rounding once is within.
-pub fn dequantize_global_scale(w: &QuantizedMatrix, global_scale: f64, t: Float) -> Result<Vec<Tracked>, ExactError> {
+pub fn dequantize_global_scale(
+    w: &QuantizedMatrix,
+    global_scale: f64,
+    t: Float,
+) -> Result<Vec<Tracked>, ExactError> {
     w.validate()?;
     if w.format != Format::Nvfp4 {
         return err(format!("a global scale is nvfp4's, not {:?}'s", w.format));
@@ -339,7 +374,10 @@ pub fn dequantize_global_scale(w: &QuantizedMatrix, global_scale: f64, t: Float)
     for r in 0..w.rows {
         let row = w.row(r);
         for k in 0..w.cols {
-            let s = Tracked::exact(row.scale[k / w.group_size]).round(t).mul(inv).round(t);
+            let s = Tracked::exact(row.scale[k / w.group_size])
+                .round(t)
+                .mul(inv)
+                .round(t);
             out.push(Tracked::exact(row.code[k]).round(t).mul(s).round(t));
         }
     }

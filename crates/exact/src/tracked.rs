@@ -142,13 +142,20 @@ mod tests {
 
     #[test]
     fn an_in_order_bf16_sum_bounds_the_real_bf16_sum() {
-        let terms: Vec<f64> = (0..200).map(|i| ((i * 37 % 101) as f64 - 50.0) / 7.0).collect();
+        let terms: Vec<f64> = (0..200)
+            .map(|i| ((i * 37 % 101) as f64 - 50.0) / 7.0)
+            .collect();
         let mut computed = half::bf16::ZERO;
         for t in &terms {
             let p = half::bf16::from_f64(*t);
             computed = half::bf16::from_f32(f32::from(computed) + f32::from(p));
         }
-        let tracked = sum_in_order(terms.iter().map(|t| Tracked::exact(*t).round(Float::Bfloat16)), Float::Bfloat16);
+        let tracked = sum_in_order(
+            terms
+                .iter()
+                .map(|t| Tracked::exact(*t).round(Float::Bfloat16)),
+            Float::Bfloat16,
+        );
         let err = (f64::from(computed) - tracked.v).abs();
         assert!(err <= tracked.e, "{err} > {}", tracked.e);
     }

@@ -39,7 +39,12 @@ impl Sent {
     }
     /// These arguments with `name` set to `value` (replaced if present).
     pub fn with(&self, name: &'static str, value: Arg) -> Sent {
-        let mut args: Vec<_> = self.args.iter().filter(|(n, _)| *n != name).cloned().collect();
+        let mut args: Vec<_> = self
+            .args
+            .iter()
+            .filter(|(n, _)| *n != name)
+            .cloned()
+            .collect();
         args.push((name, value));
         Sent::new(args)
     }
@@ -54,7 +59,10 @@ impl Sent {
     pub fn tensor(&self, name: &str) -> Result<&HostTensor, ExactError> {
         match self.get(name)? {
             Arg::Tensor(t) => Ok(t),
-            other => Err(ExactError(format!("`{name}` is {}, not a tensor", short(other)))),
+            other => Err(ExactError(format!(
+                "`{name}` is {}, not a tensor",
+                short(other)
+            ))),
         }
     }
     /// An optional tensor argument (`None` when passed as None or not
@@ -66,7 +74,10 @@ impl Sent {
         match self.get(name)? {
             Arg::Tensor(t) => Ok(Some(t)),
             Arg::None => Ok(None),
-            other => Err(ExactError(format!("`{name}` is {}, not a tensor", short(other)))),
+            other => Err(ExactError(format!(
+                "`{name}` is {}, not a tensor",
+                short(other)
+            ))),
         }
     }
     /// A list of tensors.
@@ -79,20 +90,29 @@ impl Sent {
                     other => Err(ExactError(format!("`{name}` holds {}", short(other)))),
                 })
                 .collect(),
-            other => Err(ExactError(format!("`{name}` is {}, not a list", short(other)))),
+            other => Err(ExactError(format!(
+                "`{name}` is {}, not a list",
+                short(other)
+            ))),
         }
     }
     pub fn int(&self, name: &str) -> Result<i64, ExactError> {
         match self.get(name)? {
             Arg::Int(i) => Ok(*i),
-            other => Err(ExactError(format!("`{name}` is {}, not an int", short(other)))),
+            other => Err(ExactError(format!(
+                "`{name}` is {}, not an int",
+                short(other)
+            ))),
         }
     }
     pub fn float(&self, name: &str) -> Result<f64, ExactError> {
         match self.get(name)? {
             Arg::Float(f) => Ok(*f),
             Arg::Int(i) => Ok(*i as f64),
-            other => Err(ExactError(format!("`{name}` is {}, not a float", short(other)))),
+            other => Err(ExactError(format!(
+                "`{name}` is {}, not a float",
+                short(other)
+            ))),
         }
     }
     pub fn floats(&self, name: &str) -> Result<Vec<f64>, ExactError> {
@@ -105,7 +125,10 @@ impl Sent {
                     other => Err(ExactError(format!("`{name}` holds {}", short(other)))),
                 })
                 .collect(),
-            other => Err(ExactError(format!("`{name}` is {}, not a list", short(other)))),
+            other => Err(ExactError(format!(
+                "`{name}` is {}, not a list",
+                short(other)
+            ))),
         }
     }
     pub fn ints(&self, name: &str) -> Result<Vec<i64>, ExactError> {
@@ -117,19 +140,28 @@ impl Sent {
                     other => Err(ExactError(format!("`{name}` holds {}", short(other)))),
                 })
                 .collect(),
-            other => Err(ExactError(format!("`{name}` is {}, not a list", short(other)))),
+            other => Err(ExactError(format!(
+                "`{name}` is {}, not a list",
+                short(other)
+            ))),
         }
     }
     pub fn string(&self, name: &str) -> Result<&str, ExactError> {
         match self.get(name)? {
             Arg::Str(s) => Ok(s),
-            other => Err(ExactError(format!("`{name}` is {}, not a string", short(other)))),
+            other => Err(ExactError(format!(
+                "`{name}` is {}, not a string",
+                short(other)
+            ))),
         }
     }
     pub fn bool(&self, name: &str) -> Result<bool, ExactError> {
         match self.get(name)? {
             Arg::Bool(b) => Ok(*b),
-            other => Err(ExactError(format!("`{name}` is {}, not a bool", short(other)))),
+            other => Err(ExactError(format!(
+                "`{name}` is {}, not a bool",
+                short(other)
+            ))),
         }
     }
 }
@@ -176,7 +208,9 @@ impl Calls {
         f: impl Fn(&Sent, Model) -> Result<Exact, ExactError>,
     ) -> Result<ExactPair, CaseError> {
         self.exact_if_defined(function, f)?.ok_or_else(|| {
-            CaseError::Harness(format!("`{function}`: the exact oracle has no value for these inputs"))
+            CaseError::Harness(format!(
+                "`{function}`: the exact oracle has no value for these inputs"
+            ))
         })
     }
 
@@ -222,11 +256,17 @@ impl Calls {
             .map(Arc::new)
             .collect();
         let port = match &self.port {
-            Some(p) => f(p, self.model).map_err(wrap)?.into_iter().map(Arc::new).collect(),
+            Some(p) => f(p, self.model)
+                .map_err(wrap)?
+                .into_iter()
+                .map(Arc::new)
+                .collect(),
             None => reference.clone(),
         };
         if port.len() != reference.len() {
-            return Err(CaseError::Harness(format!("`{function}`: the sides' exact outputs differ in number")));
+            return Err(CaseError::Harness(format!(
+                "`{function}`: the sides' exact outputs differ in number"
+            )));
         }
         Ok(reference
             .into_iter()
@@ -261,7 +301,10 @@ impl Calls {
 
 /// The first `cols` columns of a row-major tensor `[.., C]` (`x[..., :cols]`).
 pub fn first_columns(t: &HostTensor, cols: usize) -> Result<HostTensor, ExactError> {
-    let c = *t.shape.last().ok_or_else(|| ExactError("a scalar has no columns".into()))?;
+    let c = *t
+        .shape
+        .last()
+        .ok_or_else(|| ExactError("a scalar has no columns".into()))?;
     if cols > c {
         return Err(ExactError(format!("{cols} columns of a tensor of {c}")));
     }
@@ -338,7 +381,12 @@ pub struct ExactCheck {
 }
 
 impl ExactCheck {
-    pub fn measure(port: &HostTensor, reference: &HostTensor, pair: &ExactPair, bit_equal: bool) -> Self {
+    pub fn measure(
+        port: &HostTensor,
+        reference: &HostTensor,
+        pair: &ExactPair,
+        bit_equal: bool,
+    ) -> Self {
         let p = exact::check(&values(port), &pair.port);
         let r = exact::check(&values(reference), &pair.reference);
         let class = if !r.within() {
@@ -349,7 +397,8 @@ impl ExactCheck {
             ExactClass::Within
         };
         let e = &pair.reference;
-        let informative = e.value.is_empty() || e.value.iter().zip(&e.bound).any(|(v, b)| v.abs() > *b);
+        let informative =
+            e.value.is_empty() || e.value.iter().zip(&e.bound).any(|(v, b)| v.abs() > *b);
         ExactCheck {
             op: pair.reference.op.to_owned(),
             model: pair.reference.model,

@@ -53,7 +53,10 @@ impl Matrix {
             Format::Affine => (values(scales), Vec::new()),
             _ => {
                 if scales.dtype != DType::Uint8 {
-                    return Err(ExactError(format!("{mode} scales are {}, not uint8", scales.dtype.name())));
+                    return Err(ExactError(format!(
+                        "{mode} scales are {}, not uint8",
+                        scales.dtype.name()
+                    )));
                 }
                 (Vec::new(), scales.bytes.clone())
             }
@@ -118,12 +121,23 @@ fn with_bias(sent: &Sent, y: Vec<Tracked>, t: Float) -> Result<(Vec<Tracked>, Fl
 
 /// The LoRA residuals of `lora_a`, `lora_b`, `lora_scales`, nested in order
 /// (adapter 0 innermost), onto `y`.
-fn with_adapters(sent: &Sent, x: &HostTensor, mut y: Vec<Tracked>, mut t: Float, model: Model) -> Result<(Vec<Tracked>, Float), ExactError> {
+fn with_adapters(
+    sent: &Sent,
+    x: &HostTensor,
+    mut y: Vec<Tracked>,
+    mut t: Float,
+    model: Model,
+) -> Result<(Vec<Tracked>, Float), ExactError> {
     let a = sent.tensors("lora_a")?;
     let b = sent.tensors("lora_b")?;
     let s = sent.floats("lora_scales")?;
     if a.len() != b.len() || a.len() != s.len() {
-        return Err(ExactError(format!("{} lora_a, {} lora_b, {} scales", a.len(), b.len(), s.len())));
+        return Err(ExactError(format!(
+            "{} lora_a, {} lora_b, {} scales",
+            a.len(),
+            b.len(),
+            s.len()
+        )));
     }
     let xt = float_of(x)?;
     let xv = values(x);
@@ -131,7 +145,18 @@ fn with_adapters(sent: &Sent, x: &HostTensor, mut y: Vec<Tracked>, mut t: Float,
         let rank = *a.shape.last().unwrap_or(&0);
         let z_dtype = xt.promote(float_of(a)?).promote(float_of(b)?);
         let out = t.promote(xt);
-        y = lora_residual(&y, &xv, &values(a), &values(b), rank, *s, z_dtype, xt, out, model)?;
+        y = lora_residual(
+            &y,
+            &xv,
+            &values(a),
+            &values(b),
+            rank,
+            *s,
+            z_dtype,
+            xt,
+            out,
+            model,
+        )?;
         t = out;
     }
     Ok((y, t))
@@ -145,8 +170,17 @@ pub fn linear(sent: &Sent, model: Model, weight: &str, lora: bool) -> Result<Exa
     let t = m.out_dtype(x)?;
     let y = quantized_matmul(&values(x), &m.view(), t, model)?;
     let (y, t) = with_bias(sent, y, t)?;
-    let (y, _) = if lora { with_adapters(sent, x, y, t, model)? } else { (y, t) };
-    Ok(Exact::from_tracked("quantized_matmul", model, out_shape(x, m.n), &y))
+    let (y, _) = if lora {
+        with_adapters(sent, x, y, t, model)?
+    } else {
+        (y, t)
+    };
+    Ok(Exact::from_tracked(
+        "quantized_matmul",
+        model,
+        out_shape(x, m.n),
+        &y,
+    ))
 }
 
 /// The expert index of every (token, slot) of `indices` (any integer dtype).
@@ -195,7 +229,13 @@ fn switch_with(sent: &Sent, model: Model, expert0: bool) -> Result<Exact, ExactE
 }
 
 /// `y + bias[indices]` per (token, slot) row when the layer has a bias.
-fn with_expert_bias(sent: &Sent, y: Vec<Tracked>, experts: &[usize], n: usize, t: Float) -> Result<(Vec<Tracked>, Float), ExactError> {
+fn with_expert_bias(
+    sent: &Sent,
+    y: Vec<Tracked>,
+    experts: &[usize],
+    n: usize,
+    t: Float,
+) -> Result<(Vec<Tracked>, Float), ExactError> {
     let Some(b) = sent.opt_tensor("bias")? else {
         return Ok((y, t));
     };
@@ -236,10 +276,16 @@ pub fn float_switch(sent: &Sent, model: Model) -> Result<Exact, ExactError> {
     let mut y = Vec::with_capacity(experts.len() * n);
     for (r, &e) in experts.iter().enumerate() {
         if e >= w.shape[0] {
-            return Err(ExactError::undefined(format!("expert index {e} of {}", w.shape[0])));
+            return Err(ExactError::undefined(format!(
+                "expert index {e} of {}",
+                w.shape[0]
+            )));
         }
         let wt = transpose(&wv[e * n * k..(e + 1) * n * k], n, k);
-        let xr: Vec<Tracked> = xs[r * k..(r + 1) * k].iter().map(|&v| Tracked::exact(v)).collect();
+        let xr: Vec<Tracked> = xs[r * k..(r + 1) * k]
+            .iter()
+            .map(|&v| Tracked::exact(v))
+            .collect();
         y.extend(matmul(&xr, &wt, k, n, t, model)?);
     }
     let (y, _) = with_expert_bias(sent, y, &experts, n, t)?;
@@ -264,7 +310,11 @@ pub fn embedding_lookup(sent: &Sent, model: Model) -> Result<Exact, ExactError> 
     let ids = sent.tensor("ids")?;
     let m = Matrix::from_sent(sent, "weight")?;
     let t = float_dtype(m.scales_dtype).unwrap_or(Float::Float32);
-    let t = if m.format == Format::Affine { t } else { Float::Bfloat16 };
+    let t = if m.format == Format::Affine {
+        t
+    } else {
+        Float::Bfloat16
+    };
     let y = exact::matmul::embedding(&expert_ids(ids)?, &m.view(), t)?;
     let mut shape = ids.shape.clone();
     shape.push(m.cols);
@@ -292,8 +342,17 @@ pub fn payload_args(
     Ok(vec![
         ("weight", Arg::Tensor(host(p.weight())?)),
         ("scales", Arg::Tensor(host(p.scales())?)),
-        ("biases", p.biases().map(host).transpose()?.map_or(Arg::None, Arg::Tensor)),
-        ("bias", bias.map(host).transpose()?.map_or(Arg::None, Arg::Tensor)),
+        (
+            "biases",
+            p.biases()
+                .map(host)
+                .transpose()?
+                .map_or(Arg::None, Arg::Tensor),
+        ),
+        (
+            "bias",
+            bias.map(host).transpose()?.map_or(Arg::None, Arg::Tensor),
+        ),
         ("mode", Arg::from(spec.mode.as_str())),
         ("bits", Arg::from(spec.bits)),
         ("group_size", Arg::from(spec.group_size)),
@@ -328,10 +387,18 @@ pub fn dequantize_global_scale(
     ]);
     let m = Matrix::from_sent(&sent, "weight")?;
     if global_scale.len() != 1 {
-        return Err(ExactError(format!("global_scale has {} elements, not 1", global_scale.len())));
+        return Err(ExactError(format!(
+            "global_scale has {} elements, not 1",
+            global_scale.len()
+        )));
     }
     let y = exact::matmul::dequantize_global_scale(&m.view(), global_scale.value(0), out)?;
-    Ok(Exact::from_tracked("dequantize", model, vec![m.rows, m.cols], &y))
+    Ok(Exact::from_tracked(
+        "dequantize",
+        model,
+        vec![m.rows, m.cols],
+        &y,
+    ))
 }
 
 /// `mx.max(mx.abs(w), axis=...).astype(float32)` over each of `groups`
@@ -340,12 +407,17 @@ pub fn dequantize_global_scale(
 pub fn max_abs(sent: &Sent, model: Model, groups: usize) -> Result<Exact, ExactError> {
     let w = sent.tensor("w")?;
     if groups == 0 || w.len() % groups != 0 {
-        return Err(ExactError(format!("{} values in {groups} equal slices", w.len())));
+        return Err(ExactError(format!(
+            "{} values in {groups} equal slices",
+            w.len()
+        )));
     }
     let v = values(w);
     let per: Vec<Tracked> = v
         .chunks(v.len() / groups)
-        .map(|c| Tracked::exact(c.iter().fold(0.0_f64, |m, x| m.max(x.abs()))).round(Float::Float32))
+        .map(|c| {
+            Tracked::exact(c.iter().fold(0.0_f64, |m, x| m.max(x.abs()))).round(Float::Float32)
+        })
         .collect();
     let shape = if groups == 1 { vec![] } else { vec![groups] };
     Ok(Exact::from_tracked("max_abs", model, shape, &per))

@@ -140,7 +140,11 @@ impl OwnedProjection {
     fn from_sent(s: &Sent, [w, sc, b]: [&str; 3], bits: usize) -> Result<Self, ExactError> {
         let wt = s.tensor(w)?;
         if wt.dtype != DType::Uint32 || wt.shape.len() != 2 || bits == 0 {
-            return Err(ExactError(format!("`{w}` is {} {:?}, not packed uint32 [N, K * bits / 32]", wt.dtype.name(), wt.shape)));
+            return Err(ExactError(format!(
+                "`{w}` is {} {:?}, not packed uint32 [N, K * bits / 32]",
+                wt.dtype.name(),
+                wt.shape
+            )));
         }
         let scales = s.tensor(sc)?;
         Ok(Self {
@@ -185,7 +189,10 @@ fn exact_decode(s: &Sent, model: Model) -> Result<DecodeExact, ExactError> {
     let x = s.tensor("x")?;
     let (k0, v0) = (s.tensor("k0")?, s.tensor("v0")?);
     if k0.shape.len() != 4 || k0.shape[0] != 1 || k0.shape != v0.shape {
-        return Err(ExactError(format!("prefill k0 {:?} / v0 {:?}, not [1, H_kv, L0, D]", k0.shape, v0.shape)));
+        return Err(ExactError(format!(
+            "prefill k0 {:?} / v0 {:?}, not [1, H_kv, L0, D]",
+            k0.shape, v0.shape
+        )));
     }
     let l0 = k0.shape[2];
     let graph = ExactGraph {

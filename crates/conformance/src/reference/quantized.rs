@@ -315,7 +315,11 @@ pub fn quantized_global_scale(
     ];
     let (value, calls) = ctx.call_sent(F, params)?;
     let mut r = Fields::of(F, value)?;
-    let (global_scale, weight, scales) = (r.tensor("global_scale")?, r.tensor("weight")?, r.tensor("scales")?);
+    let (global_scale, weight, scales) = (
+        r.tensor("global_scale")?,
+        r.tensor("weight")?,
+        r.tensor("scales")?,
+    );
     let dequantized = r.tensor("dequantized")?;
     // The exact dequantization of the reference's own codes (quantization
     // itself picks codes: not arithmetic to bound; the bits check it).

@@ -73,7 +73,11 @@ pub fn render(report: &Report) -> String {
         let _ = writeln!(md, "## Outside the exact bound ({})\n", outside.len());
         let _ = writeln!(md, "| case | output | class | op, model | worst element | ratio | snapshot |\n|---|---|---|---|---|---:|---|");
         for (row, output, e) in &outside {
-            let side = if e.class == crate::exactness::ExactClass::PortOutside { &e.port } else { &e.reference };
+            let side = if e.class == crate::exactness::ExactClass::PortOutside {
+                &e.port
+            } else {
+                &e.reference
+            };
             let _ = writeln!(
                 md,
                 "| `{}` | {output} | {}{} | {} {:?} | [{}] = {} vs exact {} ± {:.3e} ({} of {} outside) | {:.3} | {} |",

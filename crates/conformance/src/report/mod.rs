@@ -113,7 +113,9 @@ impl ExactSummary {
         use crate::exactness::ExactClass;
         let mut s = ExactSummary::default();
         for row in rows {
-            let Some(out) = &row.result.output else { continue };
+            let Some(out) = &row.result.output else {
+                continue;
+            };
             for (output, e) in out.exact_checks() {
                 s.outputs_checked += 1;
                 let name = format!("{}: {output}", row.result.name);

@@ -298,7 +298,9 @@ fn signal_name(signal: i32) -> String {
 fn crash_result(case: &Case, crash: Crash, time_ms: f64) -> CaseResult {
     use std::os::unix::process::ExitStatusExt;
     let how = match crash.status {
-        _ if crash.ended_by_runner => "gave an answer the runner could not read, and the runner ended it".to_owned(),
+        _ if crash.ended_by_runner => {
+            "gave an answer the runner could not read, and the runner ended it".to_owned()
+        }
         Some(status) => match status.signal() {
             Some(signal) => format!("was killed by {}", signal_name(signal)),
             None => format!(

@@ -31,11 +31,11 @@ use oracle::{DType, HostTensor};
 
 use super::{affine, dtype_tag, host, mode_default, port, quantized_weight};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::exactness::quantized as q;
 use crate::inputs::Inputs;
 use crate::reference;
-use oracle::Arg;
-use crate::exactness::quantized as q;
 use crate::reference::adapters::{Applied, BaseLayers, Library, TinyModel, Trained};
+use oracle::Arg;
 
 const FAMILY: &str = "quantized/adapters";
 const LM_REFERENCE: &str =
@@ -266,14 +266,26 @@ fn run(
         // read it (tensors and scale, bit-checked through `y`).
         let mut module = q::payload_args(&s.payloads[*key], None, s.ins[*key])?;
         module.extend([
-            ("lora_a", Arg::List(vec![Arg::Tensor(host(adapter.lora_a())?)])),
-            ("lora_b", Arg::List(vec![Arg::Tensor(host(adapter.lora_b())?)])),
+            (
+                "lora_a",
+                Arg::List(vec![Arg::Tensor(host(adapter.lora_a())?)]),
+            ),
+            (
+                "lora_b",
+                Arg::List(vec![Arg::Tensor(host(adapter.lora_b())?)]),
+            ),
             ("lora_scales", Arg::List(vec![Arg::Float(set.scale_f64())])),
         ]);
-        let exact = r.calls.exact_with("adapters_apply", &module, |sent, model| {
-            q::linear(&q::sliced(sent)?, model, "weight", true)
-        })?;
-        out.compare(&format!("{path}/y"), &host(&y)?, &r.y[j].clone().with_exact(exact));
+        let exact = r
+            .calls
+            .exact_with("adapters_apply", &module, |sent, model| {
+                q::linear(&q::sliced(sent)?, model, "weight", true)
+            })?;
+        out.compare(
+            &format!("{path}/y"),
+            &host(&y)?,
+            &r.y[j].clone().with_exact(exact),
+        );
         if library != Library::MlxVlmLegacy {
             let fused = lora::fuse(&base, adapter).map_err(port)?;
             let y_fused = fused.forward(&x).map_err(port)?;
@@ -284,10 +296,16 @@ fn run(
             // built them (the fuse's requantization decides codes, which is
             // not arithmetic to bound; the bits of y_fused check it).
             let fused_module = q::payload_args(fused.payload(), fused.bias(), s.ins[*key])?;
-            let exact = r.calls.exact_with("adapters_apply", &fused_module, |sent, model| {
-                q::linear(&q::sliced(sent)?, model, "weight", false)
-            })?;
-            out.compare(&format!("{path}/y_fused"), &host(&y_fused)?, &expected.clone().with_exact(exact));
+            let exact = r
+                .calls
+                .exact_with("adapters_apply", &fused_module, |sent, model| {
+                    q::linear(&q::sliced(sent)?, model, "weight", false)
+                })?;
+            out.compare(
+                &format!("{path}/y_fused"),
+                &host(&y_fused)?,
+                &expected.clone().with_exact(exact),
+            );
         }
     }
     Ok(out)

@@ -32,10 +32,10 @@ use serde_json::Value as Json;
 
 use super::switch::{expert_indices, port_apply};
 use super::{activation, fixture_dir, host, port};
-use crate::exactness::Sent;
-use oracle::Arg;
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::exactness::Sent;
 use crate::reference;
+use oracle::Arg;
 
 const FAMILY: &str = "quantized/checkpoint";
 const REFERENCE: &str =
@@ -200,14 +200,24 @@ fn load(ctx: &Ctx, fixture: &str) -> Result<CaseOutput, CaseError> {
                 let table =
                     QuantizedEmbedding::from_checkpoint(&checkpoint, path, info.in_features as i32)
                         .map_err(port)?;
-                modules.push(Some(module_args(table.payload(), None, "linear", info.in_features)?));
+                modules.push(Some(module_args(
+                    table.payload(),
+                    None,
+                    "linear",
+                    info.in_features,
+                )?));
                 table.as_linear(&xs).map_err(port)?
             }
             LayerKind::Linear => {
                 let layer =
                     QuantizedLinear::from_checkpoint(&checkpoint, path, info.in_features as i32)
                         .map_err(port)?;
-                modules.push(Some(module_args(layer.payload(), layer.bias(), "linear", info.in_features)?));
+                modules.push(Some(module_args(
+                    layer.payload(),
+                    layer.bias(),
+                    "linear",
+                    info.in_features,
+                )?));
                 layer.forward(&xs).map_err(port)?
             }
             LayerKind::Switch => {
@@ -225,7 +235,12 @@ fn load(ctx: &Ctx, fixture: &str) -> Result<CaseOutput, CaseError> {
                     loaded_constants.insert(path.to_string());
                     continue;
                 }
-                modules.push(Some(module_args(layer.payload(), layer.bias(), "switch", info.in_features)?));
+                modules.push(Some(module_args(
+                    layer.payload(),
+                    layer.bias(),
+                    "switch",
+                    info.in_features,
+                )?));
                 port_apply(
                     &layer,
                     &xs.expand_dims(0)?,
@@ -254,7 +269,9 @@ fn load(ctx: &Ctx, fixture: &str) -> Result<CaseOutput, CaseError> {
         &loaded.specs,
         "read from the committed checkpoint's config.json, a constant of the case",
     );
-    for (((path, ours), theirs), module) in paths.iter().zip(&outputs).zip(loaded.outputs).zip(&modules) {
+    for (((path, ours), theirs), module) in
+        paths.iter().zip(&outputs).zip(loaded.outputs).zip(&modules)
+    {
         let theirs = match (theirs, module) {
             (Some(t), Some(args)) => Some(t.with_exact(loaded.calls.exact_with(
                 "quantized_checkpoint",
@@ -295,7 +312,10 @@ pub(super) fn module_args(
 }
 
 /// The exact value of one loaded module's output on `x[:, :in]`.
-pub(super) fn module_exact(s: &Sent, model: exact::Model) -> Result<exact::Exact, exact::ExactError> {
+pub(super) fn module_exact(
+    s: &Sent,
+    model: exact::Model,
+) -> Result<exact::Exact, exact::ExactError> {
     let s = crate::exactness::quantized::sliced(s)?;
     match s.string("kind")? {
         "switch" => crate::exactness::quantized::switch(&s, model),

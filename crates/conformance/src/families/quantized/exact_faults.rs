@@ -8,7 +8,9 @@ use exact::Model;
 use layers::quantized::{Mode, QuantizedLinear};
 use oracle::{Arg, DType, HostTensor};
 
-use super::{activation, affine, host, layer_tensors, mode_default, quantized_weight, QuantizedTensors};
+use super::{
+    activation, affine, host, layer_tensors, mode_default, quantized_weight, QuantizedTensors,
+};
 use crate::exactness::{quantized::linear, ExactCheck, ExactClass, ExactPair, Sent};
 use crate::inputs::Inputs;
 
@@ -37,7 +39,11 @@ struct Setup {
 }
 
 fn setup(mode: Mode, seed: u64) -> Setup {
-    let spec = if mode == Mode::Affine { affine(4, 32) } else { mode_default(mode) };
+    let spec = if mode == Mode::Affine {
+        affine(4, 32)
+    } else {
+        mode_default(mode)
+    };
     let mut inputs = Inputs::new(seed);
     let k = 3 * spec.group_size as usize;
     let x = activation(&mut inputs, DType::Bfloat16, &[M, k]);
@@ -51,7 +57,10 @@ fn setup(mode: Mode, seed: u64) -> Setup {
         tensors,
         layer,
         y,
-        exact: ExactPair { reference: e.clone(), port: e },
+        exact: ExactPair {
+            reference: e.clone(),
+            port: e,
+        },
     }
 }
 
@@ -60,7 +69,11 @@ fn setup(mode: Mode, seed: u64) -> Setup {
 fn caught(planted: &HostTensor, exact: &ExactPair, fault: &str) -> String {
     let c = ExactCheck::measure(planted, planted, exact, true);
     let row = c.line("y");
-    assert_eq!(c.class, ExactClass::ReferenceOutside, "{fault} not caught: {row}");
+    assert_eq!(
+        c.class,
+        ExactClass::ReferenceOutside,
+        "{fault} not caught: {row}"
+    );
     println!("{fault}: {row}");
     row
 }
@@ -106,21 +119,35 @@ fn a_broadcast_read_as_contiguous_is_caught() {
     let s = setup(Mode::Affine, 5);
     let k = s.x.shape[1];
     let row0 = HostTensor::new(DType::Bfloat16, vec![1, k], s.x.bytes[..2 * k].to_vec()).unwrap();
-    let broadcast: Vec<u8> = std::iter::repeat_n(row0.bytes.clone(), M).flatten().collect();
+    let broadcast: Vec<u8> = std::iter::repeat_n(row0.bytes.clone(), M)
+        .flatten()
+        .collect();
     let xb = HostTensor::new(DType::Bfloat16, vec![M, k], broadcast).unwrap();
-    let e = std::sync::Arc::new(linear(&sent(&xb, &s.tensors), Model::Cpu, "weight", false).unwrap());
-    let exact = ExactPair { reference: e.clone(), port: e };
+    let e =
+        std::sync::Arc::new(linear(&sent(&xb, &s.tensors), Model::Cpu, "weight", false).unwrap());
+    let exact = ExactPair {
+        reference: e.clone(),
+        port: e,
+    };
     // The right result is within: the port on the materialised broadcast.
     let right = host(&s.layer.forward(&xb.to_array()).unwrap()).unwrap();
-    assert_eq!(ExactCheck::measure(&right, &right, &exact, true).class, ExactClass::Within);
-    caught(&s.y, &exact, "stride ignored (broadcast read as contiguous)");
+    assert_eq!(
+        ExactCheck::measure(&right, &right, &exact, true).class,
+        ExactClass::Within
+    );
+    caught(
+        &s.y,
+        &exact,
+        "stride ignored (broadcast read as contiguous)",
+    );
 }
 
 #[test]
 fn a_scale_byte_used_raw_is_caught() {
     // mxfp4: the e8m0 byte s used as the value s instead of 2^(s - 127).
     let s = setup(Mode::Mxfp4, 6);
-    let m = crate::exactness::quantized::Matrix::from_sent(&sent(&s.x, &s.tensors), "weight").unwrap();
+    let m =
+        crate::exactness::quantized::Matrix::from_sent(&sent(&s.x, &s.tensors), "weight").unwrap();
     let w = m.view();
     let k = w.cols;
     let xs = crate::exactness::values(&s.x);
@@ -131,7 +158,9 @@ fn a_scale_byte_used_raw_is_caught() {
             let mut sum = 0.0;
             for c in 0..k {
                 let g = c / w.group_size;
-                sum += xs[r * k + c] * row.code[c] * f64::from(s.tensors.scales.bytes[n * (k / w.group_size) + g]);
+                sum += xs[r * k + c]
+                    * row.code[c]
+                    * f64::from(s.tensors.scales.bytes[n * (k / w.group_size) + g]);
             }
             raw.push(sum);
         }

@@ -146,7 +146,14 @@ fn checkpoint(ctx: &Ctx, fixture: &str, path: &str) -> Result<CaseOutput, CaseEr
     // The exact oracle on the module's tensors as the port loaded them.
     let module = [
         ("weight", oracle::Arg::Tensor(host(layer.weight())?)),
-        ("bias", layer.bias().map(host).transpose()?.map_or(oracle::Arg::None, oracle::Arg::Tensor)),
+        (
+            "bias",
+            layer
+                .bias()
+                .map(host)
+                .transpose()?
+                .map_or(oracle::Arg::None, oracle::Arg::Tensor),
+        ),
     ];
     let exact = loaded.calls.exact_with(
         "float_checkpoint",

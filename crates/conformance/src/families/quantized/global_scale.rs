@@ -104,8 +104,18 @@ fn linear_setup(inputs: &mut Inputs, dtype: DType) -> Result<Linear, CaseError> 
 fn linear(ctx: &Ctx, dtype: DType) -> Result<CaseOutput, CaseError> {
     let s = linear_setup(&mut ctx.inputs(), dtype)?;
     let dequantized = s.payload.dequantize(None).map_err(port)?;
-    let (gs, w, sc) = (host(&s.global_scale)?, host(s.payload.weight())?, host(s.payload.scales())?);
-    let r = reference::quantized::quantized_global_scale(ctx, &s.w, &s.x, nvfp4().group_size, [&w, &sc, &gs])?;
+    let (gs, w, sc) = (
+        host(&s.global_scale)?,
+        host(s.payload.weight())?,
+        host(s.payload.scales())?,
+    );
+    let r = reference::quantized::quantized_global_scale(
+        ctx,
+        &s.w,
+        &s.x,
+        nvfp4().group_size,
+        [&w, &sc, &gs],
+    )?;
     let mut out = CaseOutput::new("mlx.core");
     out.compare("global_scale", &gs, &r.global_scale);
     out.compare("weight", &w, &r.weight);
@@ -139,8 +149,18 @@ fn refused(
 
 fn linear_forward(ctx: &Ctx) -> Result<CaseOutput, CaseError> {
     let s = linear_setup(&mut ctx.inputs(), DType::Bfloat16)?;
-    let (gs, w, sc) = (host(&s.global_scale)?, host(s.payload.weight())?, host(s.payload.scales())?);
-    let r = reference::quantized::quantized_global_scale(ctx, &s.w, &s.x, nvfp4().group_size, [&w, &sc, &gs])?;
+    let (gs, w, sc) = (
+        host(&s.global_scale)?,
+        host(s.payload.weight())?,
+        host(s.payload.scales())?,
+    );
+    let r = reference::quantized::quantized_global_scale(
+        ctx,
+        &s.w,
+        &s.x,
+        nvfp4().group_size,
+        [&w, &sc, &gs],
+    )?;
     let layer = QuantizedLinear::new(s.payload, None).map_err(port)?;
     refused(layer.forward(&s.x.to_array()), r.matmul_refused)
 }

@@ -36,14 +36,14 @@ use crate::relation::Relation;
 mod adapters;
 mod checkpoint;
 mod embedding;
+#[cfg(test)]
+mod exact_faults;
 mod float;
 mod global_scale;
 mod linear;
 mod lora;
 mod rows;
 mod switch;
-#[cfg(test)]
-mod exact_faults;
 
 pub fn cases() -> Vec<Case> {
     let mut cases = Vec::new();

@@ -636,10 +636,17 @@ fn offload(ctx: &Ctx, fixture: &str, path: &str) -> Result<CaseOutput, CaseError
         ))
     })?;
     // The exact oracle on the module as the port loaded it (resident).
-    let module = super::checkpoint::module_args(resident.payload(), resident.bias(), "switch", info.in_features)?;
-    let exact = loaded
-        .calls
-        .exact_with("quantized_checkpoint", &module, super::checkpoint::module_exact)?;
+    let module = super::checkpoint::module_args(
+        resident.payload(),
+        resident.bias(),
+        "switch",
+        info.in_features,
+    )?;
+    let exact = loaded.calls.exact_with(
+        "quantized_checkpoint",
+        &module,
+        super::checkpoint::module_exact,
+    )?;
     let reference = reference.with_exact(exact);
     // (1, tokens, in) as the glue's x[None]; indices (1, tokens, top).
     let (xa, ia) = (
