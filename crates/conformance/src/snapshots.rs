@@ -639,7 +639,13 @@ mod tests {
             true,
         );
         assert_eq!(s, vec![Status::Match]);
-        let (s, _) = gate(&dir, &[within.clone()], Mode::Check, &provenance(), true);
+        let (s, _) = gate(
+            &dir,
+            std::slice::from_ref(&within),
+            Mode::Check,
+            &provenance(),
+            true,
+        );
         assert!(matches!(s[0], Status::Drift { .. }), "disappearing: {s:?}");
         record(&dir, &within);
         let (s, _) = gate(&dir, &[outside], Mode::Check, &provenance(), true);

@@ -62,7 +62,7 @@
 //! `T`; `scores = matmul(q, k^T)`: `simd_gemm<T, float>` (or BNNS on macOS),
 //! products and sums in float32 in block order, one rounding to `T`):
 //! `|ds_j| <= sum_d (|q~_d| |dk_jd| + |k_jd| |dq~_d| + |dq~_d||dk_jd|)
-//!  + gamma_D(u32) sum_d (|q~_d| + |dq~_d|)(|k_jd| + |dk_jd|)`, then the
+//!  plus gamma_D(u32) sum_d (|q~_d| + |dq~_d|)(|k_jd| + |dk_jd|)`, then the
 //! rounding to `T`. Gpu (Metal `sdpa_vector` / `sdpa_vector_2pass_*`, CUDA
 //! `sdpa_vector*`: scale and products in float32, `simd_sum`, no rounding
 //! of scores to `T`; CUDA folds `log2 e` into the scale; the unfused
@@ -177,6 +177,8 @@ fn eps_exp(model: Model) -> f64 {
 /// `1.442695f` and rounds: `2^{x c'(1 + u)}` is `e^x` times at most
 /// `e^{|x| K}`, `K = ln 2 (|c' - log2 e| + c' u32)` (about 1.2 u32).
 fn exp_arg_k() -> f64 {
+    // MLX's own float literal for log2(e), not the exact constant.
+    #[allow(clippy::approx_constant)]
     let c = f64::from(1.442_695_f32);
     std::f64::consts::LN_2 * ((c - std::f64::consts::LOG2_E).abs() + c * Float::Float32.u())
 }
@@ -264,7 +266,7 @@ pub fn sdpa_row(
     model: Model,
 ) -> Result<Vec<Tracked>, ExactError> {
     let d = q.len();
-    if d == 0 || keys.len() % d != 0 || keys.len() != values.len() || keys.is_empty() {
+    if d == 0 || !keys.len().is_multiple_of(d) || keys.len() != values.len() || keys.is_empty() {
         return err(format!(
             "SDPA of a {d}-channel query over {} keys and {} values",
             keys.len(),
@@ -384,7 +386,7 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
     }
     let [wq, wk, wv, wo] = &inp.projections;
     let hidden = wq.cols;
-    if hidden == 0 || inp.x.len() % hidden != 0 {
+    if hidden == 0 || !inp.x.len().is_multiple_of(hidden) {
         return err(format!(
             "x holds {} values, not rows of hidden {hidden}",
             inp.x.len()
@@ -475,6 +477,8 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
 }
 
 #[cfg(test)]
+// The tests port MLX's float literal for log2(e) (1.442695f), not the constant.
+#[allow(clippy::approx_constant)]
 mod tests {
     use super::*;
     use crate::{check, Exact, Format};
@@ -603,13 +607,13 @@ mod tests {
             let x = x0 * 1.442695f32;
             let ipart = (x + 0.5).floor();
             let f = x - ipart;
-            let mut p = 1.535336188319500e-4f32;
+            let mut p = 1.535_336_2e-4_f32;
             for c in [
-                1.339887440266574e-3f32,
-                9.618437357674640e-3,
-                5.550332471162809e-2,
-                2.402264791363012e-1,
-                6.931472028550421e-1,
+                1.339_887_4e-3_f32,
+                9.618_437e-3,
+                5.550_332_4e-2,
+                2.402_264_8e-1,
+                6.931_472e-1,
                 1.0,
             ] {
                 p = p.mul_add(f, c);

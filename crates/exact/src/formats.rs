@@ -126,14 +126,14 @@ impl QuantizedMatrix<'_> {
         if !bits_ok {
             return err(format!("{:?} with {} bits", self.format, self.bits));
         }
-        if self.group_size == 0 || self.cols % self.group_size != 0 {
+        if self.group_size == 0 || !self.cols.is_multiple_of(self.group_size) {
             return err(format!(
                 "{} columns are not a whole number of groups of {}",
                 self.cols, self.group_size
             ));
         }
         let row_bits = self.cols * self.bits;
-        if row_bits % 32 != 0 || self.packed.len() != self.rows * row_bits / 8 {
+        if !row_bits.is_multiple_of(32) || self.packed.len() != self.rows * row_bits / 8 {
             return err(format!(
                 "packed weight holds {} bytes, [{}, {}] at {} bits needs {}",
                 self.packed.len(),

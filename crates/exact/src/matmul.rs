@@ -153,7 +153,7 @@ pub fn quantized_matmul_tracked(
 ) -> Result<Vec<Tracked>, ExactError> {
     w.validate()?;
     let k = w.cols;
-    if k == 0 || x.len() % k != 0 {
+    if k == 0 || !x.len().is_multiple_of(k) {
         return err(format!("x holds {} values, not rows of K = {k}", x.len()));
     }
     let rows = x.len() / k;
@@ -202,7 +202,7 @@ pub fn gather_qmm(
             x.len()
         ));
     }
-    if n == 0 || w.rows % n != 0 {
+    if n == 0 || !w.rows.is_multiple_of(n) {
         return err(format!("{} weight rows are not experts of N = {n}", w.rows));
     }
     let e_count = w.rows / n;
@@ -235,7 +235,7 @@ pub fn matmul(
     t: Float,
     model: Model,
 ) -> Result<Vec<Tracked>, ExactError> {
-    if k == 0 || a.len() % k != 0 || b.len() != k * n {
+    if k == 0 || !a.len().is_multiple_of(k) || b.len() != k * n {
         return err(format!(
             "matmul of {} values in rows of {k} with a [{k}, {n}] matrix of {} values",
             a.len(),
@@ -300,7 +300,7 @@ pub fn lora_residual(
     out: Float,
     model: Model,
 ) -> Result<Vec<Tracked>, ExactError> {
-    if rank == 0 || lora_a.len() % rank != 0 || lora_b.len() % rank != 0 {
+    if rank == 0 || !lora_a.len().is_multiple_of(rank) || !lora_b.len().is_multiple_of(rank) {
         return err(format!(
             "LoRA rank {rank} with {} and {} values",
             lora_a.len(),

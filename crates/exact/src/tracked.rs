@@ -28,6 +28,9 @@ impl Tracked {
     pub fn zero() -> Self {
         Tracked::exact(0.0)
     }
+    // Methods, not `std::ops` impls: chains read in the kernel's order
+    // (`x.mul(w).round(t)`) and every rounding stays an explicit call.
+    #[allow(clippy::should_implement_trait)]
     pub fn add(self, o: Tracked) -> Self {
         Tracked {
             v: self.v + o.v,
@@ -35,6 +38,7 @@ impl Tracked {
             mag: self.mag + o.mag,
         }
     }
+    #[allow(clippy::should_implement_trait)]
     pub fn mul(self, o: Tracked) -> Self {
         Tracked {
             v: self.v * o.v,
