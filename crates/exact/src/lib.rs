@@ -118,7 +118,9 @@ pub enum Model {
     Cpu,
     /// GPU kernels (Metal, CUDA): tiles with float32 accumulators in any
     /// order, dequantized weights and per-group partials held in the
-    /// activation dtype, the output rounded once.
+    /// activation dtype, the output rounded once; plus CUDA `qmv`'s
+    /// per-thread accumulators in the activation dtype (codes under 8
+    /// bits) and TF32 operands for float32 matmuls (`matmul`'s module doc).
     Gpu,
 }
 
