@@ -13,7 +13,8 @@
 //! below a page, then 4 KiB steps, then 16 KiB steps: CUDA rounds requests
 //! of a page or more to 16 KiB). Larger outputs are not poisoned.
 //!
-//! `MLX_CONFORMANCE_POISON=0` turns it off (to measure its cost).
+//! `MLX_CONFORMANCE_POISON=0` (or `off`, `false`, `no`) turns it off, to
+//! measure its cost; report.json's `environment.poison` and report.md say so.
 
 use std::sync::OnceLock;
 
@@ -35,10 +36,20 @@ fn sizes() -> &'static [usize] {
     })
 }
 
-/// Whether poisoning is on (`MLX_CONFORMANCE_POISON` unset or not `0`).
+/// Whether poisoning is on: `MLX_CONFORMANCE_POISON` unset, or anything
+/// but `0`, `off`, `false` or `no` (any case).
 pub fn enabled() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
-    *ON.get_or_init(|| std::env::var("MLX_CONFORMANCE_POISON").map_or(true, |v| v != "0"))
+    *ON.get_or_init(|| on(std::env::var("MLX_CONFORMANCE_POISON").ok().as_deref()))
+}
+
+fn on(setting: Option<&str>) -> bool {
+    setting.is_none_or(|v| {
+        !matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "0" | "off" | "false" | "no"
+        )
+    })
 }
 
 /// Empties MLX's buffer cache and refills it with sentinel buffers. Errors
@@ -67,4 +78,17 @@ pub fn poison() {
 /// reference's freed output either).
 pub(crate) fn before_call(_backend: Backend) {
     poison();
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn poisoning_is_on_unless_turned_off_by_name() {
+        assert!(super::on(None));
+        assert!(super::on(Some("1")));
+        assert!(super::on(Some("")));
+        for off in ["0", "off", "OFF", "false", "no", " 0 "] {
+            assert!(!super::on(Some(off)), "{off}");
+        }
+    }
 }

@@ -124,6 +124,15 @@ pub enum Model {
     Gpu,
 }
 
+impl std::fmt::Display for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Model::Cpu => "cpu",
+            Model::Gpu => "gpu",
+        })
+    }
+}
+
 /// The exact value of one output and its bound, element by element
 /// (row-major, the output's shape).
 #[derive(Debug, Clone, PartialEq)]

@@ -426,8 +426,14 @@ impl ExactCheck {
             ),
             ExactClass::PortOutside => " (a port bug: its FAIL shows it too)".into(),
         };
+        // A NaN definition (a NaN input) is met by NaN only.
+        let nan = if s.worst_exact.is_nan() {
+            " (the definition is NaN there: a NaN input; only NaN is within)"
+        } else {
+            ""
+        };
         format!(
-            "{output}: {} [{} {:?}]: {who} {} of {} outside, worst at [{}] = {} vs exact {} (bound {:.3e}, {:.3}x){tail}",
+            "{output}: {} [{} model {}]: {who} {} of {} outside, worst at flat index [{}] = {} vs exact {} (bound {:.3e}, {:.3}x){nan}{tail}",
             self.class.word(),
             self.op,
             self.model,

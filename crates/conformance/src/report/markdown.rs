@@ -42,6 +42,12 @@ pub fn render(report: &Report) -> String {
     if let Some(f) = &e.filter {
         let _ = writeln!(md, "> filtered: only cases whose name contains `{f}`\n");
     }
+    if !e.poison {
+        let _ = writeln!(
+            md,
+            "> buffer-cache poisoning off (`MLX_CONFORMANCE_POISON`): an unwritten output may hold zeros or a stale result instead of NaN\n"
+        );
+    }
     if !e.snapshots_checked && !e.perturb {
         let _ = writeln!(md, "> snapshots not checked in this run\n");
     }
@@ -80,7 +86,7 @@ pub fn render(report: &Report) -> String {
             };
             let _ = writeln!(
                 md,
-                "| `{}` | {output} | {}{} | {} {:?} | [{}] = {} vs exact {} ± {:.3e} ({} of {} outside) | {:.3} | {} |",
+                "| `{}` | {output} | {}{} | {} {} | flat [{}] = {} vs exact {} ± {:.3e} ({} of {} outside) | {:.3} | {} |",
                 row.result.name,
                 e.class.word(),
                 if e.bit_equal { " (port bit-equal)" } else { "" },

@@ -53,6 +53,9 @@ pub struct Environment {
     /// Whether snapshots were checked (not under `--perturb`, another
     /// `--seed` or `--no-snapshots`).
     pub snapshots_checked: bool,
+    /// Whether MLX's buffer cache was poisoned (`MLX_CONFORMANCE_POISON`;
+    /// off, an unwritten output may hold a lucky zero or a stale result).
+    pub poison: bool,
 }
 
 /// One case in the report.

@@ -105,6 +105,7 @@ impl Session {
             filter: cli.filter.clone().filter(|f| !f.is_empty()),
             perturb: cli.perturb,
             snapshots_checked: cli.snapshots_checked(),
+            poison: conformance::poison::enabled(),
         };
 
         let options = RunOptions {
