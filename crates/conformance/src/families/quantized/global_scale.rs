@@ -101,9 +101,13 @@ fn linear_setup(inputs: &mut Inputs, dtype: DType) -> Result<Linear, CaseError> 
     })
 }
 
-fn linear(ctx: &Ctx, dtype: DType) -> Result<CaseOutput, CaseError> {
-    let s = linear_setup(&mut ctx.inputs(), dtype)?;
-    let dequantized = s.payload.dequantize(None).map_err(port)?;
+/// The port's codes (global scale, weight, scales) on the host, and the
+/// reference's quantize / dequantize / forward attempt on the same weight
+/// (the port's codes give the exact oracle the port's own dequantization).
+fn port_and_reference(
+    ctx: &Ctx,
+    s: &Linear,
+) -> Result<([HostTensor; 3], reference::quantized::GlobalScaleOut), CaseError> {
     let (gs, w, sc) = (
         host(&s.global_scale)?,
         host(s.payload.weight())?,
@@ -116,6 +120,13 @@ fn linear(ctx: &Ctx, dtype: DType) -> Result<CaseOutput, CaseError> {
         nvfp4().group_size,
         [&w, &sc, &gs],
     )?;
+    Ok(([gs, w, sc], r))
+}
+
+fn linear(ctx: &Ctx, dtype: DType) -> Result<CaseOutput, CaseError> {
+    let s = linear_setup(&mut ctx.inputs(), dtype)?;
+    let dequantized = s.payload.dequantize(None).map_err(port)?;
+    let ([gs, w, sc], r) = port_and_reference(ctx, &s)?;
     let mut out = CaseOutput::new("mlx.core");
     out.compare("global_scale", &gs, &r.global_scale);
     out.compare("weight", &w, &r.weight);
@@ -149,18 +160,7 @@ fn refused(
 
 fn linear_forward(ctx: &Ctx) -> Result<CaseOutput, CaseError> {
     let s = linear_setup(&mut ctx.inputs(), DType::Bfloat16)?;
-    let (gs, w, sc) = (
-        host(&s.global_scale)?,
-        host(s.payload.weight())?,
-        host(s.payload.scales())?,
-    );
-    let r = reference::quantized::quantized_global_scale(
-        ctx,
-        &s.w,
-        &s.x,
-        nvfp4().group_size,
-        [&w, &sc, &gs],
-    )?;
+    let (_, r) = port_and_reference(ctx, &s)?;
     let layer = QuantizedLinear::new(s.payload, None).map_err(port)?;
     refused(layer.forward(&s.x.to_array()), r.matmul_refused)
 }
