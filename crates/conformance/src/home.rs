@@ -27,6 +27,11 @@ use std::sync::OnceLock;
 /// Set by the bundle launcher to the bundle directory.
 pub const HOME_ENV: &str = "MLX_CONFORMANCE_HOME";
 
+/// Testing hook: a directory that replaces `fixtures/` (snapshot sets,
+/// configs, checkpoints), so tests can accept snapshots and register
+/// unusual config names in a scratch copy instead of the checkout.
+pub const FIXTURES_ENV: &str = "MLX_CONFORMANCE_FIXTURES";
+
 /// The resolved layout; see the module documentation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Home {
@@ -77,7 +82,10 @@ impl Home {
 
     /// `fixtures/` (holds `snapshots/<set>/` and `checkpoints/`).
     pub fn fixtures_dir(&self) -> PathBuf {
-        self.root.join("fixtures")
+        match std::env::var_os(FIXTURES_ENV).filter(|v| !v.is_empty()) {
+            Some(dir) => absolute(&self.cwd, Path::new(&dir)),
+            None => self.root.join("fixtures"),
+        }
     }
 
     /// The reference environment's `fingerprint.json`.

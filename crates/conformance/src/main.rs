@@ -44,9 +44,15 @@ struct Cli {
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     jobs: Option<u16>,
     /// Run the cases in this process instead of worker processes: no crash
-    /// isolation (a crash in native code ends the run); for debuggers.
+    /// isolation (a crash in native code ends the run) and no case
+    /// timeout; for debuggers.
     #[arg(long)]
     in_process: bool,
+    /// Seconds one case may run in its worker before it is an ERROR and the
+    /// worker is killed (0: no limit). Generous by default: a cold CUDA
+    /// kernel cache compiles each kernel at a case's first use.
+    #[arg(long, value_name = "SECONDS", conflicts_with = "in_process")]
+    case_timeout: Option<u64>,
     /// (internal) Serve cases to a parent run on stdin/stdout.
     #[arg(long, hide = true)]
     worker: bool,
@@ -129,7 +135,18 @@ fn parse() -> Result<Cli, Exit> {
     }
 }
 
+/// `--case-timeout`'s default, in seconds (README "Reliability").
+pub const DEFAULT_CASE_TIMEOUT_S: u64 = 600;
+
 impl Cli {
+    /// The per-case limit of worker runs (`None`: no limit).
+    fn case_timeout(&self) -> Option<std::time::Duration> {
+        match self.case_timeout.unwrap_or(DEFAULT_CASE_TIMEOUT_S) {
+            0 => None,
+            s => Some(std::time::Duration::from_secs(s)),
+        }
+    }
+
     /// Whether this run checks snapshots: they pin seed 0's unperturbed
     /// outputs.
     fn snapshots_checked(&self) -> bool {

@@ -3,23 +3,25 @@
 //! `fixtures/snapshots/<set>/`, so a change inside MLX shows even when both
 //! sides move together.
 //!
-//! Files are insta snapshots. `cargo xtask conformance` only checks
-//! (nothing is written); `cargo xtask fixtures review` prints the diffs and
-//! `cargo xtask fixtures accept` is the only writer. Each snapshot carries a
+//! Files are in insta's `.snap` format (a YAML header, then the body), written
+//! by our own atomic writer ([`store`]: no link followed, no half-written
+//! file). `cargo xtask conformance` only checks (nothing is written);
+//! `cargo xtask fixtures review` prints the diffs and `cargo xtask fixtures
+//! accept` is the only writer. Each snapshot carries a
 //! `seal`: the sha256 of the whole file (insta's header with the provenance,
 //! and the body) with the seal's own value blanked, so a hand-edited or
 //! corrupted file, header included, is a typed error naming it rather than
 //! a silent pass.
 
+pub mod store;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use crate::case::Expect;
 use crate::runner::{CaseResult, Verdict};
 
 /// What the gate does.
@@ -40,11 +42,8 @@ pub enum SnapshotError {
     Corrupt { file: PathBuf, reason: String },
     #[error("snapshot {file} was edited by hand (its seal does not match its content). Snapshots are written only by `cargo xtask fixtures accept`")]
     HandEdited { file: PathBuf },
-    #[error("cannot read snapshot {file}: {source}")]
-    Io {
-        file: PathBuf,
-        source: std::io::Error,
-    },
+    #[error("cannot read snapshot: {0}")]
+    Store(#[from] store::StoreError),
 }
 
 /// Gate status of one case.
@@ -59,13 +58,25 @@ pub enum Status {
         recorded: Option<Value>,
         now: Value,
     },
-    /// Written by `fixtures accept`.
-    Written,
+    /// Written by `fixtures accept`; `previous` says what was there.
+    Written { previous: Previous },
     Invalid {
         error: String,
     },
     /// Skipped, errored or failed cases are not gated.
     NotChecked,
+}
+
+/// What an accepted snapshot replaced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Previous {
+    /// No snapshot: a new one.
+    None,
+    /// A snapshot with another body: changed.
+    Different,
+    /// A corrupted or hand-edited snapshot: re-recorded.
+    Invalid,
 }
 
 /// Provenance written into every snapshot's metadata (not part of the
@@ -156,14 +167,16 @@ pub fn check_device_key(key: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Whether a recorded set exists: the directory holds at least one
-/// `.snap` file.
-pub fn set_exists(dir: &Path) -> bool {
-    std::fs::read_dir(dir).is_ok_and(|entries| {
-        entries
-            .flatten()
-            .any(|e| e.file_name().to_string_lossy().ends_with(".snap"))
-    })
+/// Whether a recorded set exists: its directory (a real one, directly
+/// inside the snapshots directory) holds at least one `.snap` file. A set
+/// path that is a link, a file or a link loop is an error naming it, not a
+/// missing set.
+pub fn set_exists(dir: &Path) -> Result<bool, store::StoreError> {
+    let root = dir.parent().unwrap_or(Path::new("."));
+    if !store::check_set_dir(root, dir)? {
+        return Ok(false);
+    }
+    Ok(store::entries(dir)?.iter().any(store::is_snapshot))
 }
 
 /// The commands that review and record a set, as the terminal, report.md
@@ -280,36 +293,78 @@ fn seal_of_text(text: &str, span: std::ops::Range<usize>) -> String {
     format!("{:x}", hasher.finalize())
 }
 
-/// Seals a file insta has just written with [`UNSEALED`] (temp file +
-/// rename, so a reader never sees half a file).
-fn seal_file(file: &Path) -> Result<(), String> {
-    let fail = |e: String| format!("cannot seal {}: {e}", file.display());
-    let text = std::fs::read_to_string(file).map_err(|e| fail(e.to_string()))?;
-    let span = seal_span(&text).ok_or_else(|| fail("no seal field".into()))?;
-    let mut sealed = text.clone();
-    sealed.replace_range(span.clone(), &seal_of_text(&text, span));
-    let tmp = file.with_extension(format!("snap.sealing-{}", std::process::id()));
-    std::fs::write(&tmp, sealed).map_err(|e| fail(e.to_string()))?;
-    std::fs::rename(&tmp, file).map_err(|e| fail(e.to_string()))
+/// The text of a snapshot file: insta's header (`source`, then the
+/// provenance as `info`), `---`, and the body with its seal, computed over
+/// the whole text.
+pub fn render(body: &Value, provenance: &Provenance) -> String {
+    let mut body = body.clone();
+    body["seal"] = json!(UNSEALED);
+    let mut text = String::from("---\nsource: crates/conformance/src/snapshots.rs\ninfo:\n");
+    let mut field = |indent: &str, key: &str, value: &str| {
+        if !value.is_empty() {
+            text.push_str(&format!("{indent}{key}: {}\n", yaml_scalar(value)));
+        }
+    };
+    field("  ", "mlx_version", &provenance.mlx_version);
+    field("  ", "backend", &provenance.backend);
+    field("  ", "device", &provenance.device);
+    field("  ", "device_name", &provenance.device_name);
+    field("  ", "architecture", &provenance.architecture);
+    if !provenance.host.is_empty() {
+        text.push_str("  host:\n");
+        let mut host = |key: &str, value: &str| {
+            text.push_str(&format!("    {key}: {}\n", yaml_scalar(value)));
+        };
+        for (key, value) in &provenance.host {
+            host(key, value);
+        }
+    }
+    let mut field = |key: &str, value: &str| {
+        text.push_str(&format!("  {key}: {}\n", yaml_scalar(value)));
+    };
+    field("lock_sha256", &provenance.lock_sha256);
+    field("date", &provenance.date);
+    text.push_str("---\n");
+    text.push_str(&serde_json::to_string_pretty(&body).expect("json"));
+    text.push('\n');
+    let span = seal_span(&text).expect("the seal was just written");
+    let seal = seal_of_text(&text, span.clone());
+    text.replace_range(span, &seal);
+    text
+}
+
+/// A YAML scalar as insta writes it: plain when YAML reads it back as the
+/// same string, else double-quoted (JSON escapes are YAML's too).
+fn yaml_scalar(value: &str) -> String {
+    let safe_char = |c: char| c.is_ascii_alphanumeric() || " ._-()/@+".contains(c);
+    let reads_as_other = value.parse::<f64>().is_ok()
+        || matches!(
+            value.to_ascii_lowercase().as_str(),
+            "true" | "false" | "null" | "yes" | "no" | "on" | "off" | "~"
+        );
+    let plain = !value.is_empty()
+        && value.chars().all(safe_char)
+        && !value.starts_with([' ', '-', '@', '('])
+        && !value.ends_with(' ')
+        && !reads_as_other;
+    if plain {
+        value.to_owned()
+    } else {
+        serde_json::to_string(value).expect("json")
+    }
 }
 
 /// Reads a recorded snapshot body (without its seal), verifying the seal
-/// over the whole file.
+/// over the whole file. Never follows a link.
 pub fn read(file: &Path) -> Result<Option<Value>, SnapshotError> {
-    let text = match std::fs::read_to_string(file) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(SnapshotError::Io {
-                file: file.into(),
-                source,
-            })
-        }
+    let Some(bytes) = store::read(file)? else {
+        return Ok(None);
     };
     let corrupt = |reason: &str| SnapshotError::Corrupt {
         file: file.into(),
         reason: reason.into(),
     };
+    let text = String::from_utf8(bytes).map_err(|_| corrupt("not UTF-8 text"))?;
     let rest = text
         .strip_prefix("---\n")
         .ok_or_else(|| corrupt("no `---` header"))?;
@@ -331,44 +386,91 @@ pub fn read(file: &Path) -> Result<Option<Value>, SnapshotError> {
     Ok(Some(body))
 }
 
-/// Gates every result against the set in `dir`. Returns a status per
-/// result (same order) and the orphaned snapshot files (recorded for no
-/// case that ran). `complete` says whether the selection was the whole
-/// registry (orphans are only judged then).
+/// What one gate pass over a set found and did.
+#[derive(Debug, Default)]
+pub struct Gated {
+    /// One per result, in order.
+    pub statuses: Vec<Status>,
+    /// Snapshot files no registered case names (judged on complete runs
+    /// only; removed by accept).
+    pub orphans: Vec<PathBuf>,
+    /// Temporary files of an unfinished write (removed by accept).
+    pub leftovers: Vec<PathBuf>,
+    /// Accept only: what could not be written or removed, one line each
+    /// (the run then exits 3 and prints no success line).
+    pub write_errors: Vec<String>,
+}
+
+impl Gated {
+    /// Accept's counts: (new, changed, unchanged, removed).
+    pub fn counts(&self) -> (usize, usize, usize, usize) {
+        let count = |f: &dyn Fn(&Status) -> bool| self.statuses.iter().filter(|s| f(s)).count();
+        (
+            count(&|s| matches!(s, Status::Written { previous: Previous::None })),
+            count(&|s| {
+                matches!(
+                    s,
+                    Status::Written {
+                        previous: Previous::Different | Previous::Invalid
+                    }
+                )
+            }),
+            count(&|s| matches!(s, Status::Match)),
+            self.orphans.len(),
+        )
+    }
+}
+
+/// Gates every result against the set in `dir`. `registered`: the
+/// snapshot file names of every registered case when the selection was the
+/// whole registry (orphans are judged then, and only files no registered
+/// case names are orphans: a case that errored or crashed keeps its
+/// snapshot); `None` for a filtered run.
 pub fn gate(
     dir: &Path,
     results: &[CaseResult],
     mode: Mode,
     provenance: &Provenance,
-    complete: bool,
-) -> (Vec<Status>, Vec<PathBuf>) {
-    let statuses = results
+    registered: Option<&BTreeSet<String>>,
+) -> Gated {
+    let mut gated = Gated {
+        leftovers: store::leftovers(dir),
+        ..Gated::default()
+    };
+    gated.statuses = results
         .iter()
         .map(|r| gate_one(dir, r, mode, provenance))
         .collect();
-    let mut orphans = Vec::new();
-    if complete {
-        let expected: BTreeSet<String> = results
-            .iter()
-            .filter(|r| r.output.is_some())
-            .map(|r| file_name(&r.name))
-            .collect();
-        if let Ok(entries) = std::fs::read_dir(dir) {
-            for e in entries.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if name.ends_with(".snap") && !expected.contains(&name) {
-                    orphans.push(e.path());
-                }
-            }
-        }
-        orphans.sort();
-        if mode == Mode::Accept {
-            for o in &orphans {
-                let _ = std::fs::remove_file(o);
+    if mode == Mode::Accept {
+        for s in &gated.statuses {
+            if let Status::Invalid { error } = s {
+                gated.write_errors.push(error.clone());
             }
         }
     }
-    (statuses, orphans)
+    if let Some(registered) = registered {
+        match store::entries(dir) {
+            Ok(entries) => {
+                gated.orphans = entries
+                    .into_iter()
+                    .filter(|e| {
+                        store::is_snapshot(e)
+                            && !e.name.as_ref().is_some_and(|n| registered.contains(n))
+                    })
+                    .map(|e| e.path)
+                    .collect();
+            }
+            Err(e) => gated.write_errors.push(e.to_string()),
+        }
+    }
+    if mode == Mode::Accept {
+        for path in gated.orphans.iter().chain(&gated.leftovers) {
+            if let Err(e) = store::remove(path) {
+                gated.write_errors.push(format!("cannot remove {e}"));
+            }
+        }
+    }
+    gated
 }
 
 fn gate_one(dir: &Path, result: &CaseResult, mode: Mode, provenance: &Provenance) -> Status {
@@ -383,23 +485,40 @@ fn gate_one(dir: &Path, result: &CaseResult, mode: Mode, provenance: &Provenance
         return Status::NotChecked;
     };
     let file = dir.join(file_name(&result.name));
-    let recorded = match read(&file) {
-        Ok(r) => r,
+    let (recorded, previous) = match read(&file) {
+        Ok(None) => (None, Previous::None),
+        Ok(Some(r)) => (Some(r), Previous::Different),
+        // A link or a non-file is never overwritten, only named.
+        Err(e @ SnapshotError::Store(_)) => {
+            return Status::Invalid {
+                error: e.to_string(),
+            }
+        }
         Err(e) if mode != Mode::Accept => {
             return Status::Invalid {
                 error: e.to_string(),
             }
         }
-        Err(_) => None,
+        Err(_) => (None, Previous::Invalid),
     };
     if recorded.as_ref() == Some(&now) {
         return Status::Match;
     }
     match mode {
-        Mode::Accept => match write(dir, &result.name, result.expect, &now, provenance) {
-            Ok(()) => Status::Written,
-            Err(e) => Status::Invalid { error: e },
-        },
+        Mode::Accept => {
+            let text = render(&now, provenance);
+            match store::write(
+                dir.parent().unwrap_or(Path::new(".")),
+                dir,
+                &file_name(&result.name),
+                &text,
+            ) {
+                Ok(()) => Status::Written { previous },
+                Err(e) => Status::Invalid {
+                    error: format!("cannot write the snapshot of {}: {e}", result.name),
+                },
+            }
+        }
         Mode::Check | Mode::Review => {
             if mode == Mode::Review {
                 eprint!("{}", review_diff(&file, recorded.as_ref(), &now));
@@ -460,47 +579,10 @@ pub fn review_diff(file: &Path, recorded: Option<&Value>, now: &Value) -> String
     out
 }
 
-fn assert_with_insta(dir: &Path, case: &str, body: &Value, provenance: &Provenance) {
-    let mut settings = insta::Settings::clone_current();
-    settings.set_snapshot_path(dir);
-    settings.set_prepend_module_to_snapshot(false);
-    settings.set_omit_expression(true);
-    settings.set_input_file(case);
-    settings.set_info(provenance);
-    let name = case.replace('/', "__");
-    let mut body = body.clone();
-    body["seal"] = json!(UNSEALED);
-    let text = serde_json::to_string_pretty(&body).expect("json");
-    settings.bind(|| insta::assert_snapshot!(name, text));
-}
-
-fn write(
-    dir: &Path,
-    case: &str,
-    expect: Expect,
-    body: &Value,
-    provenance: &Provenance,
-) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    // INSTA_UPDATE=always (set by the accept command) makes insta write the
-    // file, with the seal blanked; then the seal is computed over it all.
-    catch_unwind(AssertUnwindSafe(|| {
-        assert_with_insta(dir, case, body, provenance)
-    }))
-    .map_err(|_| {
-        format!(
-            "insta could not write the snapshot of {case} in {}",
-            dir.display()
-        )
-    })?;
-    let _ = expect;
-    seal_file(&dir.join(file_name(case)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::case::CaseOutput;
+    use crate::case::{CaseOutput, Expect};
 
     fn result(name: &str) -> CaseResult {
         let mut output = CaseOutput::new("pure-mlx");
@@ -523,14 +605,14 @@ mod tests {
 
     fn provenance() -> Provenance {
         Provenance {
-            mlx_version: "0".into(),
+            mlx_version: "0.32.2".into(),
             backend: "cpu".into(),
             device: "d".into(),
             device_name: String::new(),
             architecture: String::new(),
             host: BTreeMap::new(),
             lock_sha256: "l".into(),
-            date: "today".into(),
+            date: "2026-12-01".into(),
         }
     }
 
@@ -541,19 +623,25 @@ mod tests {
         d
     }
 
-    /// A snapshot file as accept leaves it: insta's shape, then sealed.
+    /// A snapshot file as accept leaves it.
     fn record(dir: &Path, r: &CaseResult) -> PathBuf {
         let file = dir.join(file_name(&r.name));
-        let mut b = body(r).unwrap();
-        b["seal"] = json!(UNSEALED);
-        let text = serde_json::to_string_pretty(&b).unwrap();
-        std::fs::write(
-            &file,
-            format!("---\nsource: test\ninfo:\n  mlx_version: 0.32.2\n  date: 2026-12-01\n---\n{text}\n"),
-        )
-        .unwrap();
-        seal_file(&file).unwrap();
+        std::fs::write(&file, render(&body(r).unwrap(), &provenance())).unwrap();
         file
+    }
+
+    /// The gate with the registry taken to be `results` (complete) or
+    /// unknown (a filtered run): statuses and orphans.
+    fn gate_t(
+        dir: &Path,
+        results: &[CaseResult],
+        mode: Mode,
+        provenance: &Provenance,
+        complete: bool,
+    ) -> (Vec<Status>, Vec<PathBuf>) {
+        let names: BTreeSet<String> = results.iter().map(|r| file_name(&r.name)).collect();
+        let g = gate(dir, results, mode, provenance, complete.then_some(&names));
+        (g.statuses, g.orphans)
     }
 
     #[test]
@@ -561,7 +649,7 @@ mod tests {
         let dir = temp_dir("drift");
         let r = result("a/b");
         record(&dir, &r);
-        let (s, orphans) = gate(
+        let (s, orphans) = gate_t(
             &dir,
             std::slice::from_ref(&r),
             Mode::Check,
@@ -572,7 +660,7 @@ mod tests {
         assert!(orphans.is_empty());
         let mut moved = r.clone();
         moved.output.as_mut().unwrap().digests[0].1 = "abd".into();
-        let (s, _) = gate(&dir, &[moved], Mode::Check, &provenance(), true);
+        let (s, _) = gate_t(&dir, &[moved], Mode::Check, &provenance(), true);
         assert!(matches!(s[0], Status::Drift { .. }));
     }
 
@@ -585,7 +673,7 @@ mod tests {
         r.output.as_mut().unwrap().finding = Some(json!({"differs": 3}));
         record(&dir, &r);
         r.output.as_mut().unwrap().finding = Some(json!({"differs": 0}));
-        let (s, _) = gate(&dir, &[r], Mode::Check, &provenance(), true);
+        let (s, _) = gate_t(&dir, &[r], Mode::Check, &provenance(), true);
         assert!(matches!(s[0], Status::Drift { .. }));
     }
 
@@ -631,7 +719,7 @@ mod tests {
         );
         // Recorded outside: appearing-then-disappearing and the reverse drift.
         record(&dir, &outside);
-        let (s, _) = gate(
+        let (s, _) = gate_t(
             &dir,
             std::slice::from_ref(&outside),
             Mode::Check,
@@ -639,7 +727,7 @@ mod tests {
             true,
         );
         assert_eq!(s, vec![Status::Match]);
-        let (s, _) = gate(
+        let (s, _) = gate_t(
             &dir,
             std::slice::from_ref(&within),
             Mode::Check,
@@ -648,7 +736,7 @@ mod tests {
         );
         assert!(matches!(s[0], Status::Drift { .. }), "disappearing: {s:?}");
         record(&dir, &within);
-        let (s, _) = gate(&dir, &[outside], Mode::Check, &provenance(), true);
+        let (s, _) = gate_t(&dir, &[outside], Mode::Check, &provenance(), true);
         assert!(matches!(s[0], Status::Drift { .. }), "appearing: {s:?}");
     }
 
@@ -686,7 +774,7 @@ mod tests {
             read(&file).unwrap_err(),
             SnapshotError::Corrupt { .. }
         ));
-        let (s, _) = gate(&dir, &[r], Mode::Check, &provenance(), true);
+        let (s, _) = gate_t(&dir, &[r], Mode::Check, &provenance(), true);
         assert!(matches!(&s[0], Status::Invalid { error } if error.contains("a__b.snap")));
     }
 
@@ -696,7 +784,7 @@ mod tests {
         let r = result("a/b");
         record(&dir, &r);
         record(&dir, &result("gone/case"));
-        let (_, orphans) = gate(
+        let (_, orphans) = gate_t(
             &dir,
             std::slice::from_ref(&r),
             Mode::Check,
@@ -705,7 +793,7 @@ mod tests {
         );
         assert_eq!(orphans.len(), 1);
         assert!(orphans[0].ends_with("gone__case.snap"));
-        let (_, orphans) = gate(&dir, &[r], Mode::Check, &provenance(), false);
+        let (_, orphans) = gate_t(&dir, &[r], Mode::Check, &provenance(), false);
         assert!(orphans.is_empty());
     }
 
@@ -741,10 +829,10 @@ mod tests {
     #[test]
     fn a_set_exists_only_with_snapshot_files_and_its_absence_is_one_line() {
         let dir = temp_dir("set");
-        assert!(!set_exists(&dir.join("nope")));
-        assert!(!set_exists(&dir));
+        assert!(!set_exists(&dir.join("nope")).unwrap());
+        assert!(!set_exists(&dir).unwrap());
         record(&dir, &result("a/b"));
-        assert!(set_exists(&dir));
+        assert!(set_exists(&dir).unwrap());
         let commands = SetCommands::new("", "--device gpu");
         let line = missing_set_line(&dir.join("metal-x-mlx0"), &commands);
         assert!(!line.contains('\n'));
@@ -768,7 +856,7 @@ mod tests {
             "{diff}"
         );
         // Review mode gates as check does and writes nothing.
-        let (s, _) = gate(&dir, &[moved], Mode::Review, &provenance(), true);
+        let (s, _) = gate_t(&dir, &[moved], Mode::Review, &provenance(), true);
         assert!(matches!(s[0], Status::Drift { .. }));
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
     }
@@ -777,8 +865,67 @@ mod tests {
     fn missing_snapshot_is_reported_and_check_never_writes() {
         let dir = temp_dir("missing");
         let r = result("new/case");
-        let (s, _) = gate(&dir, &[r], Mode::Check, &provenance(), true);
+        let (s, _) = gate_t(&dir, &[r], Mode::Check, &provenance(), true);
         assert_eq!(s, vec![Status::Missing]);
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+    }
+
+    /// The header's fields as `render` takes them (a test-only reader of
+    /// the two-level YAML the writer emits).
+    fn parse_header(text: &str) -> Provenance {
+        let mut p = provenance();
+        p.date.clear();
+        let header = &text[4..text[4..].find("\n---\n").unwrap() + 4];
+        for line in header.lines().skip(2) {
+            let (key, value) = line.trim_start().split_once(':').unwrap();
+            let value = value.trim_start();
+            let value = if value.starts_with('"') {
+                serde_json::from_str::<String>(value).unwrap()
+            } else {
+                value.to_owned()
+            };
+            let field = match key {
+                "mlx_version" => &mut p.mlx_version,
+                "backend" => &mut p.backend,
+                "device" => &mut p.device,
+                "device_name" => &mut p.device_name,
+                "architecture" => &mut p.architecture,
+                "lock_sha256" => &mut p.lock_sha256,
+                "date" => &mut p.date,
+                "host" => continue,
+                host => {
+                    p.host.insert(host.to_owned(), value);
+                    continue;
+                }
+            };
+            *field = value;
+        }
+        p
+    }
+
+    /// Our writer keeps insta's format: every committed snapshot (written
+    /// by insta) is reproduced byte for byte from its body and header.
+    #[test]
+    fn the_writer_reproduces_every_committed_snapshot_byte_for_byte() {
+        let root = crate::home::Home::workspace(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."),
+        )
+        .fixtures_dir()
+        .join("snapshots");
+        let mut checked = 0;
+        for set in std::fs::read_dir(&root).unwrap().flatten() {
+            for file in std::fs::read_dir(set.path()).unwrap().flatten() {
+                let text = std::fs::read_to_string(file.path()).unwrap();
+                let body = read(&file.path()).unwrap().unwrap();
+                assert_eq!(
+                    render(&body, &parse_header(&text)),
+                    text,
+                    "{}",
+                    file.path().display()
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 100, "{checked}");
     }
 }

@@ -67,7 +67,7 @@ pub fn render(report: &Report) -> String {
     // failure unless the case's snapshot pins it (then skipped, with the
     // recorded fault as its message, so it still shows).
     for (row, output, e) in super::exact_outside(&report.cases) {
-        let pinned = matches!(row.snapshot, Status::Match | Status::Written);
+        let pinned = matches!(row.snapshot, Status::Match | Status::Written { .. });
         let mut status = if pinned {
             TestCaseStatus::skipped()
         } else {

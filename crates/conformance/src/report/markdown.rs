@@ -100,7 +100,7 @@ pub fn render(report: &Report) -> String {
                 side.total,
                 side.max_ratio,
                 match row.snapshot {
-                    crate::snapshots::Status::Match | crate::snapshots::Status::Written => "pinned",
+                    crate::snapshots::Status::Match | crate::snapshots::Status::Written { .. } => "pinned",
                     crate::snapshots::Status::NotChecked => "not checked",
                     _ => "NOT PINNED (drift)",
                 }

@@ -4,9 +4,11 @@
 //! row naming the signal, and the run goes on in a fresh worker.
 //!
 //! Protocol, one worker = one process = one interpreter: the parent writes
-//! one case name per line on the worker's stdin; the worker answers each
-//! with one line, [`RESULT_PREFIX`] then the `CaseResult` as JSON, on a
-//! private copy of its stdout. The worker points its own fd 1 at stderr
+//! one case name per line on the worker's stdin, as a JSON string (so a
+//! newline or any other character in a name survives); the worker answers
+//! each with one line, [`RESULT_PREFIX`] then the `CaseResult` as JSON, on a
+//! private copy of its stdout. Paths reach the worker as raw OS strings on
+//! its command line (a non-UTF-8 `--keep-outputs` directory included). The worker points its own fd 1 at stderr
 //! first, so whatever Python or MLX print cannot corrupt the protocol; its
 //! stderr is passed through to the parent's, and the last lines of it are
 //! kept for the crash message. Each worker starts its own [`Oracle`], whose
@@ -15,18 +17,28 @@
 //! (measured on CUDA: a failed kernel launch fails every later CUDA call in
 //! the process).
 //!
+//!
+//! A case that does not answer within the run's case timeout
+//! (`--case-timeout`) is an ERROR row naming the timeout; its worker is
+//! killed (SIGKILL: a stopped or deadlocked process included) and the run
+//! goes on. Ctrl-C or SIGTERM to the runner kills the workers' cases in
+//! flight instead of waiting for them.
+//!
 //! Testing hook: `MLX_CONFORMANCE_FAULT=<signal>@<text>` makes a worker
-//! raise `<signal>` (`SIGSEGV`, `SIGABRT`, `SIGFPE`, `SIGBUS`) just before
-//! running a case whose name contains `<text>`, as a crash in native code
-//! would (used by `tests/cli.rs`; ignored outside workers).
+//! raise `<signal>` (`SIGSEGV`, `SIGABRT`, `SIGFPE`, `SIGBUS`, or
+//! `SIGSTOP`, which stops it as a hang would) just before running a case
+//! whose name contains `<text>`, as a crash in native code would (used by
+//! `tests/cli.rs`; ignored outside workers).
 
 use std::collections::VecDeque;
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::AsFd;
-use std::process::{Child, ChildStdin, ChildStdout, Command, ExitStatus, Stdio};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use oracle::Oracle;
 
@@ -63,7 +75,11 @@ pub fn serve(cases: &[Case], oracle: &Oracle, options: &RunOptions) -> i32 {
     let mut channel = std::io::BufWriter::new(channel);
     let fault = std::env::var(FAULT_ENV).ok();
     for line in std::io::stdin().lock().lines() {
-        let Ok(name) = line else { break };
+        let Ok(line) = line else { break };
+        let Ok(name) = serde_json::from_str::<String>(&line) else {
+            eprintln!("error: worker: a request that is not a JSON string: {line:?}");
+            return 3;
+        };
         let result = match cases.iter().find(|c| c.name == name) {
             Some(case) => {
                 if let Some(fault) = &fault {
@@ -114,6 +130,7 @@ fn inject_fault(spec: &str, name: &str) {
         "SIGABRT" => libc::SIGABRT,
         "SIGFPE" => libc::SIGFPE,
         "SIGBUS" => libc::SIGBUS,
+        "SIGSTOP" => libc::SIGSTOP,
         _ => return,
     };
     // SAFETY: raising a signal in this process; with the default action it
@@ -129,29 +146,33 @@ fn inject_fault(spec: &str, name: &str) {
 #[derive(Debug, Clone)]
 pub struct WorkerCommand {
     pub program: std::path::PathBuf,
-    pub args: Vec<String>,
+    pub args: Vec<OsString>,
+    /// How long one case may take before it is an ERROR and its worker is
+    /// killed (`None`: no limit).
+    pub case_timeout: Option<Duration>,
 }
 
 impl WorkerCommand {
     /// This executable as a worker for `options` on `backend`.
-    pub fn for_run(options: &RunOptions) -> std::io::Result<Self> {
-        let mut args = vec![
-            WORKER_FLAG.to_owned(),
-            "--worker-backend".to_owned(),
-            options.backend.as_str().to_owned(),
-            "--seed".to_owned(),
-            options.seed.to_string(),
+    pub fn for_run(options: &RunOptions, case_timeout: Option<Duration>) -> std::io::Result<Self> {
+        let mut args: Vec<OsString> = vec![
+            WORKER_FLAG.into(),
+            "--worker-backend".into(),
+            options.backend.as_str().into(),
+            "--seed".into(),
+            options.seed.to_string().into(),
         ];
         if options.perturb {
-            args.push("--perturb".to_owned());
+            args.push("--perturb".into());
         }
         if let Some(dir) = super::kept_outputs_dir() {
-            args.push("--keep-outputs".to_owned());
-            args.push(dir.display().to_string());
+            args.push("--keep-outputs".into());
+            args.push(dir.as_os_str().to_owned());
         }
         Ok(WorkerCommand {
             program: std::env::current_exe()?,
             args,
+            case_timeout,
         })
     }
 }
@@ -161,7 +182,9 @@ struct Worker {
     child: Child,
     /// `None` once closed (dropping it ends the worker's loop).
     stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
+    /// The worker's stdout, line by line, from a reader thread (so the
+    /// parent can wait with a deadline and notice an interrupt).
+    stdout: Receiver<std::io::Result<String>>,
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
     passthrough: Option<std::thread::JoinHandle<()>>,
 }
@@ -174,6 +197,9 @@ struct Crash {
     /// The worker was still running: the runner ended it (after an answer
     /// it could not read), so its signal says nothing about the case.
     ended_by_runner: bool,
+    /// The case ran past the case timeout (this long) and the runner
+    /// killed its worker.
+    timed_out: Option<Duration>,
 }
 
 impl Worker {
@@ -185,7 +211,20 @@ impl Worker {
             .stderr(Stdio::piped())
             .spawn()?;
         let stdin = child.stdin.take().expect("piped");
-        let stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let (lines, stdout_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || loop {
+            let mut line = String::new();
+            match stdout.read_line(&mut line) {
+                Ok(0) => break,
+                read => {
+                    let failed = read.is_err();
+                    if lines.send(read.map(|_| line)).is_err() || failed {
+                        break;
+                    }
+                }
+            }
+        });
         let stderr = child.stderr.take().expect("piped");
         let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
         let tail = Arc::clone(&stderr_tail);
@@ -204,16 +243,18 @@ impl Worker {
         Ok(Worker {
             child,
             stdin: Some(stdin),
-            stdout,
+            stdout: stdout_rx,
             stderr_tail,
             passthrough: Some(passthrough),
         })
     }
 
-    /// Runs one case; `Err` when the worker ended without answering.
-    fn run(&mut self, name: &str) -> Result<CaseResult, Crash> {
+    /// Runs one case; `Err` when the worker ended without answering, ran
+    /// past `timeout`, or the run was interrupted.
+    fn run(&mut self, name: &str, timeout: Option<Duration>) -> Result<CaseResult, Crash> {
+        let request = serde_json::to_string(name).expect("a name serialises");
         let sent = match self.stdin.as_mut() {
-            Some(stdin) => writeln!(stdin, "{name}").and_then(|()| stdin.flush()),
+            Some(stdin) => writeln!(stdin, "{request}").and_then(|()| stdin.flush()),
             None => Err(std::io::Error::other("stdin already closed")),
         };
         let mut detail = match sent {
@@ -221,27 +262,34 @@ impl Worker {
             Err(e) => format!("could not send the case to the worker ({e})"),
         };
         let mut unreadable = false;
-        if detail.is_empty() {
-            let mut line = String::new();
-            loop {
-                line.clear();
-                match self.stdout.read_line(&mut line) {
-                    Ok(0) => break,
-                    Ok(_) => {
-                        if let Some(json) = line.trim_end().strip_prefix(RESULT_PREFIX) {
-                            match serde_json::from_str::<CaseResult>(json) {
-                                Ok(result) => return Ok(result),
-                                Err(e) => {
-                                    detail = format!("unreadable answer from the worker ({e})");
-                                    unreadable = true;
-                                    break;
-                                }
+        let mut timed_out = None;
+        let deadline = timeout.map(|t| Instant::now() + t);
+        // Short waits, so an interrupt is noticed within a tenth of a second.
+        let tick = Duration::from_millis(100);
+        while detail.is_empty() {
+            if interrupted() {
+                detail = "the run was interrupted".into();
+                break;
+            }
+            let wait = deadline.map_or(tick, |d| d.saturating_duration_since(Instant::now()).min(tick));
+            match self.stdout.recv_timeout(wait) {
+                Ok(Ok(line)) => {
+                    if let Some(json) = line.trim_end().strip_prefix(RESULT_PREFIX) {
+                        match serde_json::from_str::<CaseResult>(json) {
+                            Ok(result) => return Ok(result),
+                            Err(e) => {
+                                detail = format!("unreadable answer from the worker ({e})");
+                                unreadable = true;
                             }
                         }
                     }
-                    Err(e) => {
-                        detail = format!("reading from the worker failed ({e})");
-                        break;
+                }
+                Ok(Err(e)) => detail = format!("reading from the worker failed ({e})"),
+                Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => {
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        timed_out = timeout;
+                        detail = "timed out".into();
                     }
                 }
             }
@@ -264,13 +312,18 @@ impl Worker {
             stderr_tail,
             detail,
             ended_by_runner,
+            timed_out,
         })
     }
 }
 
 impl Drop for Worker {
     fn drop(&mut self) {
-        // Closing stdin ends the worker's loop; reap it.
+        // Closing stdin ends the worker's loop; reap it. An interrupted
+        // run does not wait for a case in flight.
+        if interrupted() {
+            let _ = self.child.kill();
+        }
         drop(self.stdin.take());
         let _ = self.child.wait();
         if let Some(t) = self.passthrough.take() {
@@ -297,6 +350,24 @@ fn signal_name(signal: i32) -> String {
 
 fn crash_result(case: &Case, crash: Crash, time_ms: f64) -> CaseResult {
     use std::os::unix::process::ExitStatusExt;
+    if let Some(limit) = crash.timed_out {
+        let mut result = blank(case);
+        result.verdict = Verdict::Error;
+        result.message = Some(format!(
+            "timed out: no answer within the case timeout of {} s (--case-timeout); the runner killed its worker and the run continued in a new worker{}",
+            limit.as_secs_f64(),
+            if crash.stderr_tail.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "\nlast lines of the worker's stderr:\n  {}",
+                    crash.stderr_tail.join("\n  ")
+                )
+            }
+        ));
+        result.time_ms = time_ms;
+        return result;
+    }
     let how = match crash.status {
         _ if crash.ended_by_runner => {
             "gave an answer the runner could not read, and the runner ended it".to_owned()
@@ -392,7 +463,7 @@ fn run_in_worker(case: &Case, command: &WorkerCommand, worker: &mut Option<Worke
         }
     }
     let w = worker.as_mut().expect("just started");
-    match w.run(&case.name) {
+    match w.run(&case.name, command.case_timeout) {
         Ok(result) => {
             // A case that errored may have left native state broken (MLX's
             // CUDA backend keeps a failed launch's error set, and every

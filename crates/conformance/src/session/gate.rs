@@ -1,7 +1,5 @@
 //! Step 3: the snapshot gate (or why it is skipped) and the report object.
 
-use std::path::PathBuf;
-
 use conformance::case::Backend;
 use conformance::report::{self, Report, Row};
 use conformance::runner::{self, Verdict};
@@ -15,8 +13,9 @@ pub struct Gated {
     pub report: Report,
     /// Accept mode only: why nothing was recorded (the run still reports).
     pub refusal: Option<String>,
-    /// Snapshots no selected case produced (accept mode: removed).
-    pub orphans: Vec<PathBuf>,
+    /// What the snapshot pass found and did (its statuses are in the
+    /// report's rows); `None` when snapshots were not gated.
+    pub snapshots: Option<snapshots::Gated>,
 }
 
 impl Session {
@@ -28,11 +27,28 @@ impl Session {
         let cli = &self.cli;
         // An accept that must be refused still writes its reports (they show
         // why), but records nothing.
+        // A failed must-equal case has wrong bits, an errored one none:
+        // either way the set would not describe this MLX.
         let refusal = if mode == Mode::Accept {
-            if let Some(bad) = results.iter().find(|r| r.verdict == Verdict::Fail) {
+            let named = |verdict: Verdict| -> Vec<&str> {
+                results
+                    .iter()
+                    .filter(|r| r.verdict == verdict)
+                    .map(|r| r.name.as_str())
+                    .collect()
+            };
+            let (failed, errored) = (named(Verdict::Fail), named(Verdict::Error));
+            if !failed.is_empty() {
                 Some(format!(
-                    "refusing to accept snapshots: must-equal case `{}` fails",
-                    bad.name
+                    "refusing to accept snapshots: {} must-equal case(s) fail: {}",
+                    failed.len(),
+                    first_names(&failed)
+                ))
+            } else if !errored.is_empty() {
+                Some(format!(
+                    "refusing to accept snapshots: {} case(s) ended in ERROR (fix them, or record the rest with --filter): {}",
+                    errored.len(),
+                    first_names(&errored)
                 ))
             } else {
                 check_lock(self.home, &self.fingerprint)
@@ -54,6 +70,7 @@ impl Session {
             date: today(),
         };
         let complete = runner::is_complete_selection(cli.filter.as_deref()) && !cli.perturb;
+        let registered = complete.then_some(&self.registered);
         // Snapshots pin the default seed's outputs; other seeds explore inputs
         // and are judged by their verdicts alone.
         if cli.seed != 0 && !cli.perturb {
@@ -62,17 +79,19 @@ impl Session {
                 cli.seed
             );
         }
-        // A whole missing set is one line, not a DRIFT row per case.
+        // A whole missing set is one line, not a DRIFT row per case (an
+        // unusable set path was refused before any case ran).
         let missing_set = (mode != Mode::Accept
             && cli.snapshots_checked()
-            && !snapshots::set_exists(&self.set_dir))
+            && !snapshots::set_exists(&self.set_dir).unwrap_or(false))
         .then(|| snapshots::missing_set_line(&self.set_dir, &environment.set_commands));
-        let (statuses, orphans) =
-            if !cli.snapshots_checked() || missing_set.is_some() || refusal.is_some() {
-                (vec![snapshots::Status::NotChecked; results.len()], vec![])
-            } else {
-                snapshots::gate(&self.set_dir, &results, mode, &provenance, complete)
-            };
+        let mut gated = (cli.snapshots_checked() && missing_set.is_none() && refusal.is_none())
+            .then(|| snapshots::gate(&self.set_dir, &results, mode, &provenance, registered));
+        let statuses = match &mut gated {
+            Some(g) => std::mem::take(&mut g.statuses),
+            None => vec![snapshots::Status::NotChecked; results.len()],
+        };
+        let orphans = gated.as_ref().map(|g| g.orphans.clone()).unwrap_or_default();
         let rows: Vec<Row> = results
             .into_iter()
             .zip(statuses)
@@ -94,16 +113,30 @@ impl Session {
                 &snapshots::device_key(Backend::Cpu, "", ""),
                 &report.environment.mlx_version,
             );
-            if snapshots::set_exists(&cpu_dir) {
+            if snapshots::set_exists(&cpu_dir).unwrap_or(false) {
                 report.vs_cpu = Some(report::VsCpu::compare(&cpu_dir, &report.cases));
             }
         }
         Gated {
             report,
             refusal,
-            orphans,
+            snapshots: gated,
         }
     }
+}
+
+/// Up to five case names, then how many more.
+fn first_names(names: &[&str]) -> String {
+    let mut text = names
+        .iter()
+        .take(5)
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > 5 {
+        text.push_str(&format!(" and {} more", names.len() - 5));
+    }
+    text
 }
 
 fn today() -> String {

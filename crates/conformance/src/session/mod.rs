@@ -46,6 +46,9 @@ pub struct Session {
     backend: Backend,
     /// The cases to run, in registry order.
     selected: Vec<Case>,
+    /// The snapshot file name of every registered case (orphans are
+    /// files none of them names).
+    registered: std::collections::BTreeSet<String>,
     out_dir: PathBuf,
     /// The snapshot set this device checks against.
     set_dir: PathBuf,

@@ -23,7 +23,7 @@ impl Session {
         // workspace, or a bundle (`MLX_CONFORMANCE_HOME`, see home.rs).
         let home = Home::get();
         let mode = gate_mode(&cli)?;
-        let selected = select(&cli)?;
+        let (selected, registered) = select(&cli)?;
         let out_dir = cli
             .out
             .clone()
@@ -81,8 +81,16 @@ impl Session {
         } else {
             snapshots::SetCommands::new(xtask_prefix, &selecting.join(" "))
         };
+        // A set path that is a link, a file or a link loop is refused
+        // before any case runs (never diagnosed as a set to record).
+        let set_recorded = if cli.snapshots_checked() {
+            snapshots::set_exists(&set_dir)
+                .map_err(|e| fail(format!("snapshot set {}: {e}", set_dir.display())))?
+        } else {
+            false
+        };
         // Said at the start too, so nobody waits for a whole run to learn it.
-        if mode != Mode::Accept && cli.snapshots_checked() && !snapshots::set_exists(&set_dir) {
+        if mode != Mode::Accept && cli.snapshots_checked() && !set_recorded {
             eprintln!(
                 "note: {}",
                 snapshots::missing_set_line(&set_dir, &set_commands)
@@ -122,6 +130,7 @@ impl Session {
             oracle,
             backend,
             selected,
+            registered,
             out_dir,
             set_dir,
             environment,
@@ -142,17 +151,26 @@ fn gate_mode(cli: &Cli) -> Result<Mode, Exit> {
     if mode == Mode::Accept && ci {
         return Err(fail("snapshots are never written under CI=true; run `cargo xtask fixtures accept` locally and commit"));
     }
-    // insta writes only in accept mode. Set before any thread starts.
-    std::env::set_var(
-        "INSTA_UPDATE",
-        if mode == Mode::Accept { "always" } else { "no" },
-    );
-    std::env::set_var("INSTA_FORCE_PASS", "0");
+    // Snapshots pin seed 0's unperturbed outputs: an accept that would not
+    // check them would write nothing, so it is refused, saying why.
+    if mode == Mode::Accept && !cli.snapshots_checked() {
+        let why = if cli.no_snapshots {
+            "--no-snapshots turns the snapshot gate off".to_owned()
+        } else if cli.perturb {
+            "--perturb hands the reference perturbed inputs".to_owned()
+        } else {
+            format!("--seed {} is not the pinned seed 0", cli.seed)
+        };
+        return Err(fail(format!(
+            "refusing to accept snapshots: {why}, so this run checks none and would record none; run accept without it"
+        )));
+    }
     Ok(mode)
 }
 
-/// The cases `--filter` selects; `--list` prints them and ends the run.
-fn select(cli: &Cli) -> Result<Vec<Case>, Exit> {
+/// The cases `--filter` selects, and every registered case's snapshot
+/// file name; `--list` prints the selection and ends the run.
+fn select(cli: &Cli) -> Result<(Vec<Case>, std::collections::BTreeSet<String>), Exit> {
     let cases = families::all();
     if let Err(dup) = unique_names(&cases) {
         return Err(fail(format!(
@@ -171,7 +189,8 @@ fn select(cli: &Cli) -> Result<Vec<Case>, Exit> {
         }
         return Err(Exit(std::process::ExitCode::SUCCESS));
     }
-    Ok(selected.into_iter().cloned().collect())
+    let registered = cases.iter().map(|c| snapshots::file_name(&c.name)).collect();
+    Ok((selected.into_iter().cloned().collect(), registered))
 }
 
 /// `--device` (default: gpu when available, else cpu) and the backend it

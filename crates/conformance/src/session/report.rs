@@ -15,7 +15,7 @@ impl Session {
         let Gated {
             report,
             refusal,
-            orphans,
+            snapshots,
         } = gated;
         let out_dir = &self.out_dir;
         report::write_all(out_dir, &report).map_err(|e| {
@@ -24,6 +24,31 @@ impl Session {
                 out_dir.display()
             ))
         })?;
+        if let Some(g) = &snapshots {
+            for leftover in &g.leftovers {
+                let done = if self.mode == Mode::Accept {
+                    "removed"
+                } else {
+                    "not a snapshot; the next accept removes it"
+                };
+                eprintln!(
+                    "note: {} is a temporary file of an unfinished snapshot write ({done})",
+                    leftover.display()
+                );
+            }
+        }
+        // Accept: a write that failed is the run's failure, said in one
+        // line each, and no success line follows.
+        if let Some(g) = snapshots.as_ref().filter(|g| !g.write_errors.is_empty()) {
+            for e in &g.write_errors {
+                eprintln!("error: {e}");
+            }
+            return Err(fail(format!(
+                "{} snapshot write(s) failed in {}; what was written is whole, the rest is unchanged",
+                g.write_errors.len(),
+                self.set_dir.display()
+            )));
+        }
         if let Some(refusal) = refusal {
             eprintln!(
                 "reports: {} (the refused run's verdicts)",
@@ -48,11 +73,11 @@ impl Session {
                 }
                 print!("{}", report::human::summary(&report));
                 println!("reports: {}", out_dir.display());
-                if self.mode == Mode::Accept {
+                if let Some(g) = snapshots.as_ref().filter(|_| self.mode == Mode::Accept) {
+                    let (new, changed, unchanged, removed) = g.counts();
                     println!(
-                        "snapshots written to {}; orphans removed: {}",
+                        "snapshots in {}: {new} new, {changed} changed, {unchanged} unchanged, {removed} removed",
                         self.set_dir.display(),
-                        orphans.len()
                     );
                 }
             }

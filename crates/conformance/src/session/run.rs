@@ -24,7 +24,7 @@ impl Session {
         let workers = if self.cli.in_process {
             None
         } else {
-            match runner::worker::WorkerCommand::for_run(&self.options) {
+            match runner::worker::WorkerCommand::for_run(&self.options, self.cli.case_timeout()) {
                 Ok(command) => Some(command),
                 Err(e) => {
                     return Err(fail(format!(

@@ -1,0 +1,279 @@
+//! Snapshot files on disk. Nothing here follows a symbolic link, and every
+//! write is atomic: a temporary file in the set directory, fsync, rename
+//! over the target, fsync of the directory. A write that fails (full disk,
+//! read-only mount, a directory where the file should be) or is killed
+//! leaves the previous snapshot whole, and at most a hidden temporary file
+//! that the next run names ([`leftovers`]) and the next accept removes.
+//!
+//! Why not insta's writer: it writes in place (a full disk truncates an
+//! existing snapshot) and writes through links (a `.snap` linking outside
+//! the checkout would overwrite its target). The files keep insta's format.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Starts the name of a temporary file of an unfinished write
+/// (`.unfinished-<pid>-<n>.snap-tmp`; never ends in `.snap`, so it is
+/// never read as a snapshot).
+const TEMP_PREFIX: &str = ".unfinished-";
+const TEMP_SUFFIX: &str = ".snap-tmp";
+/// What insta's era left behind when killed between write and seal.
+const OLD_SEALING_MARK: &str = ".snap.sealing-";
+
+/// A path of the snapshot store that cannot be used, in one line naming it
+/// and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{path} is a symbolic link; snapshots never follow links (one could make an accept write outside fixtures/snapshots/). Fix: replace it with a real {what}")]
+    Link { path: PathBuf, what: &'static str },
+    #[error("{path} is a {found}, not a {what}. Fix: move it away (the snapshot gate owns this name)")]
+    NotA {
+        path: PathBuf,
+        what: &'static str,
+        found: &'static str,
+    },
+    #[error("{path} resolves to {resolved}, outside {root}. Fix: snapshot sets must be real directories inside the snapshots directory")]
+    Outside {
+        path: PathBuf,
+        resolved: PathBuf,
+        root: PathBuf,
+    },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
+    move |source| StoreError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn kind(file_type: std::fs::FileType) -> &'static str {
+    if file_type.is_dir() {
+        "directory"
+    } else if file_type.is_file() {
+        "regular file"
+    } else if file_type.is_symlink() {
+        "symbolic link"
+    } else if file_type.is_fifo() {
+        "FIFO"
+    } else if file_type.is_socket() {
+        "socket"
+    } else {
+        "device"
+    }
+}
+
+/// Whether a directory of the store is there: `Ok(false)` when nothing is
+/// at `path`; an error when something that is not a real directory is.
+fn real_dir(path: &Path) -> Result<bool, StoreError> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io(path)(e)),
+        Ok(m) if m.file_type().is_symlink() => Err(StoreError::Link {
+            path: path.into(),
+            what: "directory",
+        }),
+        Ok(m) if !m.is_dir() => Err(StoreError::NotA {
+            path: path.into(),
+            what: "directory",
+            found: kind(m.file_type()),
+        }),
+        Ok(_) => Ok(true),
+    }
+}
+
+/// Checks a set directory `dir` inside the snapshots directory `root`:
+/// `Ok(false)` when it does not exist yet, `Ok(true)` when it is a real
+/// directory directly inside `root`; an error for a link (at either
+/// level), a file, a link loop, or a path resolving elsewhere.
+pub fn check_set_dir(root: &Path, dir: &Path) -> Result<bool, StoreError> {
+    if !real_dir(root)? || !real_dir(dir)? {
+        return Ok(false);
+    }
+    let resolved = dir.canonicalize().map_err(io(dir))?;
+    let root_resolved = root.canonicalize().map_err(io(root))?;
+    if resolved.parent() != Some(root_resolved.as_path()) {
+        return Err(StoreError::Outside {
+            path: dir.into(),
+            resolved,
+            root: root_resolved,
+        });
+    }
+    Ok(true)
+}
+
+/// Opens an existing store file for reading without following a link or
+/// blocking on a FIFO; `Ok(None)` when nothing is there.
+fn open_regular(path: &Path) -> Result<Option<File>, StoreError> {
+    let opened = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path);
+    let file = match opened {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(StoreError::Link {
+                path: path.into(),
+                what: "file",
+            })
+        }
+        Err(e) => return Err(io(path)(e)),
+    };
+    let m = file.metadata().map_err(io(path))?;
+    if !m.is_file() {
+        return Err(StoreError::NotA {
+            path: path.into(),
+            what: "regular file",
+            found: kind(m.file_type()),
+        });
+    }
+    Ok(Some(file))
+}
+
+/// The bytes of a snapshot file; `Ok(None)` when it does not exist.
+pub fn read(path: &Path) -> Result<Option<Vec<u8>>, StoreError> {
+    let Some(mut file) = open_regular(path)? else {
+        return Ok(None);
+    };
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(io(path))?;
+    Ok(Some(bytes))
+}
+
+/// Writes `text` as `dir/name` atomically, creating the set directory
+/// (and the snapshots directory `root`) when missing. Refuses links and
+/// non-files at the target; on any error the target is unchanged and no
+/// temporary file is left.
+pub fn write(root: &Path, dir: &Path, name: &str, text: &str) -> Result<(), StoreError> {
+    if !check_set_dir(root, dir)? {
+        if !real_dir(root)? {
+            std::fs::create_dir_all(root).map_err(io(root))?;
+        }
+        match std::fs::create_dir(dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(io(dir)(e)),
+            _ => {}
+        }
+        check_set_dir(root, dir)?;
+    }
+    let target = dir.join(name);
+    match std::fs::symlink_metadata(&target) {
+        Ok(m) if m.file_type().is_symlink() => {
+            return Err(StoreError::Link {
+                path: target,
+                what: "file",
+            })
+        }
+        Ok(m) if !m.is_file() => {
+            return Err(StoreError::NotA {
+                path: target,
+                what: "regular file",
+                found: kind(m.file_type()),
+            })
+        }
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(&target)(e)),
+        _ => {}
+    }
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let temp = dir.join(format!(
+        "{TEMP_PREFIX}{}-{}{TEMP_SUFFIX}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let written = (|| {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&temp)?;
+        file.write_all(text.as_bytes())?;
+        file.sync_all()
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&temp);
+        return Err(io(&target)(e));
+    }
+    if let Err(e) = std::fs::rename(&temp, &target) {
+        let _ = std::fs::remove_file(&temp);
+        return Err(io(&target)(e));
+    }
+    // The rename itself is durable once the directory is synced.
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(dir))
+}
+
+/// Removes a snapshot file (a link is removed itself, never its target).
+pub fn remove(path: &Path) -> Result<(), StoreError> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io(path)(e)),
+        Ok(m) if m.is_dir() => Err(StoreError::NotA {
+            path: path.into(),
+            what: "regular file",
+            found: "directory",
+        }),
+        Ok(_) => std::fs::remove_file(path).map_err(io(path)),
+    }
+}
+
+/// One entry of a set directory, by its (lossless) file name.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub path: PathBuf,
+    /// The name as text when it is UTF-8 (no case's file name is not).
+    pub name: Option<String>,
+}
+
+/// The entries of a set directory (empty when it does not exist).
+pub fn entries(dir: &Path) -> Result<Vec<Entry>, StoreError> {
+    let read = match std::fs::read_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        other => other.map_err(io(dir))?,
+    };
+    let mut out = Vec::new();
+    for entry in read {
+        let entry = entry.map_err(io(dir))?;
+        out.push(Entry {
+            path: entry.path(),
+            name: entry.file_name().to_str().map(str::to_owned),
+        });
+    }
+    out.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(out)
+}
+
+/// Whether an entry's name is a snapshot's (`*.snap`; a non-UTF-8 name
+/// counts when its bytes end so).
+pub fn is_snapshot(entry: &Entry) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    entry
+        .path
+        .file_name()
+        .is_some_and(|n| n.as_bytes().ends_with(b".snap"))
+}
+
+/// Temporary files of writes that did not finish (a killed accept; an
+/// older writer's `*.snap.sealing-<pid>`).
+pub fn leftovers(dir: &Path) -> Vec<PathBuf> {
+    entries(dir)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| {
+            e.name.as_deref().is_some_and(|n| {
+                (n.starts_with(TEMP_PREFIX) && n.ends_with(TEMP_SUFFIX))
+                    || n.contains(OLD_SEALING_MARK)
+            })
+        })
+        .map(|e| e.path)
+        .collect()
+}
