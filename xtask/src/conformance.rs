@@ -13,6 +13,7 @@ use crate::env::{self, Backend, Layout};
 use crate::util;
 
 pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
+    let args = &util::absolute_path_args(args);
     // A refused run must not leave the previous run's report looking current.
     crate::util::clear_reports(root, args);
     let (layout, _, args) = env::select_and_check(root, args)?;

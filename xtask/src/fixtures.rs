@@ -31,11 +31,11 @@ pub enum Action {
 }
 
 pub fn run(root: &Path, backend: Option<Backend>, action: &Action) -> Result<i32> {
-    // A refused run must not leave the previous run's report looking current.
     let (mode, args) = match action {
-        Action::Review { args } => ("review", args),
-        Action::Accept { args } => ("accept", args),
+        Action::Review { args } => ("review", util::absolute_path_args(args)),
+        Action::Accept { args } => ("accept", util::absolute_path_args(args)),
     };
+    let args = &args;
     // A refused run must not leave the previous run's report looking current.
     crate::util::clear_reports(root, args);
     let leading = args

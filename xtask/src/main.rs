@@ -6,8 +6,14 @@
 //!
 //! Exit codes: a wrapped child's code is passed through unchanged; a failure
 //! of xtask itself (missing, half-built or drifted environment, a set-up step
-//! that failed) exits 3 after printing `error: <message>`.
+//! that failed) exits 3 after printing `error: <message>`. SIGINT, SIGTERM
+//! and SIGHUP are forwarded to the running child's process group
+//! (supervise.rs); xtask then exits with the child's code and starts no
+//! further step.
 
+// Shadows std's print macros in every module below (see console.rs).
+#[macro_use]
+mod console;
 mod bundle;
 mod conformance;
 mod env;
@@ -16,6 +22,7 @@ mod gate;
 mod lock;
 mod macos;
 mod setup;
+mod supervise;
 mod system;
 mod testing;
 mod util;
@@ -119,6 +126,10 @@ fn main() {
     };
     match result {
         Ok(code) => std::process::exit(code),
+        // A step refused because the run was stopped exits as stopped.
+        Err(_) if supervise::signalled().is_some() => {
+            std::process::exit(128 + supervise::signalled().unwrap_or(0))
+        }
         Err(err) => {
             eprintln!("error: {err:#}");
             std::process::exit(EXIT_ENVIRONMENT);

@@ -44,18 +44,43 @@ pub fn exit_code(status: ExitStatus) -> i32 {
     1
 }
 
-/// Runs a command with captured output; an error only if it could not start.
+/// Runs a command with captured output; an error only if it could not
+/// start (or a stop signal came first). Supervised: see `supervise`.
 pub fn output(cmd: &mut Command, what: &str) -> Result<Output> {
-    cmd.output()
-        .with_context(|| format!("could not run {what} ({:?})", cmd.get_program()))
+    use std::io::Read;
+    use std::process::Stdio;
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let ran = crate::supervise::run(cmd, what, |child| {
+        let mut stderr = child.stderr.take().expect("piped");
+        let drain = std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = stderr.read_to_end(&mut bytes);
+            bytes
+        });
+        let mut stdout = Vec::new();
+        let _ = child.stdout.take().expect("piped").read_to_end(&mut stdout);
+        (stdout, drain.join().unwrap_or_default())
+    })?;
+    match ran {
+        Ok((status, (stdout, stderr))) => Ok(Output {
+            status,
+            stdout,
+            stderr,
+        }),
+        Err(code) => anyhow::bail!("stopped (exit {code}) before {what} started"),
+    }
 }
 
-/// Runs a command with inherited stdio and returns its exit code.
+/// Runs a command with inherited stdio and returns its exit code (after a
+/// stop signal: 128 + signal, without starting it). Supervised: see
+/// `supervise`.
 pub fn status(cmd: &mut Command, what: &str) -> Result<i32> {
-    let status = cmd
-        .status()
-        .with_context(|| format!("could not run {what} ({:?})", cmd.get_program()))?;
-    Ok(exit_code(status))
+    Ok(match crate::supervise::run(cmd, what, |_| ())? {
+        Ok((status, ())) => exit_code(status),
+        Err(code) => code,
+    })
 }
 
 /// The last `max_lines` lines of a child's stderr (or stdout if stderr is
@@ -106,7 +131,40 @@ pub fn rel(root: &Path, path: &Path) -> String {
         .to_string()
 }
 
-/// Removes the conformance reports of a previous run (target/conformance).
+/// The runner's path arguments (`--out`, `--keep-outputs`, as `--flag X`
+/// or `--flag=X`) made absolute against the directory the user ran xtask
+/// in: the runner itself runs in the workspace root, so a relative path
+/// would otherwise land there.
+pub fn absolute_path_args(args: &[OsString]) -> Vec<OsString> {
+    const PATH_FLAGS: [&str; 2] = ["--out", "--keep-outputs"];
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let absolute = |value: &std::ffi::OsStr| -> OsString {
+        std::path::absolute(cwd.join(value))
+            .unwrap_or_else(|_| cwd.join(value))
+            .into_os_string()
+    };
+    let mut out = Vec::with_capacity(args.len());
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        out.push(arg.clone());
+        let text = arg.to_string_lossy();
+        if PATH_FLAGS.contains(&text.as_ref()) {
+            if let Some(value) = it.next() {
+                out.push(absolute(value));
+            }
+        } else if let Some((flag, _)) = text.split_once('=') {
+            if PATH_FLAGS.contains(&flag) {
+                use std::os::unix::ffi::{OsStrExt, OsStringExt};
+                let value = std::ffi::OsStr::from_bytes(&arg.as_bytes()[flag.len() + 1..]);
+                let mut joined = format!("{flag}=").into_bytes();
+                joined.extend_from_slice(absolute(value).as_bytes());
+                *out.last_mut().expect("just pushed") = OsString::from_vec(joined);
+            }
+        }
+    }
+    out
+}
+
 /// Removes the conformance reports of a previous run from the directory
 /// this run would write (its `--out`, relative to `root`, the runner's
 /// working directory; else `target/conformance`), and from no other: runs

@@ -6,6 +6,8 @@
 //! reference, the outputs are compared bit for bit, and the run becomes a
 //! report row plus a snapshot of the output digest and findings.
 
+#[macro_use]
+pub mod console;
 pub mod bench;
 pub mod case;
 pub mod exactness;

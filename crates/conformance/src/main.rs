@@ -1,5 +1,8 @@
 //! `cargo xtask conformance` runs this binary (see the README).
 
+#[macro_use]
+extern crate conformance;
+
 mod session;
 
 use std::path::PathBuf;
@@ -129,7 +132,7 @@ fn parse() -> Result<Cli, Exit> {
             // One line (clap's first), not its usage block.
             let text = e.render().to_string();
             let first = text.lines().next().unwrap_or("error: bad usage");
-            eprintln!("{first} (see `conformance --help`)");
+            errln!("{first} (see `conformance --help`)");
             Err(Exit(ExitCode::from(exit::ENVIRONMENT as u8)))
         }
     }

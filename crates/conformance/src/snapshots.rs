@@ -521,7 +521,7 @@ fn gate_one(dir: &Path, result: &CaseResult, mode: Mode, provenance: &Provenance
         }
         Mode::Check | Mode::Review => {
             if mode == Mode::Review {
-                eprint!("{}", review_diff(&file, recorded.as_ref(), &now));
+                err!("{}", review_diff(&file, recorded.as_ref(), &now));
             }
             match recorded {
                 None => Status::Missing,

@@ -3,6 +3,9 @@
 //! `gate.json` and `gate.md` to DIR, prints the table, exits 0 / 1 / 2 / 3
 //! as the README's gate table says. Driven by `cargo xtask gate`.
 
+#[macro_use]
+extern crate conformance;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -65,13 +68,13 @@ fn main() -> ExitCode {
         })
         .and_then(|()| std::fs::write(cli.out.join("gate.md"), gate::markdown(&g)))
     {
-        eprintln!(
+        errln!(
             "error: cannot write the gate reports to {}: {e}",
             cli.out.display()
         );
         return ExitCode::from(3);
     }
-    print!("{}", gate::table(&g));
-    println!("gate reports: {}", cli.out.display());
+    out!("{}", gate::table(&g));
+    outln!("gate reports: {}", cli.out.display());
     ExitCode::from(g.exit_code as u8)
 }

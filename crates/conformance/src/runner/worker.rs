@@ -62,14 +62,14 @@ pub fn serve(cases: &[Case], oracle: &Oracle, options: &RunOptions) -> i32 {
     let channel = match std::io::stdout().as_fd().try_clone_to_owned() {
         Ok(fd) => std::fs::File::from(fd),
         Err(e) => {
-            eprintln!("error: worker: cannot duplicate stdout: {e}");
+            errln!("error: worker: cannot duplicate stdout: {e}");
             return 3;
         }
     };
     // SAFETY: dup2 on the process's own standard descriptors; nothing else
     // in this process holds fd 1 open as a Rust object at this point.
     if unsafe { libc::dup2(2, 1) } < 0 {
-        eprintln!("error: worker: cannot point stdout at stderr");
+        errln!("error: worker: cannot point stdout at stderr");
         return 3;
     }
     let mut channel = std::io::BufWriter::new(channel);
@@ -77,7 +77,7 @@ pub fn serve(cases: &[Case], oracle: &Oracle, options: &RunOptions) -> i32 {
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
         let Ok(name) = serde_json::from_str::<String>(&line) else {
-            eprintln!("error: worker: a request that is not a JSON string: {line:?}");
+            errln!("error: worker: a request that is not a JSON string: {line:?}");
             return 3;
         };
         let result = match cases.iter().find(|c| c.name == name) {
@@ -232,7 +232,7 @@ impl Worker {
         let passthrough = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines() {
                 let Ok(line) = line else { break };
-                eprintln!("{line}");
+                errln!("{line}");
                 let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
                 if tail.len() == STDERR_TAIL {
                     tail.pop_front();

@@ -74,7 +74,7 @@ impl Session {
         // Snapshots pin the default seed's outputs; other seeds explore inputs
         // and are judged by their verdicts alone.
         if cli.seed != 0 && !cli.perturb {
-            eprintln!(
+            errln!(
                 "note: --seed {} differs from the pinned seed 0: snapshots are not checked",
                 cli.seed
             );

@@ -30,7 +30,7 @@ pub struct Exit(pub ExitCode);
 
 /// A harness problem: prints `error: …` and exits 3.
 pub fn fail(message: impl std::fmt::Display) -> Exit {
-    eprintln!("error: {message}");
+    errln!("error: {message}");
     Exit(ExitCode::from(exit::ENVIRONMENT as u8))
 }
 

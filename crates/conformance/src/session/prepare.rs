@@ -24,15 +24,15 @@ impl Session {
         let home = Home::get();
         let mode = gate_mode(&cli)?;
         let (selected, registered) = select(&cli)?;
-        let out_dir = cli
-            .out
-            .clone()
-            .unwrap_or_else(|| home.default_reports_dir());
+        // Relative paths are resolved once, against the directory the run
+        // was started in, and printed absolute everywhere.
+        let absolute = |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        let out_dir = absolute(&cli.out.clone().unwrap_or_else(|| home.default_reports_dir()));
         // Before any case runs (a GPU run can take minutes): the reports must
         // be writable, and a declared set key must be usable as a name.
         report::check_writable(&out_dir).map_err(fail)?;
         report::clear(&out_dir);
-        if let Some(dir) = &cli.keep_outputs {
+        if let Some(dir) = cli.keep_outputs.as_deref().map(absolute).as_ref() {
             std::fs::create_dir_all(dir).map_err(|e| {
                 fail(format!(
                     "--keep-outputs {}: {e}; choose a writable directory",
@@ -91,7 +91,7 @@ impl Session {
         };
         // Said at the start too, so nobody waits for a whole run to learn it.
         if mode != Mode::Accept && cli.snapshots_checked() && !set_recorded {
-            eprintln!(
+            errln!(
                 "note: {}",
                 snapshots::missing_set_line(&set_dir, &set_commands)
             );
@@ -180,7 +180,7 @@ fn select(cli: &Cli) -> Result<(Vec<Case>, std::collections::BTreeSet<String>), 
     let selected = runner::select(&cases, cli.filter.as_deref()).map_err(fail)?;
     if cli.list {
         for c in selected {
-            println!(
+            outln!(
                 "{:<64} {:<11} {}",
                 c.name,
                 format!("{:?}", c.expect),

@@ -17,13 +17,6 @@ impl Session {
             refusal,
             snapshots,
         } = gated;
-        let out_dir = &self.out_dir;
-        report::write_all(out_dir, &report).map_err(|e| {
-            fail(format!(
-                "cannot write reports to {}: {e}",
-                out_dir.display()
-            ))
-        })?;
         if let Some(g) = &snapshots {
             for leftover in &g.leftovers {
                 let done = if self.mode == Mode::Accept {
@@ -31,7 +24,7 @@ impl Session {
                 } else {
                     "not a snapshot; the next accept removes it"
                 };
-                eprintln!(
+                errln!(
                     "note: {} is a temporary file of an unfinished snapshot write ({done})",
                     leftover.display()
                 );
@@ -39,18 +32,29 @@ impl Session {
         }
         // Accept: a write that failed is the run's failure, said in one
         // line each, and no success line follows.
-        if let Some(g) = snapshots.as_ref().filter(|g| !g.write_errors.is_empty()) {
+        let write_failed = snapshots.as_ref().filter(|g| !g.write_errors.is_empty()).map(|g| {
             for e in &g.write_errors {
-                eprintln!("error: {e}");
+                errln!("error: {e}");
             }
-            return Err(fail(format!(
+            format!(
                 "{} snapshot write(s) failed in {}; what was written is whole, the rest is unchanged",
                 g.write_errors.len(),
                 self.set_dir.display()
-            )));
+            )
+        });
+        let out_dir = &self.out_dir;
+        report::write_all(out_dir, &report).map_err(|e| {
+            fail(format!(
+                "cannot write reports to {}: {e}",
+                out_dir.display()
+            ))
+        })?;
+        if let Some(failed) = write_failed {
+            errln!("reports: {}", out_dir.display());
+            return Err(fail(failed));
         }
         if let Some(refusal) = refusal {
-            eprintln!(
+            errln!(
                 "reports: {} (the refused run's verdicts)",
                 out_dir.display()
             );
@@ -60,31 +64,45 @@ impl Session {
             Format::Human => {
                 // Off a terminal every case already printed a progress line:
                 // repeat only the rows that need attention.
-                println!("{}", report::human::header());
+                outln!("{}", report::human::header());
                 for row in report
                     .cases
                     .iter()
                     .filter(|r| self.terminal || report::human::notable(r))
                 {
-                    println!(
+                    outln!(
                         "{}",
                         report::human::line(row, &self.environment.set_commands)
                     );
                 }
-                print!("{}", report::human::summary(&report));
-                println!("reports: {}", out_dir.display());
-                if let Some(g) = snapshots.as_ref().filter(|_| self.mode == Mode::Accept) {
-                    let (new, changed, unchanged, removed) = g.counts();
-                    println!(
-                        "snapshots in {}: {new} new, {changed} changed, {unchanged} unchanged, {removed} removed",
-                        self.set_dir.display(),
-                    );
+                out!("{}", report::human::summary(&report));
+                outln!("reports: {}", out_dir.display());
+                if let Some(line) = self.accept_line(snapshots.as_ref()) {
+                    outln!("{line}");
                 }
             }
-            Format::Json => println!("{}", serde_json::to_string_pretty(&report).expect("json")),
-            Format::Junit => println!("{}", report::junit::render(&report)),
-            Format::Markdown => println!("{}", report::markdown::render(&report)),
+            _ => {
+                if let Some(line) = self.accept_line(snapshots.as_ref()) {
+                    errln!("{line}");
+                }
+            }
+        }
+        match self.cli.format {
+            Format::Human => {}
+            Format::Json => outln!("{}", serde_json::to_string_pretty(&report).expect("json")),
+            Format::Junit => outln!("{}", report::junit::render(&report)),
+            Format::Markdown => outln!("{}", report::markdown::render(&report)),
         }
         Ok(ExitCode::from(report.summary.exit_code as u8))
+    }
+
+    /// Accept's closing line: what it did to the set.
+    fn accept_line(&self, snapshots: Option<&conformance::snapshots::Gated>) -> Option<String> {
+        let g = snapshots.filter(|_| self.mode == Mode::Accept)?;
+        let (new, changed, unchanged, removed) = g.counts();
+        Some(format!(
+            "snapshots in {}: {new} new, {changed} changed, {unchanged} unchanged, {removed} removed",
+            self.set_dir.display(),
+        ))
     }
 }

@@ -55,7 +55,7 @@ impl Session {
                 bar.set_message(r.name.clone());
                 bar.inc(1);
             } else if human {
-                println!("{:<7} {} ({:.1} ms)", r.verdict.word(), r.name, r.time_ms);
+                outln!("{:<7} {} ({:.1} ms)", r.verdict.word(), r.name, r.time_ms);
             }
         };
         // Ctrl-C or SIGTERM: no new case starts, the run exits 130, no report.
@@ -67,7 +67,7 @@ impl Session {
         bar.finish_and_clear();
         std::panic::set_hook(default_hook);
         if runner::interrupted() {
-            eprintln!(
+            errln!(
                 "interrupted: {} of {} cases ran; no report written",
                 results.len(),
                 selected.len()
