@@ -227,6 +227,18 @@ mod reports_dir_tests {
         let eq: Vec<OsString> = vec![format!("--out={}", metal.display()).into()];
         assert_eq!(reports_dir(&root, &eq), metal);
         assert_eq!(reports_dir(&root, &[]), root.join("target/conformance"));
+        // A relative --out names the user's directory, not the root the
+        // runner runs in (before: `root/rel` while the runner said `rel`).
+        let cwd = std::env::current_dir().unwrap();
+        for args in [
+            vec![OsString::from("--out"), "rel".into()],
+            vec!["--out=rel".into()],
+        ] {
+            assert_eq!(reports_dir(&root, &absolute_path_args(&args)), cwd.join("rel"));
+        }
+        let kept = absolute_path_args(&["--keep-outputs".into(), "k".into(), "--filter".into(), "x".into()]);
+        assert_eq!(kept[1], cwd.join("k").into_os_string());
+        assert_eq!(kept[3], OsString::from("x"));
         // Listing writes no report, so it clears none.
         let list: Vec<OsString> = vec![
             "--out".into(),

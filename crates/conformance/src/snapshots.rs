@@ -82,7 +82,7 @@ pub enum Previous {
 /// Provenance written into every snapshot's metadata (not part of the
 /// sealed body: a set recorded on one GPU of a declared family stays valid
 /// on another, and the recorded architecture says where it came from).
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Provenance {
     pub mlx_version: String,
     pub backend: String,
@@ -399,25 +399,36 @@ pub struct Gated {
     /// Accept only: what could not be written or removed, one line each
     /// (the run then exits 3 and prints no success line).
     pub write_errors: Vec<String>,
+    /// Accept only: what was written, kept and removed.
+    pub counts: Counts,
 }
 
-impl Gated {
-    /// Accept's counts: (new, changed, unchanged, removed).
-    pub fn counts(&self) -> (usize, usize, usize, usize) {
-        let count = |f: &dyn Fn(&Status) -> bool| self.statuses.iter().filter(|s| f(s)).count();
-        (
-            count(&|s| matches!(s, Status::Written { previous: Previous::None })),
-            count(&|s| {
-                matches!(
-                    s,
-                    Status::Written {
-                        previous: Previous::Different | Previous::Invalid
-                    }
-                )
-            }),
-            count(&|s| matches!(s, Status::Match)),
-            self.orphans.len(),
-        )
+/// What accept did to a set.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Counts {
+    pub new: usize,
+    pub changed: usize,
+    pub unchanged: usize,
+    pub removed: usize,
+}
+
+impl Counts {
+    fn of(statuses: &[Status], removed: usize) -> Self {
+        let mut c = Counts {
+            removed,
+            ..Counts::default()
+        };
+        for s in statuses {
+            match s {
+                Status::Written {
+                    previous: Previous::None,
+                } => c.new += 1,
+                Status::Written { .. } => c.changed += 1,
+                Status::Match => c.unchanged += 1,
+                _ => {}
+            }
+        }
+        c
     }
 }
 
@@ -469,6 +480,7 @@ pub fn gate(
                 gated.write_errors.push(format!("cannot remove {e}"));
             }
         }
+        gated.counts = Counts::of(&gated.statuses, gated.orphans.len());
     }
     gated
 }

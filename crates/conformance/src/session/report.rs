@@ -99,10 +99,14 @@ impl Session {
     /// Accept's closing line: what it did to the set.
     fn accept_line(&self, snapshots: Option<&conformance::snapshots::Gated>) -> Option<String> {
         let g = snapshots.filter(|_| self.mode == Mode::Accept)?;
-        let (new, changed, unchanged, removed) = g.counts();
+        let c = g.counts;
         Some(format!(
-            "snapshots in {}: {new} new, {changed} changed, {unchanged} unchanged, {removed} removed",
+            "snapshots in {}: {} new, {} changed, {} unchanged, {} removed",
             self.set_dir.display(),
+            c.new,
+            c.changed,
+            c.unchanged,
+            c.removed,
         ))
     }
 }
