@@ -16,7 +16,8 @@ fn scratch(tag: &str) -> PathBuf {
     dir
 }
 
-/// A fake cargo: records its pid and a grandchild's, then waits; on
+/// A fake cargo: records its pid and a grandchild's (perl, because a
+/// non-interactive shell starts background jobs with SIGINT ignored), then waits; on
 /// SIGTERM or SIGINT it writes which and exits 130, leaving the grandchild
 /// to the process-group signal.
 fn fake_cargo(dir: &Path) -> PathBuf {
@@ -24,7 +25,7 @@ fn fake_cargo(dir: &Path) -> PathBuf {
     std::fs::write(
         &script,
         "#!/bin/sh\n\
-         sleep 300 &\n\
+         perl -e '$SIG{INT} = \"DEFAULT\"; sleep 300' &\n\
          echo $! > \"$FAKE_DIR/grandchild.pid\"\n\
          trap 'echo TERM > \"$FAKE_DIR/got\"; exit 130' TERM\n\
          trap 'echo INT > \"$FAKE_DIR/got\"; exit 130' INT\n\

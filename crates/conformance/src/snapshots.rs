@@ -444,6 +444,16 @@ pub fn gate(
     provenance: &Provenance,
     registered: Option<&BTreeSet<String>>,
 ) -> Gated {
+    // A set path that is a link, a file or a loop: nothing in it is read,
+    // listed, written or removed (the runner refuses it before any case).
+    if let Err(e) = store::check_set_dir(dir.parent().unwrap_or(Path::new(".")), dir) {
+        let error = format!("snapshot set {}", e);
+        return Gated {
+            statuses: vec![Status::Invalid { error: error.clone() }; results.len()],
+            write_errors: vec![error],
+            ..Gated::default()
+        };
+    }
     let mut gated = Gated {
         leftovers: store::leftovers(dir),
         ..Gated::default()
@@ -809,6 +819,28 @@ mod tests {
         assert!(orphans.is_empty());
     }
 
+    /// Before: orphans were the files no case *with an output* named, so
+    /// a case that errored or crashed in a complete run lost its snapshot
+    /// to the next accept.
+    #[test]
+    fn an_errored_case_keeps_its_snapshot_and_only_unregistered_names_are_orphans() {
+        let dir = temp_dir("errored");
+        let ok = result("a/b");
+        let mut errored = result("c/d");
+        record(&dir, &ok);
+        let kept = record(&dir, &errored);
+        let gone = record(&dir, &result("gone/case"));
+        errored.verdict = Verdict::Error;
+        errored.output = None;
+        let results = [ok, errored];
+        let names: BTreeSet<String> = results.iter().map(|r| file_name(&r.name)).collect();
+        let g = gate(&dir, &results, Mode::Accept, &provenance(), Some(&names));
+        assert_eq!(g.orphans, vec![gone.clone()]);
+        assert!(kept.exists() && !gone.exists());
+        assert_eq!(g.statuses[1], Status::NotChecked);
+        assert_eq!(g.counts.removed, 1);
+    }
+
     #[test]
     fn declared_keys_must_be_plain_names() {
         assert!(check_device_key("gha-macos-14").is_ok());
@@ -939,5 +971,120 @@ mod tests {
             }
         }
         assert!(checked > 100, "{checked}");
+    }
+
+    /// Random set trees (links, files for directories, loops, FIFOs,
+    /// non-UTF-8 names and bytes, leftovers) never panic, hang, write or
+    /// remove outside the set, or touch a link; after accept every
+    /// registered case's regular file holds this run's body.
+    mod trees {
+        use super::*;
+        use proptest::prelude::*;
+
+        const NAMES: [&[u8]; 5] = [
+            b"a__b.snap",
+            b"c__d.snap",
+            b"gone.snap",
+            b"\xff.snap",
+            b".unfinished-9-9.snap-tmp",
+        ];
+
+        fn make(path: &Path, kind: u8, outside: &Path, valid: &str) {
+            use std::os::unix::fs::symlink;
+            let _ = match kind {
+                0 => std::fs::write(path, valid),
+                1 => std::fs::write(path, b"---\nnot: sealed\n---\n{"),
+                2 => std::fs::write(path, b""),
+                3 => std::fs::create_dir(path),
+                4 => symlink(outside.join("victim"), path),
+                5 => symlink(path, path),
+                6 => {
+                    use std::os::unix::ffi::OsStrExt;
+                    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).unwrap();
+                    // SAFETY: a valid NUL-terminated path.
+                    unsafe { libc::mkfifo(c.as_ptr(), 0o644) };
+                    Ok(())
+                }
+                _ => std::fs::write(path, b"\xff\xfe\x00"),
+            };
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(48))]
+            #[test]
+            fn random_set_trees_stay_inside_and_never_panic(
+                set_kind in 0u8..5,
+                entries in proptest::collection::vec((0usize..5, 0u8..8), 0..7),
+                accept_first in any::<bool>(),
+            ) {
+                use std::os::unix::ffi::OsStrExt;
+                let base = temp_dir("tree");
+                let (root, outside) = (base.join("snapshots"), base.join("outside"));
+                std::fs::create_dir_all(&root).unwrap();
+                std::fs::create_dir_all(&outside).unwrap();
+                std::fs::write(outside.join("victim"), "keep").unwrap();
+                std::fs::write(outside.join(".unfinished-1-1.snap-tmp"), "keep").unwrap();
+                let dir = root.join("cpu-x-mlx0");
+                let results = [result("a/b"), result("c/d")];
+                let valid = render(&body(&results[0]).unwrap(), &provenance());
+                match set_kind {
+                    0 => {}
+                    1 => std::fs::create_dir(&dir).unwrap(),
+                    2 => std::fs::write(&dir, "x").unwrap(),
+                    3 => std::os::unix::fs::symlink(&outside, &dir).unwrap(),
+                    _ => std::os::unix::fs::symlink(&dir, &dir).unwrap(),
+                }
+                if set_kind == 1 {
+                    for (name, kind) in &entries {
+                        let path = dir.join(std::ffi::OsStr::from_bytes(NAMES[*name]));
+                        make(&path, *kind, &outside, &valid);
+                    }
+                }
+                let links = |d: &Path| -> Vec<(PathBuf, PathBuf)> {
+                    std::fs::read_dir(d).into_iter().flatten().flatten()
+                        .filter(|e| e.file_type().is_ok_and(|t| t.is_symlink()))
+                        .map(|e| (e.path(), std::fs::read_link(e.path()).unwrap()))
+                        .collect()
+                };
+                let links_before = if set_kind == 1 { links(&dir) } else { vec![] };
+                let _ = set_exists(&dir);
+                let modes = if accept_first {
+                    [Mode::Accept, Mode::Check]
+                } else {
+                    [Mode::Check, Mode::Accept]
+                };
+                let names: BTreeSet<String> = results.iter().map(|r| file_name(&r.name)).collect();
+                for mode in modes {
+                    let g = gate(&dir, &results, mode, &provenance(), Some(&names));
+                    prop_assert_eq!(g.statuses.len(), 2);
+                    if set_kind != 0 && set_kind != 1 {
+                        prop_assert!(!g.write_errors.is_empty() || mode != Mode::Accept);
+                        let all_invalid = g.statuses.iter().all(|s| matches!(s, Status::Invalid { .. }));
+                        prop_assert!(all_invalid);
+                    }
+                }
+                // Nothing outside changed.
+                prop_assert_eq!(std::fs::read_to_string(outside.join("victim")).unwrap(), "keep");
+                prop_assert!(outside.join(".unfinished-1-1.snap-tmp").exists());
+                prop_assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 2);
+                if set_kind == 1 {
+                    // Links are never replaced, followed or removed unless orphaned.
+                    for (link, target) in links_before {
+                        let name = link.file_name().unwrap().to_string_lossy().into_owned();
+                        if names.contains(&name) {
+                            prop_assert_eq!(std::fs::read_link(&link).unwrap(), target);
+                        }
+                    }
+                    for r in &results {
+                        let file = dir.join(file_name(&r.name));
+                        let is_file = std::fs::symlink_metadata(&file).is_ok_and(|m| m.is_file());
+                        if is_file {
+                            prop_assert_eq!(read(&file).unwrap(), Some(body(r).unwrap()));
+                        }
+                    }
+                }
+                let _ = std::fs::remove_dir_all(&base);
+            }
+        }
     }
 }
