@@ -11,6 +11,7 @@ pub mod console;
 pub mod bench;
 pub mod case;
 pub mod exactness;
+pub mod explore;
 pub mod families;
 pub mod gate;
 pub mod home;

@@ -5,6 +5,8 @@ use crate::case::Case;
 
 pub mod attention;
 pub mod configs;
+pub mod describe;
+pub mod kept;
 pub(crate) mod position;
 pub mod quantized;
 pub mod safetensors;
@@ -20,5 +22,6 @@ pub fn all() -> Vec<Case> {
     cases.extend(position::cases());
     cases.extend(attention::cases());
     cases.extend(configs::cases());
+    cases.extend(kept::cases());
     cases
 }

@@ -222,6 +222,12 @@ pub fn kept_outputs_dir() -> Option<&'static std::path::Path> {
     KEEP_OUTPUTS.get().map(|p| p.as_path())
 }
 
+/// Runs one case in this process (applicability, timing, panics as
+/// harness errors, the verdict); the explorer's entry point.
+pub fn run_case(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
+    run_one(case, oracle, options)
+}
+
 fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
     if let Some(skip) = skipped(case, options.backend) {
         return skip;

@@ -14,7 +14,7 @@
 //!   group_size`), where MLX 0.32.2's CUDA kernel was seen not to write its
 //!   output (see `single_group_cases`).
 
-use layers::quantized::{Mode, QuantSpec, QuantizedLinear};
+use layers::quantized::{Mode, QuantSpec, QuantizedLinear, QuantizedPayload};
 use oracle::{DType, HostTensor};
 
 use super::layer_tensors;
@@ -31,8 +31,9 @@ const N: usize = 64;
 const MS: [usize; 8] = [1, 2, 3, 4, 7, 8, 16, 33];
 
 /// The additive bias of a case.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Bias {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Bias {
     None,
     /// In the activation dtype.
     Same,
@@ -40,33 +41,65 @@ enum Bias {
     F32,
 }
 
-/// One linear case.
-#[derive(Debug, Clone)]
-struct Shape {
-    spec: QuantSpec,
+/// One linear case as data: `x [*batch, M, K] @ W[N, K]^T (+ bias)`, the
+/// weight quantized by the port with `spec`. The registry's fixed cases
+/// have `K = 3 * group_size` and `N = 64`; the explorer samples any
+/// `K` (a multiple of the group size) and `N`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LinearShape {
+    #[serde(with = "crate::families::describe::spec")]
+    pub spec: QuantSpec,
     /// Activation dtype (also the dtype the weight is quantized from, so
     /// affine scales have it) unless `scales_dtype` says otherwise.
-    dtype: DType,
-    scales_dtype: Option<DType>,
+    pub dtype: DType,
+    #[serde(default)]
+    pub scales_dtype: Option<DType>,
     /// Leading dimensions of x before M.
-    batch: Vec<usize>,
-    m: usize,
-    bias: Bias,
+    #[serde(default)]
+    pub batch: Vec<usize>,
+    pub m: usize,
+    /// Input features (a multiple of the spec's group size).
+    pub k: usize,
+    /// Output features.
+    pub n: usize,
+    #[serde(default = "no_bias")]
+    pub bias: Bias,
 }
 
-impl Shape {
-    fn new(spec: QuantSpec, dtype: DType, m: usize) -> Self {
-        Shape {
+fn no_bias() -> Bias {
+    Bias::None
+}
+
+impl LinearShape {
+    /// A fixed-list shape: `K` three groups, `N` 64.
+    pub fn new(spec: QuantSpec, dtype: DType, m: usize) -> Self {
+        LinearShape {
             spec,
             dtype,
             scales_dtype: None,
             batch: Vec::new(),
             m,
+            k: base_k(spec),
+            n: N,
             bias: Bias::None,
         }
     }
 
-    fn name(&self) -> String {
+    /// Why `mx.quantize` or the layer cannot take this shape, if so.
+    pub fn check(&self) -> Result<(), String> {
+        let g = self.spec.group_size as usize;
+        if self.k == 0 || self.k % g != 0 {
+            return Err(format!("k {} is not a positive multiple of group_size {g}", self.k));
+        }
+        if self.m == 0 || self.n == 0 || self.batch.contains(&0) {
+            return Err("m, n and batch dimensions must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// The case name; `K` and `N` appear only when they differ from the
+    /// fixed list's, so the registry's names are unchanged.
+    pub fn name(&self) -> String {
         let mut name = format!("{FAMILY}/{}/{}", self.spec, dtype_tag(self.dtype));
         if !self.batch.is_empty() {
             let b: Vec<String> = self.batch.iter().map(usize::to_string).collect();
@@ -81,13 +114,21 @@ impl Shape {
         if let Some(s) = self.scales_dtype {
             name += &format!("/{}-scales", dtype_tag(s));
         }
+        if (self.k, self.n) != (base_k(self.spec), N) {
+            name += &format!("/K{}-N{}", self.k, self.n);
+        }
         name
     }
 
-    fn case(self) -> Case {
-        Case::must_equal(self.name(), FAMILY, QUANTIZED_LINEAR, move |ctx| {
-            run(ctx, &self)
-        })
+    /// The must-equal case of this shape, under its own name.
+    pub fn case(self) -> Case {
+        let name = self.name();
+        self.case_named(name)
+    }
+
+    /// The must-equal case of this shape under `name` (kept explorer cases).
+    pub fn case_named(self, name: String) -> Case {
+        Case::must_equal(name, FAMILY, QUANTIZED_LINEAR, move |ctx| run(ctx, &self))
     }
 }
 
@@ -96,7 +137,7 @@ pub(super) fn cases() -> Vec<Case> {
     let mut shapes = Vec::new();
     // Every spec once.
     for spec in all_specs() {
-        shapes.push(Shape::new(spec, bf16, 8));
+        shapes.push(LinearShape::new(spec, bf16, 8));
     }
     // The additive bias.
     let biased = [
@@ -108,15 +149,15 @@ pub(super) fn cases() -> Vec<Case> {
         mode_default(Mode::Nvfp4),
     ];
     for spec in biased {
-        shapes.push(Shape {
+        shapes.push(LinearShape {
             bias: Bias::Same,
-            ..Shape::new(spec, bf16, 8)
+            ..LinearShape::new(spec, bf16, 8)
         });
     }
     for spec in [affine(4, 64), mode_default(Mode::Nvfp4)] {
-        shapes.push(Shape {
+        shapes.push(LinearShape {
             bias: Bias::F32,
-            ..Shape::new(spec, bf16, 8)
+            ..LinearShape::new(spec, bf16, 8)
         });
     }
     // M x dtype on two specs (bf16/M8 is already above).
@@ -124,7 +165,7 @@ pub(super) fn cases() -> Vec<Case> {
         for dtype in FLOAT_DTYPES {
             for m in MS {
                 if (dtype, m) != (bf16, 8) {
-                    shapes.push(Shape::new(spec, dtype, m));
+                    shapes.push(LinearShape::new(spec, dtype, m));
                 }
             }
         }
@@ -140,22 +181,22 @@ pub(super) fn cases() -> Vec<Case> {
         (mode_default(Mode::Nvfp4), bf16, &[4, 1], 3, Bias::None),
     ];
     for (spec, dtype, batch, m, bias) in batched {
-        shapes.push(Shape {
+        shapes.push(LinearShape {
             batch: batch.to_vec(),
             bias,
-            ..Shape::new(spec, dtype, m)
+            ..LinearShape::new(spec, dtype, m)
         });
     }
     // Scales in another dtype than the activation.
-    shapes.push(Shape {
+    shapes.push(LinearShape {
         scales_dtype: Some(DType::Float16),
-        ..Shape::new(affine(4, 64), bf16, 8)
+        ..LinearShape::new(affine(4, 64), bf16, 8)
     });
-    shapes.push(Shape {
+    shapes.push(LinearShape {
         scales_dtype: Some(DType::Float32),
-        ..Shape::new(affine(6, 32), bf16, 4)
+        ..LinearShape::new(affine(6, 32), bf16, 4)
     });
-    let mut cases: Vec<Case> = shapes.into_iter().map(Shape::case).collect();
+    let mut cases: Vec<Case> = shapes.into_iter().map(LinearShape::case).collect();
     cases.extend(single_group_cases());
     cases
 }
@@ -221,31 +262,75 @@ fn single_group(ctx: &Ctx, spec: QuantSpec, m: usize, k: usize) -> Result<CaseOu
     })))
 }
 
-fn run(ctx: &Ctx, s: &Shape) -> Result<CaseOutput, CaseError> {
-    let k = base_k(s.spec);
-    let mut inputs = ctx.inputs();
-    let mut x_shape = s.batch.clone();
-    x_shape.extend([s.m, k]);
-    let x = activation(&mut inputs, s.dtype, &x_shape);
-    let payload = quantized_weight(
-        &mut inputs,
-        s.spec,
-        s.scales_dtype.unwrap_or(s.dtype),
-        &[N, k],
-    )?;
-    let bias: Option<HostTensor> = match s.bias {
-        Bias::None => None,
-        Bias::Same => Some(inputs.uniform(s.dtype, &[N], 0.5)),
-        Bias::F32 => Some(inputs.uniform(DType::Float32, &[N], 0.5)),
-    };
+/// A shape's seeded inputs: the activation, the float weight the port
+/// quantizes, and the bias (one generator, in this order, so the case, the
+/// explorer's invariance and its reproducer see the same tensors).
+pub struct LinearInputs {
+    pub x: HostTensor,
+    pub weight: HostTensor,
+    pub bias: Option<HostTensor>,
+}
 
-    let reference =
-        reference::quantized::quantized_linear(ctx, &x, &layer_tensors(&payload, bias.as_ref())?)?;
+impl LinearShape {
+    pub fn inputs(&self, seed: u64) -> LinearInputs {
+        let mut inputs = crate::inputs::Inputs::new(seed);
+        let mut x_shape = self.batch.clone();
+        x_shape.extend([self.m, self.k]);
+        let x = activation(&mut inputs, self.dtype, &x_shape);
+        let weight = inputs.uniform(self.scales_dtype.unwrap_or(self.dtype), &[self.n, self.k], 1.0);
+        let bias = match self.bias {
+            Bias::None => None,
+            Bias::Same => Some(inputs.uniform(self.dtype, &[self.n], 0.5)),
+            Bias::F32 => Some(inputs.uniform(DType::Float32, &[self.n], 0.5)),
+        };
+        LinearInputs { x, weight, bias }
+    }
 
-    let layer =
-        QuantizedLinear::new(payload, bias.as_ref().map(HostTensor::to_array)).map_err(port)?;
-    let y = layer.forward(&x.to_array()).map_err(port)?;
+    /// The port's layer for these inputs.
+    fn layer(&self, inputs: &LinearInputs) -> Result<(QuantizedLinear, QuantizedPayloadTensors), CaseError> {
+        let payload = QuantizedPayload::quantize(&inputs.weight.to_array(), self.spec).map_err(port)?;
+        let tensors = layer_tensors(&payload, inputs.bias.as_ref())?;
+        let layer = QuantizedLinear::new(payload, inputs.bias.as_ref().map(HostTensor::to_array))
+            .map_err(port)?;
+        Ok((layer, tensors))
+    }
+
+    /// Invariance (a finding, never a verdict): whether the port's batched
+    /// forward has the bits of the same rows computed one at a time.
+    pub fn rows_match_batched(&self, seed: u64) -> Result<bool, CaseError> {
+        self.check().map_err(|e| CaseError::harness("shape", e))?;
+        let inputs = self.inputs(seed);
+        let (layer, _) = self.layer(&inputs)?;
+        let batched = host(&layer.forward(&inputs.x.to_array()).map_err(port)?)?;
+        let rows = self.batch.iter().product::<usize>() * self.m;
+        let (row_in, row_out) = (inputs.x.bytes.len() / rows, batched.bytes.len() / rows);
+        for r in 0..rows {
+            let row = HostTensor::new(
+                inputs.x.dtype,
+                vec![1, self.k],
+                inputs.x.bytes[r * row_in..(r + 1) * row_in].to_vec(),
+            )
+            .map_err(|e| CaseError::harness("x row", e))?;
+            let alone = host(&layer.forward(&row.to_array()).map_err(port)?)?;
+            if alone.bytes[..] != batched.bytes[r * row_out..(r + 1) * row_out] {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+type QuantizedPayloadTensors = crate::reference::quantized::QuantizedTensors;
+
+fn run(ctx: &Ctx, s: &LinearShape) -> Result<CaseOutput, CaseError> {
+    s.check().map_err(|e| CaseError::harness("shape", e))?;
+    let inputs = s.inputs(ctx.seed());
+    let (layer, tensors) = s.layer(&inputs)?;
+    let reference = reference::quantized::quantized_linear(ctx, &inputs.x, &tensors)?;
+    let y = layer.forward(&inputs.x.to_array()).map_err(port)?;
+    let mut y = host(&y)?;
+    crate::explore::plant::apply("quantized/linear", s.m, s.n, &mut y);
     let mut out = CaseOutput::new("mlx.core");
-    out.compare("y", &host(&y)?, &reference);
+    out.compare("y", &y, &reference);
     Ok(out)
 }

@@ -40,7 +40,7 @@ mod embedding;
 mod exact_faults;
 mod float;
 mod global_scale;
-mod linear;
+pub mod linear;
 mod lora;
 mod rows;
 mod switch;

@@ -1,0 +1,181 @@
+//! `cargo xtask explore` runs this binary: the shape explorer (see
+//! `conformance::explore` and the README's "Exploring shapes").
+//!
+//! Exit codes: 0 no violation, 1 a violation was found (shrunk, written
+//! to the reports and, with `--keep`, kept), 3 usage or environment.
+
+#[macro_use]
+extern crate conformance;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use conformance::case::{Backend, Device};
+use conformance::explore::{self, report, Config};
+use conformance::home::Home;
+use oracle::Oracle;
+
+#[derive(Parser, Debug)]
+#[command(name = "conformance-explore", version)]
+struct Cli {
+    /// Wall-clock budget (`90s`, `10m`); the search stops drawing samples
+    /// when it is spent (a shrink in progress finishes).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    budget: std::time::Duration,
+    /// At most this many samples (with the budget, whichever comes first).
+    #[arg(long)]
+    samples: Option<usize>,
+    /// The search seed: the same seed draws the same samples.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Sample only this family (repeatable; default all).
+    #[arg(long = "family")]
+    families: Vec<String>,
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    device: Device,
+    /// `i/n`: take every n-th sample starting at i (a CI matrix or one
+    /// process per GPU splits one search; `--merge` joins the reports).
+    #[arg(long, default_value = "0/1", value_parser = parse_shard)]
+    shard: (usize, usize),
+    /// Merge these shards' explore.json files into `--out` instead of
+    /// searching.
+    #[arg(long, num_args = 1.., value_name = "EXPLORE_JSON")]
+    merge: Vec<PathBuf>,
+    /// Add each violation's shrunk description to fixtures/explore/kept.json.
+    #[arg(long)]
+    keep: bool,
+    /// Shrink steps per violation, at most.
+    #[arg(long, default_value_t = 200)]
+    shrink_steps: usize,
+    /// Where explore.json, explore.md and repro/ go.
+    #[arg(long, default_value = "target/explore")]
+    out: PathBuf,
+}
+
+fn parse_shard(text: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("`{text}` is not a shard `i/n` with i < n");
+    let (i, n) = text.split_once('/').ok_or_else(bad)?;
+    let (i, n): (usize, usize) = (i.parse().map_err(|_| bad())?, n.parse().map_err(|_| bad())?);
+    if n == 0 || i >= n {
+        return Err(bad());
+    }
+    Ok((i, n))
+}
+
+fn fail(message: impl std::fmt::Display) -> ExitCode {
+    errln!("error: {message}");
+    ExitCode::from(3)
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let text = e.render().to_string();
+            return fail(text.lines().next().unwrap_or("bad usage"));
+        }
+    };
+    let out = std::path::absolute(&cli.out).unwrap_or(cli.out.clone());
+    if !cli.merge.is_empty() {
+        let mut shards = Vec::new();
+        for path in &cli.merge {
+            let text = match std::fs::read_to_string(path) {
+                Ok(t) => t,
+                Err(e) => return fail(format!("--merge {}: {e}", path.display())),
+            };
+            match serde_json::from_str(&text) {
+                Ok(s) => shards.push(s),
+                Err(e) => return fail(format!("--merge {}: not an explore.json ({e})", path.display())),
+            }
+        }
+        let merged = match explore::merge(shards) {
+            Ok(m) => m,
+            Err(e) => return fail(e),
+        };
+        if let Err(e) = report::write(&out, &merged) {
+            return fail(e);
+        }
+        outln!("explore: merged {} samples, {} violations; reports: {}", merged.samples.len(), merged.found.len(), out.display());
+        return ExitCode::from(u8::from(!merged.found.is_empty()));
+    }
+    let oracle = match Oracle::start() {
+        Ok(o) => o,
+        Err(e) => return fail(e),
+    };
+    let backend = match cli.device {
+        Device::Cpu => Backend::Cpu,
+        Device::Gpu => match Backend::linked_gpu() {
+            Ok(Some(gpu)) => gpu,
+            _ => return fail("--device gpu: this libmlx has no usable GPU backend here; use --device cpu"),
+        },
+    };
+    conformance::runner::set_device(backend);
+    if let Err(e) = oracle.set_device(backend) {
+        return fail(e);
+    }
+    conformance::runner::catch_interrupts();
+    // A panic inside a case is that sample's error (runner::run_case).
+    std::panic::set_hook(Box::new(|_| {}));
+    let config = Config {
+        seed: cli.seed,
+        budget: cli.budget,
+        max_samples: cli.samples,
+        families: cli.families.clone(),
+        shard: cli.shard,
+        backend,
+        max_shrink_steps: cli.shrink_steps,
+    };
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let bar = if terminal {
+        indicatif::ProgressBar::new_spinner()
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let progress = |samples: usize, found: usize| {
+        bar.set_message(format!("{samples} samples, {found} violations"));
+        bar.tick();
+    };
+    let search = match explore::search(&oracle, &config, &progress) {
+        Ok(s) => s,
+        Err(e) => return fail(e),
+    };
+    bar.finish_and_clear();
+    if conformance::runner::interrupted() {
+        errln!("interrupted: {} samples ran; no report written", search.samples.len());
+        return ExitCode::from(130);
+    }
+    if let Err(e) = report::write(&out, &search) {
+        return fail(e);
+    }
+    for (i, f) in search.found.iter().enumerate() {
+        outln!(
+            "violation {i}: {:?} at {} ({} shrink steps from {}); reproducer {}",
+            f.kind,
+            f.minimal.name("explore"),
+            f.shrink_steps,
+            f.original.name("explore"),
+            out.join(format!("repro/{i}.py")).display()
+        );
+    }
+    if cli.keep && !search.found.is_empty() {
+        let date = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()[..10].to_owned();
+        match report::keep(&Home::get().fixtures_dir(), &search, &date) {
+            Ok(added) => outln!("kept: {added} new case(s) in {}", report::kept_file(&Home::get().fixtures_dir()).display()),
+            Err(e) => return fail(e),
+        }
+    }
+    outln!(
+        "explore: {} samples in {:.1} s ({:.1} per second), {} violations; reports: {}",
+        search.samples.len(),
+        search.wall_s,
+        search.samples.len() as f64 / search.wall_s.max(1e-9),
+        search.found.len(),
+        out.display()
+    );
+    ExitCode::from(u8::from(!search.found.is_empty()))
+}

@@ -1,0 +1,434 @@
+//! The shape explorer: samples case descriptions where kernels switch,
+//! checks each three ways, shrinks every violation to its smallest
+//! reproducing description, and keeps it (`cargo xtask explore`).
+//!
+//! Checks per sample:
+//! - (a) port vs reference, bit for bit (a violation when they differ);
+//! - (b) both against the exact-math oracle (a violation when either side
+//!   is outside its derived bound);
+//! - (c) invariances, recorded as findings for the regime map, never
+//!   violations: the port's batched forward against the same rows alone.
+//!
+//! Samples run many to a process, in one interpreter, as serving does.
+//! Deterministic: sample `i` of seed `s` is drawn from its own generator
+//! (seeded by `s` and `i`), so shards (`i % n`) and reruns draw the same.
+//!
+//! Families so far: `quantized/linear`. Each family's description is the
+//! serde data its fixed cases are built from (`families::describe`).
+
+pub mod plant;
+pub mod report;
+pub mod strategy;
+
+use std::time::{Duration, Instant};
+
+use oracle::Oracle;
+use proptest::strategy::ValueTree;
+use serde::{Deserialize, Serialize};
+
+use crate::case::{Backend, Case};
+use crate::exactness::ExactClass;
+use crate::families::quantized::linear::LinearShape;
+use crate::runner::{self, RunOptions, Verdict};
+
+/// One sample as data: the family's description and the inputs' seed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "family")]
+pub enum Description {
+    #[serde(rename = "quantized/linear")]
+    QuantizedLinear { shape: LinearShape, seed: u64 },
+}
+
+impl Description {
+    pub fn family(&self) -> &'static str {
+        match self {
+            Description::QuantizedLinear { .. } => "quantized/linear",
+        }
+    }
+
+    pub fn seed(&self) -> u64 {
+        match self {
+            Description::QuantizedLinear { seed, .. } => *seed,
+        }
+    }
+
+    /// `<prefix>/<the case name of the shape>/s<seed>`.
+    pub fn name(&self, prefix: &str) -> String {
+        match self {
+            Description::QuantizedLinear { shape, seed } => {
+                format!("{prefix}/{}/s{seed}", shape.name())
+            }
+        }
+    }
+
+    /// What a kernel is compiled for (CUDA compiles at first use): samples
+    /// of one class share their kernels.
+    pub fn kernel_class(&self) -> String {
+        match self {
+            Description::QuantizedLinear { shape, .. } => {
+                format!("{}/{}/{}", self.family(), shape.spec, shape.dtype.name())
+            }
+        }
+    }
+
+    /// Why the description cannot be run, if so (kept files are data).
+    pub fn check(&self) -> Result<(), String> {
+        match self {
+            Description::QuantizedLinear { shape, .. } => shape.check(),
+        }
+    }
+
+    /// The description as a must-equal case named `<prefix>/…`, with its
+    /// own seed (not one derived from the name).
+    pub fn case(&self, prefix: &str) -> Case {
+        let name = self.name(prefix);
+        let mut case = match self {
+            Description::QuantizedLinear { shape, .. } => shape.clone().case_named(name),
+        };
+        case.seed = self.seed();
+        case
+    }
+
+    /// The (M, K, N) of the sample, for the regime map.
+    pub fn mkn(&self) -> (usize, usize, usize) {
+        match self {
+            Description::QuantizedLinear { shape, .. } => {
+                (shape.batch.iter().product::<usize>() * shape.m, shape.k, shape.n)
+            }
+        }
+    }
+
+    /// Simpler neighbours, simplest first: what the greedy pass after
+    /// proptest's shrinking tries (proptest's binary search stalls on a
+    /// region such as "N odd": every midpoint it tries is even).
+    fn simpler(&self) -> Vec<Description> {
+        let mut out = Vec::new();
+        match self {
+            Description::QuantizedLinear { shape, seed } => {
+                let with = |f: &dyn Fn(&mut LinearShape)| {
+                    let mut s = shape.clone();
+                    f(&mut s);
+                    Description::QuantizedLinear { shape: s, seed: *seed }
+                };
+                if !shape.batch.is_empty() {
+                    out.push(with(&|s| s.batch.clear()));
+                }
+                if shape.bias != crate::families::quantized::linear::Bias::None {
+                    out.push(with(&|s| s.bias = crate::families::quantized::linear::Bias::None));
+                }
+                if shape.scales_dtype.is_some() {
+                    out.push(with(&|s| s.scales_dtype = None));
+                }
+                if shape.dtype != oracle::DType::Bfloat16 {
+                    out.push(with(&|s| s.dtype = oracle::DType::Bfloat16));
+                }
+                let specs = strategy::specs();
+                if let Some(at) = specs.iter().position(|s| *s == shape.spec) {
+                    for spec in &specs[..at] {
+                        let groups = shape.k / shape.spec.group_size as usize;
+                        out.push(with(&|s| {
+                            s.spec = *spec;
+                            s.k = groups * spec.group_size as usize;
+                        }));
+                    }
+                }
+                let g = shape.spec.group_size as usize;
+                for k in (1..shape.k / g).map(|n| n * g) {
+                    out.push(with(&|s| s.k = k));
+                }
+                for m in 1..shape.m {
+                    out.push(with(&|s| s.m = m));
+                }
+                for n in 1..shape.n {
+                    out.push(with(&|s| s.n = n));
+                }
+                if *seed != 0 {
+                    out.push(Description::QuantizedLinear {
+                        shape: shape.clone(),
+                        seed: 0,
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// Invariance (c): the port's batched rows against the rows alone.
+    fn rows_match_batched(&self) -> Result<bool, String> {
+        match self {
+            Description::QuantizedLinear { shape, seed } => {
+                shape.rows_match_batched(*seed).map_err(|e| e.to_string())
+            }
+        }
+    }
+}
+
+/// What one sample showed.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Observation {
+    pub bits_equal: bool,
+    /// The first differing element, as the report's comparison line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_diff: Option<String>,
+    /// The exact oracle's class of the output (absent: not in its scope).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exact: Option<ExactClass>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rows_match_batched: Option<bool>,
+    /// The case could not run (a harness or port error).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub time_ms: f64,
+}
+
+/// The kinds of violation the explorer shrinks and keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Violation {
+    /// Port and reference bits differ.
+    Bits,
+    /// A side is outside the exact oracle's bound.
+    Exact,
+    /// The case errored.
+    Error,
+}
+
+impl Observation {
+    pub fn violation(&self) -> Option<Violation> {
+        if self.error.is_some() {
+            Some(Violation::Error)
+        } else if !self.bits_equal {
+            Some(Violation::Bits)
+        } else if self.exact.is_some_and(|c| c != ExactClass::Within) {
+            Some(Violation::Exact)
+        } else {
+            None
+        }
+    }
+}
+
+/// Runs one description in this process and observes it.
+pub fn observe(oracle: &Oracle, backend: Backend, d: &Description) -> Observation {
+    let started = Instant::now();
+    let case = d.case("explore");
+    let options = RunOptions {
+        backend,
+        seed: 0,
+        jobs: 1,
+        perturb: false,
+    };
+    let result = runner::run_case(&case, oracle, &options);
+    let mut o = Observation {
+        bits_equal: result.verdict == Verdict::Pass,
+        first_diff: None,
+        exact: None,
+        rows_match_batched: None,
+        error: None,
+        time_ms: 0.0,
+    };
+    match (&result.verdict, &result.output) {
+        (Verdict::Pass | Verdict::Fail, Some(out)) => {
+            o.first_diff = out
+                .outputs
+                .iter()
+                .find(|x| !x.comparison.is_equal())
+                .map(|x| format!("{}: {}", x.name, x.comparison.summary()));
+            o.exact = out.exact_checks().map(|(_, e)| e.class).max_by_key(|c| *c as u8);
+            match d.rows_match_batched() {
+                Ok(same) => o.rows_match_batched = Some(same),
+                Err(e) => o.error = Some(format!("invariance: {e}")),
+            }
+        }
+        _ => o.error = Some(result.message.unwrap_or_else(|| "no output".into())),
+    }
+    o.time_ms = started.elapsed().as_secs_f64() * 1e3;
+    o
+}
+
+/// How a search runs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub seed: u64,
+    pub budget: Duration,
+    /// At most this many samples (of this shard).
+    pub max_samples: Option<usize>,
+    /// Families to sample (empty: all).
+    pub families: Vec<String>,
+    /// `(i, n)`: this process takes samples `j` with `j % n == i`.
+    pub shard: (usize, usize),
+    pub backend: Backend,
+    /// Shrink steps per violation, at most.
+    pub max_shrink_steps: usize,
+}
+
+/// One sample's record for the regime map.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sampled {
+    pub index: usize,
+    pub description: Description,
+    pub observation: Observation,
+}
+
+/// A violation, shrunk.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Found {
+    pub kind: Violation,
+    /// The sample as first drawn.
+    pub original: Description,
+    /// The smallest description that still shows `kind`.
+    pub minimal: Description,
+    pub observation: Observation,
+    pub shrink_steps: usize,
+    /// The samples this process ran just before the first sighting (a
+    /// violation that depends on what ran before shows here).
+    pub preceded_by: Vec<String>,
+}
+
+/// A whole search's outcome.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Search {
+    pub seed: u64,
+    pub shard: (usize, usize),
+    pub backend: String,
+    pub families: Vec<String>,
+    pub samples: Vec<Sampled>,
+    pub found: Vec<Found>,
+    pub wall_s: f64,
+}
+
+/// Runs a search: draws samples until the budget or the sample cap, and
+/// shrinks every violation (of a description not already found).
+pub fn search(
+    oracle: &Oracle,
+    config: &Config,
+    progress: &dyn Fn(usize, usize),
+) -> Result<Search, String> {
+    let strategies = strategy::for_families(&config.families)?;
+    let started = Instant::now();
+    let (shard, shards) = config.shard;
+    let mut samples = Vec::new();
+    let mut found: Vec<Found> = Vec::new();
+    let mut index = 0usize;
+    loop {
+        if started.elapsed() >= config.budget
+            || config.max_samples.is_some_and(|m| samples.len() >= m)
+            || runner::interrupted()
+        {
+            break;
+        }
+        let j = index;
+        index += 1;
+        if j % shards != shard {
+            continue;
+        }
+        let (family, strategy) = &strategies[j % strategies.len()];
+        let mut tree = strategy::draw(strategy, config.seed, j, family)?;
+        let description = tree.current();
+        let observation = observe(oracle, config.backend, &description);
+        if let Some(kind) = observation.violation() {
+            let preceded_by = samples
+                .iter()
+                .rev()
+                .take(3)
+                .map(|s: &Sampled| s.description.name("explore"))
+                .collect();
+            let (minimal, minimal_observation, steps) =
+                shrink(oracle, config, &mut *tree, kind, description.clone(), observation.clone());
+            if !found.iter().any(|f| f.minimal == minimal) {
+                found.push(Found {
+                    kind,
+                    original: description.clone(),
+                    minimal,
+                    observation: minimal_observation,
+                    shrink_steps: steps,
+                    preceded_by,
+                });
+            }
+        }
+        samples.push(Sampled {
+            index: j,
+            description,
+            observation,
+        });
+        progress(samples.len(), found.len());
+    }
+    Ok(Search {
+        seed: config.seed,
+        shard: config.shard,
+        backend: config.backend.as_str().into(),
+        families: strategies.iter().map(|(f, _)| f.clone()).collect(),
+        samples,
+        found,
+        wall_s: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// proptest's shrinking (simplify while it still fails, complicate when
+/// it passes) with this sample's violation as the failure, then a greedy
+/// pass over [`Description::simpler`] to a fixpoint: the result is a
+/// description none of whose simpler neighbours shows the violation.
+fn shrink(
+    oracle: &Oracle,
+    config: &Config,
+    tree: &mut dyn ValueTree<Value = Description>,
+    kind: Violation,
+    mut best: Description,
+    mut best_observation: Observation,
+) -> (Description, Observation, usize) {
+    let mut steps = 0;
+    let mut simplified = tree.simplify();
+    while simplified && steps < config.max_shrink_steps {
+        steps += 1;
+        let candidate = tree.current();
+        let o = observe(oracle, config.backend, &candidate);
+        if o.violation() == Some(kind) {
+            best = candidate;
+            best_observation = o;
+            simplified = tree.simplify();
+        } else {
+            simplified = tree.complicate();
+        }
+    }
+    'greedy: while steps < config.max_shrink_steps {
+        for candidate in best.simpler() {
+            if steps >= config.max_shrink_steps {
+                break 'greedy;
+            }
+            steps += 1;
+            let o = observe(oracle, config.backend, &candidate);
+            if o.violation() == Some(kind) {
+                best = candidate;
+                best_observation = o;
+                continue 'greedy;
+            }
+        }
+        break;
+    }
+    (best, best_observation, steps)
+}
+
+/// Merges shard searches of one seed into one (samples in index order).
+pub fn merge(mut shards: Vec<Search>) -> Result<Search, String> {
+    let first = shards.first().ok_or("no shard reports to merge")?.clone();
+    if shards.iter().any(|s| s.seed != first.seed || s.backend != first.backend) {
+        return Err("shard reports of different seeds or backends cannot be merged".into());
+    }
+    let mut merged = Search {
+        shard: (0, 1),
+        samples: Vec::new(),
+        found: Vec::new(),
+        wall_s: 0.0,
+        ..first
+    };
+    for s in shards.drain(..) {
+        merged.wall_s = merged.wall_s.max(s.wall_s);
+        merged.samples.extend(s.samples);
+        for f in s.found {
+            if !merged.found.iter().any(|g| g.minimal == f.minimal) {
+                merged.found.push(f);
+            }
+        }
+    }
+    merged.samples.sort_by_key(|s| s.index);
+    Ok(merged)
+}

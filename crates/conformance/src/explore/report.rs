@@ -1,0 +1,264 @@
+//! What a search leaves: `explore.json` (every sample and violation),
+//! `explore.md` (violations, then the regime map), a standalone
+//! `mlx.core`-only reproducer per violation, and kept cases
+//! (`fixtures/explore/kept.json`, loaded by the registry as must-equal
+//! cases named `kept/…`).
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::{Description, Found, Search};
+use crate::families::quantized::linear::Bias;
+
+/// Writes `explore.json`, `explore.md` and `repro/` under `dir`.
+pub fn write(dir: &Path, search: &Search) -> Result<(), String> {
+    let fail = |what: &Path, e: std::io::Error| format!("{}: {e}", what.display());
+    std::fs::create_dir_all(dir.join("repro")).map_err(|e| fail(dir, e))?;
+    for (i, f) in search.found.iter().enumerate() {
+        reproducer(&dir.join("repro"), i, f)?;
+    }
+    let json = serde_json::to_string_pretty(search).expect("a search serialises");
+    write_file(&dir.join("explore.json"), &json)?;
+    write_file(&dir.join("explore.md"), &markdown(search))
+}
+
+fn write_file(path: &Path, text: &str) -> Result<(), String> {
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The regime map: per kernel class, where the bits or the batched/rows
+/// invariance change, as (M, K, N) lists.
+fn markdown(search: &Search) -> String {
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "# Shape explorer\n\nseed {} · shard {}/{} · backend {} · families {} · {} samples in {:.1} s · {} violations\n",
+        search.seed,
+        search.shard.0,
+        search.shard.1,
+        search.backend,
+        search.families.join(", "),
+        search.samples.len(),
+        search.wall_s,
+        search.found.len()
+    );
+    let _ = writeln!(md, "## Violations (shrunk)\n");
+    if search.found.is_empty() {
+        let _ = writeln!(md, "None.\n");
+    }
+    for (i, f) in search.found.iter().enumerate() {
+        let _ = writeln!(
+            md,
+            "{i}. **{:?}** `{}` (from `{}`, {} shrink steps): {}; exact oracle: {}; reproducer `repro/{i}.py`",
+            f.kind,
+            f.minimal.name("explore"),
+            f.original.name("explore"),
+            f.shrink_steps,
+            f.observation
+                .first_diff
+                .as_deref()
+                .or(f.observation.error.as_deref())
+                .unwrap_or("bits equal"),
+            f.observation
+                .exact
+                .map_or("not in scope", |c| c.word()),
+        );
+        if !f.preceded_by.is_empty() {
+            let _ = writeln!(md, "   - ran after: {}", f.preceded_by.join(", "));
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\n## Regime map\n\nPer kernel class: samples, and the (M, K, N) where port and reference bits differ, where a side leaves the exact bound, and where the port's batched rows differ from the rows alone (invariance, a finding).\n\n| class | samples | bits differ at | outside the bound at | batched ≠ rows at |\n|---|---:|---|---|---|"
+    );
+    let mut classes: BTreeMap<String, Vec<&super::Sampled>> = BTreeMap::new();
+    for s in &search.samples {
+        classes.entry(s.description.kernel_class()).or_default().push(s);
+    }
+    let list = |v: Vec<(usize, usize, usize)>| -> String {
+        if v.is_empty() {
+            return "—".into();
+        }
+        let mut v = v;
+        v.sort();
+        v.dedup();
+        v.iter()
+            .take(12)
+            .map(|(m, k, n)| format!("{m}×{k}×{n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+            + if v.len() > 12 { ", …" } else { "" }
+    };
+    for (class, samples) in classes {
+        let at = |f: &dyn Fn(&super::Observation) -> bool| {
+            list(
+                samples
+                    .iter()
+                    .filter(|s| f(&s.observation))
+                    .map(|s| s.description.mkn())
+                    .collect(),
+            )
+        };
+        let _ = writeln!(
+            md,
+            "| {class} | {} | {} | {} | {} |",
+            samples.len(),
+            at(&|o| !o.bits_equal && o.error.is_none()),
+            at(&|o| o.exact.is_some_and(|c| c != crate::exactness::ExactClass::Within)),
+            at(&|o| o.rows_match_batched == Some(false)),
+        );
+    }
+    md
+}
+
+/// `repro/<i>.py` and `repro/<i>.safetensors`: the minimal description's
+/// inputs, and the reference's own call on them with `mlx.core` only, to
+/// attach to an upstream report.
+fn reproducer(dir: &Path, i: usize, f: &Found) -> Result<(), String> {
+    match &f.minimal {
+        Description::QuantizedLinear { shape, seed } => {
+            let inputs = shape.inputs(*seed);
+            let mut tensors = vec![
+                ("x".to_owned(), inputs.x.clone()),
+                ("weight".to_owned(), inputs.weight.clone()),
+            ];
+            if let Some(b) = &inputs.bias {
+                tensors.push(("bias".to_owned(), b.clone()));
+            }
+            crate::kept::write(dir, &i.to_string(), &tensors)?;
+            let spec = shape.spec;
+            let bias = if shape.bias == Bias::None {
+                ""
+            } else {
+                "\ny = y + t[\"bias\"]"
+            };
+            let script = format!(
+                r#""""Reproducer {i} from the MLX conformance suite's shape explorer.
+
+Seen: {kind:?}: {seen}
+Description: {description}
+Only mlx.core: the weight is quantized by mx.quantize, then multiplied by
+mx.quantized_matmul; the float32 definition (dequantize, then matmul) is
+printed beside it for comparison.
+"""
+import os
+import mlx.core as mx
+
+here = os.path.dirname(os.path.abspath(__file__))
+t = mx.load(os.path.join(here, "{i}.safetensors"))
+w, scales, *biases = mx.quantize(t["weight"], group_size={gs}, bits={bits}, mode="{mode}")
+biases = biases[0] if biases else None
+y = mx.quantized_matmul(t["x"], w, scales, biases, transpose=True, group_size={gs}, bits={bits}, mode="{mode}"){bias}
+w_float = mx.dequantize(w, scales, biases, group_size={gs}, bits={bits}, mode="{mode}").astype(mx.float32)
+definition = t["x"].astype(mx.float32) @ w_float.T{bias32}
+mx.eval(y, definition)
+print("quantized_matmul:", y.dtype, y.shape)
+print(y)
+print("float32 definition:")
+print(definition)
+print("largest |y - definition|:", mx.max(mx.abs(y.astype(mx.float32) - definition)).item())
+print("any NaN in y:", mx.any(mx.isnan(y)).item())
+"#,
+                kind = f.kind,
+                seen = f
+                    .observation
+                    .first_diff
+                    .as_deref()
+                    .or(f.observation.error.as_deref())
+                    .unwrap_or("see explore.md"),
+                description = serde_json::to_string(&f.minimal).expect("json"),
+                gs = spec.group_size,
+                bits = spec.bits,
+                mode = spec.mode,
+                bias32 = if bias.is_empty() {
+                    ""
+                } else {
+                    "\ndefinition = definition + t[\"bias\"].astype(mx.float32)"
+                },
+            );
+            write_file(&dir.join(format!("{i}.py")), &script)
+        }
+    }
+}
+
+/// One kept case in `fixtures/explore/kept.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Kept {
+    pub description: Description,
+    pub backend: String,
+    pub date: String,
+    /// What the explorer saw (kind and first difference).
+    pub seen: String,
+}
+
+/// `fixtures/explore/kept.json`.
+pub fn kept_file(fixtures: &Path) -> PathBuf {
+    fixtures.join("explore/kept.json")
+}
+
+/// The kept cases (none when the file does not exist); a file that is
+/// not a list of kept descriptions is an error naming it.
+pub fn read_kept(fixtures: &Path) -> Result<Vec<Kept>, String> {
+    let path = kept_file(fixtures);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("{}: {e}", path.display())),
+    };
+    let kept: Vec<Kept> = serde_json::from_str(&text).map_err(|e| {
+        format!(
+            "{}: not a list of kept explorer cases ({e}); restore it from git",
+            path.display()
+        )
+    })?;
+    for k in &kept {
+        k.description
+            .check()
+            .map_err(|e| format!("{}: {}: {e}", path.display(), k.description.name("kept")))?;
+    }
+    Ok(kept)
+}
+
+/// Adds every bit or exact-bound violation's minimal description to the
+/// kept file (once each); returns how many were new. A description the
+/// case cannot run (`Violation::Error`, e.g. the reference's own
+/// `mx.quantize` refusing it) is reported and reproduced, not kept: as a
+/// must-equal case it could only error.
+pub fn keep(fixtures: &Path, search: &Search, date: &str) -> Result<usize, String> {
+    let mut kept = read_kept(fixtures)?;
+    let mut added = 0;
+    for f in search.found.iter().filter(|f| f.kind != super::Violation::Error) {
+        if kept.iter().any(|k| k.description == f.minimal) {
+            continue;
+        }
+        kept.push(Kept {
+            description: f.minimal.clone(),
+            backend: search.backend.clone(),
+            date: date.to_owned(),
+            seen: format!(
+                "{:?}: {}",
+                f.kind,
+                f.observation
+                    .first_diff
+                    .as_deref()
+                    .or(f.observation.error.as_deref())
+                    .unwrap_or("outside the exact bound")
+            ),
+        });
+        added += 1;
+    }
+    let path = kept_file(fixtures);
+    std::fs::create_dir_all(path.parent().expect("has a parent"))
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    write_file(
+        &path,
+        &(serde_json::to_string_pretty(&kept).expect("json") + "\n"),
+    )?;
+    Ok(added)
+}

@@ -1,0 +1,106 @@
+//! Where the explorer samples: proptest strategies per family, weighted
+//! toward the regions where MLX's kernels switch. They describe shapes
+//! only; nothing known about a past finding (single-group rows, say) is
+//! written into them.
+//!
+//! `quantized/linear`:
+//! - spec: every `(mode, bits, group_size)` `mx.quantize` accepts;
+//! - K: 1 to 16 groups (one group is as likely as any small count);
+//! - N: small and odd (1–8) often, up to 72 around the 64-column tiles,
+//!   and 120–136 around 128;
+//! - M (rows): 1–8 (matrix-vector kernels), 9–40, and 60–70 around 64;
+//!   sometimes with leading batch dimensions;
+//! - dtype, bias, scales dtype, and the inputs' seed.
+
+use proptest::prelude::*;
+use proptest::strategy::{BoxedStrategy, ValueTree};
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
+
+use super::Description;
+use crate::families::quantized::linear::{Bias, LinearShape};
+use layers::quantized::{Mode, QuantSpec};
+use oracle::DType;
+
+/// The families the explorer can sample.
+pub const FAMILIES: [&str; 1] = ["quantized/linear"];
+
+/// Every spec, simplest first (what shrinking moves toward).
+pub fn specs() -> Vec<QuantSpec> {
+    let mut specs = Vec::new();
+    for bits in [4, 8, 2, 3, 5, 6] {
+        for group_size in [64, 32, 128] {
+            specs.push(QuantSpec::new(Mode::Affine, bits, group_size).expect("valid"));
+        }
+    }
+    specs.extend([Mode::Mxfp4, Mode::Mxfp8, Mode::Nvfp4].map(QuantSpec::defaults));
+    specs
+}
+
+fn quantized_linear() -> BoxedStrategy<Description> {
+    let m = prop_oneof![4 => 1usize..=8, 2 => 9usize..=40, 1 => 60usize..=70];
+    let n = prop_oneof![3 => 1usize..=8, 3 => 9usize..=72, 1 => 120usize..=136];
+    let groups = prop_oneof![3 => 1usize..=4, 1 => 5usize..=16];
+    let batch = prop_oneof![4 => Just(Vec::new()), 1 => proptest::collection::vec(1usize..=3, 1..=2)];
+    let dtype = prop::sample::select(vec![DType::Bfloat16, DType::Float32, DType::Float16]);
+    let bias = prop::sample::select(vec![Bias::None, Bias::Same, Bias::F32]);
+    (
+        prop::sample::select(specs()),
+        dtype,
+        m,
+        groups,
+        n,
+        batch,
+        bias,
+        0u64..1 << 32,
+    )
+        .prop_map(|(spec, dtype, m, groups, n, batch, bias, seed)| {
+            let shape = LinearShape {
+                k: groups * spec.group_size as usize,
+                n,
+                batch,
+                bias,
+                ..LinearShape::new(spec, dtype, m)
+            };
+            Description::QuantizedLinear { shape, seed }
+        })
+        .boxed()
+}
+
+/// The strategies of `families` (empty: every family), by name; an
+/// unknown name is an error listing the known ones.
+pub fn for_families(families: &[String]) -> Result<Vec<(String, BoxedStrategy<Description>)>, String> {
+    let chosen: Vec<&str> = if families.is_empty() {
+        FAMILIES.to_vec()
+    } else {
+        families.iter().map(String::as_str).collect()
+    };
+    chosen
+        .into_iter()
+        .map(|f| match f {
+            "quantized/linear" => Ok((f.to_owned(), quantized_linear())),
+            other => Err(format!(
+                "--family {other}: the explorer samples {}",
+                FAMILIES.join(", ")
+            )),
+        })
+        .collect()
+}
+
+/// Sample `index` of `seed`: its own generator, so shards and reruns draw
+/// the same description.
+pub fn draw(
+    strategy: &BoxedStrategy<Description>,
+    seed: u64,
+    index: usize,
+    family: &str,
+) -> Result<Box<dyn ValueTree<Value = Description>>, String> {
+    let mut key = [0u8; 32];
+    key[..8].copy_from_slice(&seed.to_le_bytes());
+    key[8..16].copy_from_slice(&(index as u64).to_le_bytes());
+    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &key);
+    let mut runner = TestRunner::new_with_rng(Config::default(), rng);
+    strategy
+        .new_tree(&mut runner)
+        .map(|t| Box::new(t) as Box<dyn ValueTree<Value = Description>>)
+        .map_err(|e| format!("{family}: cannot draw sample {index}: {e}"))
+}

@@ -1,0 +1,132 @@
+//! The explorer end to end on the CPU: a planted port fault
+//! (`MLX_CONFORMANCE_PLANT`) is found, shrunk to its minimal description,
+//! written with a reproducer, kept, and then fails as an ordinary case;
+//! the same seed draws the same samples; shards merge into the whole.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const PLANT: &str = "quantized/linear:m>=3,n%2==1";
+
+fn scratch(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("conformance-explore-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn explore(out: &Path, fixtures: &Path, extra: &[&str], plant: bool) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_conformance-explore"));
+    cmd.args(["--seed", "7", "--budget", "10m", "--family", "quantized/linear", "--out"])
+        .arg(out)
+        .args(extra)
+        .env("MLX_CONFORMANCE_FIXTURES", fixtures);
+    if plant {
+        cmd.env("MLX_CONFORMANCE_PLANT", PLANT);
+    }
+    cmd.output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+#[test]
+fn a_planted_violation_is_shrunk_kept_and_then_fails_as_a_case() {
+    let root = scratch("plant");
+    let fixtures = root.join("fixtures");
+    let out = explore(&root.join("out"), &fixtures, &["--samples", "60", "--keep", "--shrink-steps", "400"], true);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    let search = json(&root.join("out/explore.json"));
+    let bits: Vec<&serde_json::Value> = search["found"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == "bits")
+        .collect();
+    assert_eq!(bits.len(), 1, "one planted region, one shrunk violation: {all}");
+    let minimal = &bits[0]["minimal"]["shape"];
+    // The smallest description the plant still covers: M 3, N 1, one
+    // group of the first spec, no batch, no bias.
+    assert_eq!(minimal["m"], 3, "{minimal}");
+    assert_eq!(minimal["n"], 1, "{minimal}");
+    assert_eq!(minimal["k"], 64, "{minimal}");
+    assert_eq!(minimal["spec"], "affine-4b-gs64", "{minimal}");
+    assert_eq!(minimal["batch"], serde_json::json!([]), "{minimal}");
+    assert_eq!(minimal["bias"], "none", "{minimal}");
+    assert!(bits[0]["observation"]["first_diff"].as_str().unwrap().contains("y:"));
+    let md = std::fs::read_to_string(root.join("out/explore.md")).unwrap();
+    assert!(md.contains("Regime map") && md.contains("Bits"), "{md}");
+    // The reproducer uses mlx.core only.
+    let repro = std::fs::read_dir(root.join("out/repro"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "py"))
+        .map(|p| std::fs::read_to_string(p).unwrap())
+        .find(|s| s.contains("Bits"))
+        .unwrap();
+    assert!(repro.contains("import mlx.core as mx") && !repro.contains("mlx.nn"), "{repro}");
+    // Kept: an ordinary must-equal case that fails with the plant and
+    // passes without it.
+    let kept = json(&fixtures.join("explore/kept.json"));
+    assert_eq!(kept.as_array().unwrap().len(), 1, "{kept}");
+    for (plant, code, verdict) in [(true, 1, "FAIL"), (false, 0, "pass")] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_conformance"));
+        cmd.args(["--device", "cpu", "--filter", "kept/", "--no-snapshots", "--out"])
+            .arg(root.join("suite"))
+            .env("CI", "true")
+            .env("MLX_CONFORMANCE_FIXTURES", &fixtures);
+        if plant {
+            cmd.env("MLX_CONFORMANCE_PLANT", PLANT);
+        }
+        let run = cmd.output().unwrap();
+        let all = text(&run);
+        assert_eq!(run.status.code(), Some(code), "{all}");
+        assert!(all.contains(&format!("{verdict:<7} kept/quantized/linear/affine-4b-gs64/bf16/M3/K64-N1/s")), "{all}");
+    }
+    // A second keep adds nothing.
+    let again = explore(&root.join("out2"), &fixtures, &["--samples", "60", "--keep", "--shrink-steps", "400"], true);
+    assert!(text(&again).contains("kept: 0 new"), "{}", text(&again));
+}
+
+#[test]
+fn the_same_seed_draws_the_same_samples_and_shards_merge_into_the_whole() {
+    let root = scratch("shards");
+    let fixtures = root.join("fixtures");
+    let names = |dir: &Path| -> Vec<String> {
+        json(&dir.join("explore.json"))["samples"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| format!("{}#{}", s["index"], s["description"]))
+            .collect()
+    };
+    explore(&root.join("a"), &fixtures, &["--samples", "12", "--shrink-steps", "0"], false);
+    explore(&root.join("b"), &fixtures, &["--samples", "12", "--shrink-steps", "0"], false);
+    assert_eq!(names(&root.join("a")), names(&root.join("b")));
+    explore(&root.join("s0"), &fixtures, &["--samples", "6", "--shard", "0/2", "--shrink-steps", "0"], false);
+    explore(&root.join("s1"), &fixtures, &["--samples", "6", "--shard", "1/2", "--shrink-steps", "0"], false);
+    let merged = Command::new(env!("CARGO_BIN_EXE_conformance-explore"))
+        .arg("--merge")
+        .arg(root.join("s0/explore.json"))
+        .arg(root.join("s1/explore.json"))
+        .arg("--out")
+        .arg(root.join("m"))
+        .output()
+        .unwrap();
+    assert!(merged.status.code().is_some_and(|c| c <= 1), "{}", text(&merged));
+    assert_eq!(names(&root.join("m")), names(&root.join("a")));
+    for bad in ["2/2", "x", "1/0"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_conformance-explore"))
+            .args(["--shard", bad])
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(3), "{bad}: {}", text(&o));
+    }
+}
