@@ -31,6 +31,23 @@ pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
     Ok(code)
 }
 
+/// `cargo xtask explore [--backend B] [args...]`: the shape explorer
+/// (`conformance-explore`), after the same environment check; its exit
+/// code (0 nothing found, 1 a violation, 3 usage or environment) is ours.
+pub fn explore(root: &Path, args: &[OsString]) -> Result<i32> {
+    let args = &util::absolute_path_args(args);
+    let (layout, _, args) = env::select_and_check(root, args)?;
+    let code = util::status(
+        layout
+            .cargo(root)
+            .args(["run", "-p", "conformance", "--bin", "conformance-explore", "--"])
+            .args(args),
+        "the shape explorer",
+    )?;
+    explain_loader_failure(&layout, code);
+    Ok(code)
+}
+
 /// Exit code of a process the dynamic loader could not start.
 pub const LOADER_FAILURE: i32 = 127;
 

@@ -86,6 +86,15 @@ enum Command {
         #[command(subcommand)]
         action: fixtures::Action,
     },
+    /// Search shapes where kernels switch: sample, check (bits, exact oracle,
+    /// invariances), shrink and keep violations (a leading `--backend cuda`
+    /// selects the CUDA environment); writes target/explore/explore.{json,md}
+    #[command(disable_help_flag = true)]
+    Explore {
+        /// [--backend B] then arguments passed unchanged to conformance-explore (`--help` included)
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
     /// Write a self-contained runner directory (binary, CPython, reference packages,
     /// fixtures) for a Linux x86-64 machine without Rust, uv or network; `--archive`
     /// also writes it as <out>.tar.zst parts of at most 60 MiB
@@ -120,6 +129,7 @@ fn main() {
         }
         Command::Test { args } => testing::run(&root, &args),
         Command::Conformance { args } => conformance::run(&root, &args),
+        Command::Explore { args } => conformance::explore(&root, &args),
         Command::Fixtures { backend, action } => fixtures::run(&root, backend, &action),
         Command::Bundle(args) => bundle::run(&root, &args),
         Command::Gate(args) => gate::run(&root, &args),

@@ -297,7 +297,8 @@ pub struct Search {
 }
 
 /// Runs a search: draws samples until the budget or the sample cap, and
-/// shrinks every violation (of a description not already found).
+/// shrinks the first violation of each kind in each kernel class (later
+/// ones are in the samples and the regime map).
 pub fn search(
     oracle: &Oracle,
     config: &Config,
@@ -325,7 +326,14 @@ pub fn search(
         let mut tree = strategy::draw(strategy, config.seed, j, family)?;
         let description = tree.current();
         let observation = observe(oracle, config.backend, &description);
-        if let Some(kind) = observation.violation() {
+        // One shrink per kind of violation and kernel class: the next
+        // sighting in a class already shrunk is recorded, not shrunk again.
+        let known = |kind| {
+            found
+                .iter()
+                .any(|f: &Found| f.kind == kind && f.original.kernel_class() == description.kernel_class())
+        };
+        if let Some(kind) = observation.violation().filter(|k| !known(*k)) {
             let preceded_by = samples
                 .iter()
                 .rev()
