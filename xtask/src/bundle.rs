@@ -8,6 +8,7 @@
 //! conformance                     launcher (sh): same flags and exit codes as
 //!                                 `cargo xtask conformance`
 //! bin/conformance                 the runner, built against the backend's env
+//! bin/conformance-explore         the shape explorer (`<bundle>/conformance explore …`)
 //! python/lib/libpython3.X.so.1.0  the embedded interpreter's own libpython
 //! python/lib/python3.X/           its standard library (tests, tkinter, idle,
 //!                                 ensurepip and the static-build config left out)
@@ -224,7 +225,7 @@ pub fn run(root: &Path, args: &Args) -> Result<i32> {
         env.dir,
         env.target_dir(root).display()
     );
-    let binary = build_runner(root, &env)?;
+    let (binary, explorer) = build_runner(root, &env)?;
 
     // 3. The directory.
     prepare_out(&out)?;
@@ -234,6 +235,7 @@ pub fn run(root: &Path, args: &Args) -> Result<i32> {
     let bundled_site = stdlib.join("site-packages");
     fs::create_dir_all(out.join("bin"))?;
     copy_file(&binary, &out.join("bin/conformance"))?;
+    copy_file(&explorer, &out.join("bin/conformance-explore"))?;
     copy_file(&libpython, &lib.join(&facts.soname))?;
     println!(
         "bundle: python {} standard library from {}",
@@ -416,9 +418,9 @@ fn python_facts(python: &Path) -> Result<PythonFacts> {
         .with_context(|| format!("unexpected answer from {}", python.display()))
 }
 
-/// `cargo build -p conformance` against the backend's env; the executable
-/// cargo reports.
-fn build_runner(root: &Path, env: &Layout) -> Result<PathBuf> {
+/// `cargo build -p conformance` against the backend's env; the runner's
+/// and the explorer's executables as cargo reports them.
+fn build_runner(root: &Path, env: &Layout) -> Result<(PathBuf, PathBuf)> {
     // The layout's cargo: MLX_REFERENCE_DIR, PYO3_PYTHON and its target dir.
     let mut cmd = env.cargo(root);
     cmd.args([
@@ -427,19 +429,24 @@ fn build_runner(root: &Path, env: &Layout) -> Result<PathBuf> {
         "conformance",
         "--bin",
         "conformance",
+        "--bin",
+        "conformance-explore",
         "--message-format=json-render-diagnostics",
     ])
     .stdout(Stdio::piped());
     let mut child = cmd.spawn().context("could not run cargo build")?;
-    let mut executable = None;
+    let (mut executable, mut explorer) = (None, None);
     for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
         let line = line?;
         let Ok(message) = serde_json::from_str::<serde_json::Value>(&line) else {
             continue;
         };
-        if message["reason"] == "compiler-artifact" && message["target"]["name"] == "conformance" {
-            if let Some(path) = message["executable"].as_str() {
-                executable = Some(PathBuf::from(path));
+        if message["reason"] == "compiler-artifact" {
+            let path = message["executable"].as_str().map(PathBuf::from);
+            match message["target"]["name"].as_str() {
+                Some("conformance") if path.is_some() => executable = path,
+                Some("conformance-explore") if path.is_some() => explorer = path,
+                _ => {}
             }
         }
     }
@@ -450,7 +457,10 @@ fn build_runner(root: &Path, env: &Layout) -> Result<PathBuf> {
             util::exit_code(status)
         );
     }
-    executable.context("cargo reported no `conformance` executable")
+    Ok((
+        executable.context("cargo reported no `conformance` executable")?,
+        explorer.context("cargo reported no `conformance-explore` executable")?,
+    ))
 }
 
 /// Empties `out` if it is a previous bundle (or empty); refuses anything else.
@@ -601,7 +611,7 @@ fn elf_requirements(out: &Path) -> Result<serde_json::Value> {
     collect_files(out, &mut files)?;
     for file in files {
         let name = file.file_name().unwrap_or_default().to_string_lossy();
-        if name.contains(".so") || file.ends_with("bin/conformance") {
+        if name.contains(".so") || file.ends_with("bin/conformance") || file.ends_with("bin/conformance-explore") {
             scan(&file)?;
         }
     }
@@ -959,6 +969,11 @@ for arg in "$@"; do
     prev=$arg
 done
 
+# `<bundle>/conformance explore …` is the shape explorer.
+if [ "${1:-}" = explore ]; then
+    shift
+    exec "$here/bin/conformance-explore" "$@"
+fi
 exec "$here/bin/conformance" "$@"
 "#;
 

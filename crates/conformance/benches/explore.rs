@@ -22,6 +22,7 @@ fn main() {
             shard: (0, 1),
             backend,
             max_shrink_steps: 0,
+            extent: false,
         };
         let t = Instant::now();
         let search = explore::search(&oracle, &config, &|_, _| {}).expect("a search runs");

@@ -50,6 +50,9 @@ struct Cli {
     /// Shrink steps per violation, at most.
     #[arg(long, default_value_t = 200)]
     shrink_steps: usize,
+    /// Do not sweep shrunk violations along M, N and K (their extent).
+    #[arg(long)]
+    no_extent: bool,
     /// Where explore.json, explore.md and repro/ go.
     #[arg(long, default_value = "target/explore")]
     out: PathBuf,
@@ -131,6 +134,7 @@ fn main() -> ExitCode {
         shard: cli.shard,
         backend,
         max_shrink_steps: cli.shrink_steps,
+        extent: !cli.no_extent,
     };
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let bar = if terminal {

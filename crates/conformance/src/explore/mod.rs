@@ -153,6 +153,28 @@ impl Description {
         out
     }
 
+    /// The sweeps that map a violation's extent: per axis, the description
+    /// with that axis set to each value (the others as found).
+    fn axes(&self) -> Vec<(&'static str, Vec<(usize, Description)>)> {
+        const MS: [usize; 21] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17, 24, 31, 32, 33, 48, 63, 64, 65];
+        const NS: [usize; 20] = [1, 2, 3, 4, 5, 6, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129];
+        match self {
+            Description::QuantizedLinear { shape, seed } => {
+                let with = |f: &dyn Fn(&mut LinearShape)| {
+                    let mut s = shape.clone();
+                    f(&mut s);
+                    Description::QuantizedLinear { shape: s, seed: *seed }
+                };
+                let g = shape.spec.group_size as usize;
+                vec![
+                    ("M", MS.iter().map(|&m| (m, with(&|s| s.m = m))).collect()),
+                    ("N", NS.iter().map(|&n| (n, with(&|s| s.n = n))).collect()),
+                    ("K", (1..=8).map(|groups| (groups * g, with(&|s| s.k = groups * g))).collect()),
+                ]
+            }
+        }
+    }
+
     /// Invariance (c): the port's batched rows against the rows alone.
     fn rows_match_batched(&self) -> Result<bool, String> {
         match self {
@@ -259,6 +281,8 @@ pub struct Config {
     pub backend: Backend,
     /// Shrink steps per violation, at most.
     pub max_shrink_steps: usize,
+    /// Sweep each shrunk violation along its axes (M, N, K).
+    pub extent: bool,
 }
 
 /// One sample's record for the regime map.
@@ -282,6 +306,44 @@ pub struct Found {
     /// The samples this process ran just before the first sighting (a
     /// violation that depends on what ran before shows here).
     pub preceded_by: Vec<String>,
+    /// Where the violation extends: the minimal description swept along
+    /// each axis, and whether each value still shows it.
+    pub extent: Vec<Extent>,
+}
+
+/// One axis of a violation's extent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Extent {
+    pub axis: String,
+    /// The values that show the violation.
+    pub shows: Vec<usize>,
+    /// The values that do not.
+    pub clean: Vec<usize>,
+}
+
+/// Sweeps `minimal` along its axes.
+fn extent(oracle: &Oracle, config: &Config, minimal: &Description, kind: Violation) -> Vec<Extent> {
+    minimal
+        .axes()
+        .into_iter()
+        .map(|(axis, points)| {
+            let mut e = Extent {
+                axis: axis.into(),
+                shows: Vec::new(),
+                clean: Vec::new(),
+            };
+            for (value, d) in points {
+                if d.check().is_err() {
+                    continue;
+                }
+                match observe(oracle, config.backend, &d).violation() == Some(kind) {
+                    true => e.shows.push(value),
+                    false => e.clean.push(value),
+                }
+            }
+            e
+        })
+        .collect()
 }
 
 /// A whole search's outcome.
@@ -343,6 +405,11 @@ pub fn search(
             let (minimal, minimal_observation, steps) =
                 shrink(oracle, config, &mut *tree, kind, description.clone(), observation.clone());
             if !found.iter().any(|f| f.minimal == minimal) {
+                let extent = if config.extent {
+                    extent(oracle, config, &minimal, kind)
+                } else {
+                    Vec::new()
+                };
                 found.push(Found {
                     kind,
                     original: description.clone(),
@@ -350,6 +417,7 @@ pub fn search(
                     observation: minimal_observation,
                     shrink_steps: steps,
                     preceded_by,
+                    extent,
                 });
             }
         }

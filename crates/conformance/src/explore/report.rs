@@ -72,6 +72,10 @@ fn markdown(search: &Search) -> String {
         if !f.preceded_by.is_empty() {
             let _ = writeln!(md, "   - ran after: {}", f.preceded_by.join(", "));
         }
+        for e in &f.extent {
+            let list = |v: &[usize]| if v.is_empty() { "none".to_owned() } else { v.iter().map(usize::to_string).collect::<Vec<_>>().join(", ") };
+            let _ = writeln!(md, "   - extent in {}: shows at {}; clean at {}", e.axis, list(&e.shows), list(&e.clean));
+        }
     }
     let _ = writeln!(
         md,
