@@ -7,13 +7,16 @@
 //! - (b) both against the exact-math oracle (a violation when either side
 //!   is outside its derived bound);
 //! - (c) invariances, recorded as findings for the regime map, never
-//!   violations: the port's batched forward against the same rows alone.
+//!   violations: the port's batched forward against the same rows alone;
+//!   for `gather_qmm`, sorted against unsorted routing and the batch
+//!   against each token alone.
 //!
 //! Samples run many to a process, in one interpreter, as serving does.
 //! Deterministic: sample `i` of seed `s` is drawn from its own generator
 //! (seeded by `s` and `i`), so shards (`i % n`) and reruns draw the same.
 //!
-//! Families so far: `quantized/linear`. Each family's description is the
+//! Families so far: `quantized/linear` (`quantized_matmul`) and
+//! `quantized/switch` (`gather_qmm`). Each family's description is the
 //! serde data its fixed cases are built from (`families::describe`).
 
 pub mod plant;
@@ -29,6 +32,7 @@ use serde::{Deserialize, Serialize};
 use crate::case::{Backend, Case};
 use crate::exactness::ExactClass;
 use crate::families::quantized::linear::LinearShape;
+use crate::families::quantized::switch::SwitchShape;
 use crate::runner::{self, RunOptions, Verdict};
 
 /// One sample as data: the family's description and the inputs' seed.
@@ -37,18 +41,21 @@ use crate::runner::{self, RunOptions, Verdict};
 pub enum Description {
     #[serde(rename = "quantized/linear")]
     QuantizedLinear { shape: LinearShape, seed: u64 },
+    #[serde(rename = "quantized/switch")]
+    QuantizedSwitch { shape: SwitchShape, seed: u64 },
 }
 
 impl Description {
     pub fn family(&self) -> &'static str {
         match self {
             Description::QuantizedLinear { .. } => "quantized/linear",
+            Description::QuantizedSwitch { .. } => "quantized/switch",
         }
     }
 
     pub fn seed(&self) -> u64 {
         match self {
-            Description::QuantizedLinear { seed, .. } => *seed,
+            Description::QuantizedLinear { seed, .. } | Description::QuantizedSwitch { seed, .. } => *seed,
         }
     }
 
@@ -56,6 +63,9 @@ impl Description {
     pub fn name(&self, prefix: &str) -> String {
         match self {
             Description::QuantizedLinear { shape, seed } => {
+                format!("{prefix}/{}/s{seed}", shape.name())
+            }
+            Description::QuantizedSwitch { shape, seed } => {
                 format!("{prefix}/{}/s{seed}", shape.name())
             }
         }
@@ -68,6 +78,13 @@ impl Description {
             Description::QuantizedLinear { shape, .. } => {
                 format!("{}/{}/{}", self.family(), shape.spec, shape.dtype.name())
             }
+            Description::QuantizedSwitch { shape, .. } => format!(
+                "{}/{}/{}/{}",
+                self.family(),
+                shape.spec,
+                shape.dtype.name(),
+                if shape.sorted { "sorted" } else { "unsorted" }
+            ),
         }
     }
 
@@ -75,6 +92,7 @@ impl Description {
     pub fn check(&self) -> Result<(), String> {
         match self {
             Description::QuantizedLinear { shape, .. } => shape.check(),
+            Description::QuantizedSwitch { shape, .. } => shape.check(),
         }
     }
 
@@ -84,16 +102,21 @@ impl Description {
         let name = self.name(prefix);
         let mut case = match self {
             Description::QuantizedLinear { shape, .. } => shape.clone().case_named(name),
+            Description::QuantizedSwitch { shape, .. } => shape.clone().case_named(name),
         };
         case.seed = self.seed();
         case
     }
 
-    /// The (M, K, N) of the sample, for the regime map.
+    /// The (M, K, N) of the sample, for the regime map (switch: M is the
+    /// routed rows, tokens × top).
     pub fn mkn(&self) -> (usize, usize, usize) {
         match self {
             Description::QuantizedLinear { shape, .. } => {
                 (shape.batch.iter().product::<usize>() * shape.m, shape.k, shape.n)
+            }
+            Description::QuantizedSwitch { shape, .. } => {
+                (shape.batch * shape.len * shape.top, shape.k, shape.n)
             }
         }
     }
@@ -149,6 +172,57 @@ impl Description {
                     });
                 }
             }
+            Description::QuantizedSwitch { shape, seed } => {
+                let with = |f: &dyn Fn(&mut SwitchShape)| {
+                    let mut s = shape.clone();
+                    f(&mut s);
+                    Description::QuantizedSwitch { shape: s, seed: *seed }
+                };
+                if shape.bias {
+                    out.push(with(&|s| s.bias = false));
+                }
+                if shape.sorted {
+                    out.push(with(&|s| s.sorted = false));
+                }
+                if shape.dtype != oracle::DType::Bfloat16 {
+                    out.push(with(&|s| s.dtype = oracle::DType::Bfloat16));
+                }
+                let specs = strategy::specs();
+                if let Some(at) = specs.iter().position(|s| *s == shape.spec) {
+                    for spec in &specs[..at] {
+                        let groups = shape.k / shape.spec.group_size as usize;
+                        out.push(with(&|s| {
+                            s.spec = *spec;
+                            s.k = groups * spec.group_size as usize;
+                        }));
+                    }
+                }
+                for batch in 1..shape.batch {
+                    out.push(with(&|s| s.batch = batch));
+                }
+                for len in 1..shape.len {
+                    out.push(with(&|s| s.len = len));
+                }
+                for top in 1..shape.top {
+                    out.push(with(&|s| s.top = top));
+                }
+                for experts in shape.top.max(1)..shape.experts {
+                    out.push(with(&|s| s.experts = experts));
+                }
+                let g = shape.spec.group_size as usize;
+                for k in (1..shape.k / g).map(|n| n * g) {
+                    out.push(with(&|s| s.k = k));
+                }
+                for n in 1..shape.n {
+                    out.push(with(&|s| s.n = n));
+                }
+                if *seed != 0 {
+                    out.push(with(&|_| {}));
+                    if let Some(Description::QuantizedSwitch { seed, .. }) = out.last_mut() {
+                        *seed = 0;
+                    }
+                }
+            }
         }
         out
     }
@@ -172,14 +246,32 @@ impl Description {
                     ("K", (1..=8).map(|groups| (groups * g, with(&|s| s.k = groups * g))).collect()),
                 ]
             }
+            Description::QuantizedSwitch { shape, seed } => {
+                let with = |f: &dyn Fn(&mut SwitchShape)| {
+                    let mut s = shape.clone();
+                    f(&mut s);
+                    Description::QuantizedSwitch { shape: s, seed: *seed }
+                };
+                let g = shape.spec.group_size as usize;
+                vec![
+                    ("tokens (L)", MS.iter().map(|&l| (l, with(&|s| s.len = l))).collect()),
+                    ("N", NS.iter().map(|&n| (n, with(&|s| s.n = n))).collect()),
+                    ("K", (1..=8).map(|groups| (groups * g, with(&|s| s.k = groups * g))).collect()),
+                    ("experts", (1..=16).map(|e| (e, with(&|s| { s.experts = e; s.top = s.top.min(e); }))).collect()),
+                ]
+            }
         }
     }
 
-    /// Invariance (c): the port's batched rows against the rows alone.
-    fn rows_match_batched(&self) -> Result<bool, String> {
+    /// Invariances (c) of the port alone, by name: whether each holds.
+    fn invariances(&self) -> Result<Vec<(String, bool)>, String> {
         match self {
-            Description::QuantizedLinear { shape, seed } => {
-                shape.rows_match_batched(*seed).map_err(|e| e.to_string())
+            Description::QuantizedLinear { shape, seed } => shape
+                .rows_match_batched(*seed)
+                .map(|same| vec![("batched = rows alone".to_owned(), same)])
+                .map_err(|e| e.to_string()),
+            Description::QuantizedSwitch { shape, seed } => {
+                shape.invariances(*seed).map_err(|e| e.to_string())
             }
         }
     }
@@ -195,8 +287,9 @@ pub struct Observation {
     /// The exact oracle's class of the output (absent: not in its scope).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub exact: Option<ExactClass>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub rows_match_batched: Option<bool>,
+    /// Invariances of the port (c), by name: whether each holds.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub invariances: Vec<(String, bool)>,
     /// The case could not run (a harness or port error).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -244,7 +337,7 @@ pub fn observe(oracle: &Oracle, backend: Backend, d: &Description) -> Observatio
         bits_equal: result.verdict == Verdict::Pass,
         first_diff: None,
         exact: None,
-        rows_match_batched: None,
+        invariances: Vec::new(),
         error: None,
         time_ms: 0.0,
     };
@@ -256,8 +349,8 @@ pub fn observe(oracle: &Oracle, backend: Backend, d: &Description) -> Observatio
                 .find(|x| !x.comparison.is_equal())
                 .map(|x| format!("{}: {}", x.name, x.comparison.summary()));
             o.exact = out.exact_checks().map(|(_, e)| e.class).max_by_key(|c| *c as u8);
-            match d.rows_match_batched() {
-                Ok(same) => o.rows_match_batched = Some(same),
+            match d.invariances() {
+                Ok(v) => o.invariances = v,
                 Err(e) => o.error = Some(format!("invariance: {e}")),
             }
         }

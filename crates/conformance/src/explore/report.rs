@@ -79,7 +79,7 @@ fn markdown(search: &Search) -> String {
     }
     let _ = writeln!(
         md,
-        "\n## Regime map\n\nPer kernel class: samples, and the (M, K, N) where port and reference bits differ, where a side leaves the exact bound, and where the port's batched rows differ from the rows alone (invariance, a finding).\n\n| class | samples | bits differ at | outside the bound at | batched ≠ rows at |\n|---|---:|---|---|---|"
+        "\n## Regime map\n\nPer kernel class: samples, and the (M, K, N) where port and reference bits differ, where a side leaves the exact bound, and where the port's batched rows differ from the rows alone (invariance, a finding).\n\n| class | samples | bits differ at | outside the bound at | invariances that part, at |\n|---|---:|---|---|---|"
     );
     let mut classes: BTreeMap<String, Vec<&super::Sampled>> = BTreeMap::new();
     for s in &search.samples {
@@ -115,10 +115,34 @@ fn markdown(search: &Search) -> String {
             samples.len(),
             at(&|o| !o.bits_equal && o.error.is_none()),
             at(&|o| o.exact.is_some_and(|c| c != crate::exactness::ExactClass::Within)),
-            at(&|o| o.rows_match_batched == Some(false)),
+            invariances(&samples),
         );
     }
     md
+}
+
+/// Per invariance that did not hold somewhere: `name: M×K×N, …`.
+fn invariances(samples: &[&super::Sampled]) -> String {
+    let mut by: BTreeMap<&str, Vec<(usize, usize, usize)>> = BTreeMap::new();
+    for s in samples {
+        for (name, holds) in &s.observation.invariances {
+            if !holds {
+                by.entry(name.as_str()).or_default().push(s.description.mkn());
+            }
+        }
+    }
+    if by.is_empty() {
+        return "—".into();
+    }
+    by.into_iter()
+        .map(|(name, mut v)| {
+            v.sort();
+            v.dedup();
+            let shown: Vec<String> = v.iter().take(10).map(|(m, k, n)| format!("{m}×{k}×{n}")).collect();
+            format!("{name}: {}{}", shown.join(", "), if v.len() > 10 { ", …" } else { "" })
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// `repro/<i>.py` and `repro/<i>.safetensors`: the minimal description's
@@ -185,6 +209,53 @@ print("any NaN in y:", mx.any(mx.isnan(y)).item())
                 } else {
                     "\ndefinition = definition + t[\"bias\"].astype(mx.float32)"
                 },
+            );
+            write_file(&dir.join(format!("{i}.py")), &script)
+        }
+        Description::QuantizedSwitch { shape, seed } => {
+            crate::kept::write(dir, &i.to_string(), &shape.host_inputs(*seed))?;
+            let spec = shape.spec;
+            let script = format!(
+                r#""""Reproducer {i} from the MLX conformance suite's shape explorer.
+
+Seen: {kind:?}: {seen}
+Description: {description}
+Only mlx.core: the experts' weights are quantized by mx.quantize, then one
+SwitchGLU projection is run by mx.gather_qmm (unsorted indices; the case
+itself sorted them: {sorted}); the float32 definition is printed beside it.
+"""
+import os
+import mlx.core as mx
+
+here = os.path.dirname(os.path.abspath(__file__))
+t = mx.load(os.path.join(here, "{i}.safetensors"))
+w, scales, *biases = mx.quantize(t["weight"], group_size={gs}, bits={bits}, mode="{mode}")
+biases = biases[0] if biases else None
+x = mx.expand_dims(t["x"], (-2, -3))
+y = mx.gather_qmm(x, w, scales, biases, rhs_indices=t["indices"], transpose=True, group_size={gs}, bits={bits}, mode="{mode}").squeeze(-2)
+w_float = mx.dequantize(w, scales, biases, group_size={gs}, bits={bits}, mode="{mode}").astype(mx.float32)
+definition = mx.einsum("blk,blenk->blen", t["x"].astype(mx.float32), w_float[t["indices"]])
+if "bias" in t:
+    y = y + t["bias"][t["indices"]]
+    definition = definition + t["bias"].astype(mx.float32)[t["indices"]]
+mx.eval(y, definition)
+print("gather_qmm:", y.dtype, y.shape)
+print(y)
+print("largest |y - definition|:", mx.max(mx.abs(y.astype(mx.float32) - definition)).item())
+print("any NaN in y:", mx.any(mx.isnan(y)).item())
+"#,
+                kind = f.kind,
+                seen = f
+                    .observation
+                    .first_diff
+                    .as_deref()
+                    .or(f.observation.error.as_deref())
+                    .unwrap_or("see explore.md"),
+                description = serde_json::to_string(&f.minimal).expect("json"),
+                sorted = shape.sorted,
+                gs = spec.group_size,
+                bits = spec.bits,
+                mode = spec.mode,
             );
             write_file(&dir.join(format!("{i}.py")), &script)
         }

@@ -11,6 +11,11 @@
 //! - M (rows): 1–8 (matrix-vector kernels), 9–40, and 60–70 around 64;
 //!   sometimes with leading batch dimensions;
 //! - dtype, bias, scales dtype, and the inputs' seed.
+//!
+//! `quantized/switch` (`gather_qmm`): experts 1–16, top-k 1–4 (at most the
+//! experts), batch 1–3 and tokens per row 1–24 or 30–40 (routed rows around
+//! SwitchGLU's sort threshold of 64), sorted or unsorted routing, K of 1 to
+//! 8 groups, N as above, dtype and bias.
 
 use proptest::prelude::*;
 use proptest::strategy::{BoxedStrategy, ValueTree};
@@ -22,7 +27,7 @@ use layers::quantized::{Mode, QuantSpec};
 use oracle::DType;
 
 /// The families the explorer can sample.
-pub const FAMILIES: [&str; 1] = ["quantized/linear"];
+pub const FAMILIES: [&str; 2] = ["quantized/linear", "quantized/switch"];
 
 /// Every spec, simplest first (what shrinking moves toward).
 pub fn specs() -> Vec<QuantSpec> {
@@ -66,6 +71,40 @@ fn quantized_linear() -> BoxedStrategy<Description> {
         .boxed()
 }
 
+fn quantized_switch() -> BoxedStrategy<Description> {
+    use crate::families::quantized::switch::SwitchShape;
+    let n = prop_oneof![3 => 1usize..=8, 3 => 9usize..=72, 1 => 120usize..=136];
+    let len = prop_oneof![3 => 1usize..=24, 1 => 30usize..=40];
+    let dtype = prop::sample::select(vec![DType::Bfloat16, DType::Float32, DType::Float16]);
+    (
+        prop::sample::select(specs()),
+        dtype,
+        1usize..=16,
+        1usize..=4,
+        1usize..=3,
+        len,
+        any::<bool>(),
+        any::<bool>(),
+        prop_oneof![3 => 1usize..=4, 1 => 5usize..=8],
+        n,
+        0u64..1 << 32,
+    )
+        .prop_map(|(spec, dtype, experts, top, batch, len, sorted, bias, groups, n, seed)| {
+            let shape = SwitchShape {
+                dtype,
+                top: top.min(experts),
+                batch,
+                len,
+                bias,
+                k: groups * spec.group_size as usize,
+                n,
+                ..SwitchShape::new(spec, experts, sorted)
+            };
+            Description::QuantizedSwitch { shape, seed }
+        })
+        .boxed()
+}
+
 /// The strategies of `families` (empty: every family), by name; an
 /// unknown name is an error listing the known ones.
 pub fn for_families(families: &[String]) -> Result<Vec<(String, BoxedStrategy<Description>)>, String> {
@@ -78,6 +117,7 @@ pub fn for_families(families: &[String]) -> Result<Vec<(String, BoxedStrategy<De
         .into_iter()
         .map(|f| match f {
             "quantized/linear" => Ok((f.to_owned(), quantized_linear())),
+            "quantized/switch" => Ok((f.to_owned(), quantized_switch())),
             other => Err(format!(
                 "--family {other}: the explorer samples {}",
                 FAMILIES.join(", ")

@@ -43,7 +43,7 @@ mod global_scale;
 pub mod linear;
 mod lora;
 mod rows;
-mod switch;
+pub mod switch;
 
 pub fn cases() -> Vec<Case> {
     let mut cases = Vec::new();

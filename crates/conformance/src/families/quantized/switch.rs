@@ -60,21 +60,30 @@ const EMPTY_ON_CUDA: &str =
      zero-size gather_qmm (cudaGraphAddKernelNode: invalid argument), and the error stays set \
      for every later CUDA call in the process (measured on an H200)";
 
-#[derive(Debug, Clone)]
-struct Shape {
-    spec: QuantSpec,
-    dtype: DType,
-    experts: usize,
-    top: usize,
-    batch: usize,
-    len: usize,
-    sorted: bool,
-    bias: bool,
+/// One switch projection as data: x `(batch, len, k)` routed to `top` of
+/// `experts` experts, each `W[e]` `(n, k)` quantized with `spec`. The
+/// registry's fixed cases have `k = 3 * group_size` and `n = 64`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SwitchShape {
+    #[serde(with = "crate::families::describe::spec")]
+    pub spec: QuantSpec,
+    pub dtype: DType,
+    pub experts: usize,
+    pub top: usize,
+    pub batch: usize,
+    pub len: usize,
+    /// Through `_gather_sort` / `sorted_indices=True` / `_scatter_unsort`.
+    pub sorted: bool,
+    pub bias: bool,
+    pub k: usize,
+    pub n: usize,
 }
 
-impl Shape {
-    fn new(spec: QuantSpec, experts: usize, sorted: bool) -> Self {
-        Shape {
+type Shape = SwitchShape;
+
+impl SwitchShape {
+    pub fn new(spec: QuantSpec, experts: usize, sorted: bool) -> Self {
+        SwitchShape {
             spec,
             dtype: DType::Bfloat16,
             experts,
@@ -83,7 +92,75 @@ impl Shape {
             len: 5,
             sorted,
             bias: false,
+            k: base_k(spec),
+            n: OUT,
         }
+    }
+
+    /// Why the layer cannot take this shape, if so.
+    pub fn check(&self) -> Result<(), String> {
+        let g = self.spec.group_size as usize;
+        if self.k == 0 || self.k % g != 0 {
+            return Err(format!("k {} is not a positive multiple of group_size {g}", self.k));
+        }
+        if self.experts == 0 || self.top == 0 || self.top > self.experts || self.n == 0 || self.len == 0 || self.batch == 0 {
+            return Err("experts, top (at most experts), n, len and batch must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// The must-equal case of this shape under `name` (kept explorer cases).
+    pub fn case_named(self, name: String) -> Case {
+        Case::must_equal(name, FAMILY, REFERENCE, move |ctx| port_vs_reference(ctx, &self))
+            .glue_composed(SWITCH_GLU_STEP)
+    }
+
+    /// The seeded inputs as the case draws them (same generator, same
+    /// order): `x`, `indices`, the float `weight` the port quantizes, and
+    /// `bias` when the shape has one (for reproducers).
+    pub fn host_inputs(&self, seed: u64) -> Vec<(String, HostTensor)> {
+        let mut inputs = Inputs::new(seed);
+        let x = activation(&mut inputs, self.dtype, &[self.batch, self.len, self.k]);
+        let indices = expert_indices(&mut inputs, &[self.batch, self.len], self.top, self.experts);
+        let weight = inputs.uniform(self.dtype, &[self.experts, self.n, self.k], 1.0);
+        let mut out = vec![("x".into(), x), ("indices".into(), indices), ("weight".into(), weight)];
+        if self.bias {
+            out.push(("bias".into(), inputs.uniform(self.dtype, &[self.experts, self.n], 0.5)));
+        }
+        out
+    }
+
+    /// Invariances of the port alone (findings, never verdicts): sorted
+    /// against unsorted routing, and the batch against each token alone.
+    pub fn invariances(&self, seed: u64) -> Result<Vec<(String, bool)>, CaseError> {
+        self.check().map_err(|e| CaseError::harness("shape", e))?;
+        let setup = setup_seeded(seed, self, self.experts)?;
+        let layer = port_layer(setup.payload.clone(), &setup.bias)?;
+        let (x, idx) = (setup.x.to_array(), setup.indices.to_array());
+        let batched = host(&port_apply(&layer, &x, &idx, self.sorted)?)?;
+        let other = host(&port_apply(&layer, &x, &idx, !self.sorted)?)?;
+        let tokens = self.batch * self.len;
+        let (xw, iw, yw) = (
+            setup.x.bytes.len() / tokens,
+            setup.indices.bytes.len() / tokens,
+            batched.bytes.len() / tokens,
+        );
+        let mut alone_same = true;
+        for t in 0..tokens {
+            let xt = HostTensor::new(setup.x.dtype, vec![1, 1, self.k], setup.x.bytes[t * xw..(t + 1) * xw].to_vec())
+                .map_err(|e| CaseError::harness("x", e))?;
+            let it = HostTensor::new(DType::Int32, vec![1, 1, self.top], setup.indices.bytes[t * iw..(t + 1) * iw].to_vec())
+                .map_err(|e| CaseError::harness("indices", e))?;
+            let yt = host(&port_apply(&layer, &xt.to_array(), &it.to_array(), false)?)?;
+            if yt.bytes[..] != batched.bytes[t * yw..(t + 1) * yw] {
+                alone_same = false;
+                break;
+            }
+        }
+        Ok(vec![
+            ("sorted = unsorted".into(), batched.bytes == other.bytes),
+            ("batched = tokens alone".into(), alone_same),
+        ])
     }
 
     fn stem(&self) -> String {
@@ -98,7 +175,9 @@ impl Shape {
         )
     }
 
-    fn name(&self) -> String {
+    /// The case name; `K` and `N` appear only when they differ from the
+    /// fixed list's, so the registry's names are unchanged.
+    pub fn name(&self) -> String {
         let mut name = format!(
             "{}/{}",
             self.stem(),
@@ -106,6 +185,9 @@ impl Shape {
         );
         if self.bias {
             name += "/bias";
+        }
+        if (self.k, self.n) != (base_k(self.spec), OUT) {
+            name += &format!("/K{}-N{}", self.k, self.n);
         }
         name
     }
@@ -282,14 +364,18 @@ struct Setup {
 }
 
 fn setup(ctx: &Ctx, s: &Shape, experts: usize) -> Result<Setup, CaseError> {
-    let k = base_k(s.spec);
-    let mut inputs = ctx.inputs();
+    setup_seeded(ctx.seed(), s, experts)
+}
+
+fn setup_seeded(seed: u64, s: &Shape, experts: usize) -> Result<Setup, CaseError> {
+    let k = s.k;
+    let mut inputs = Inputs::new(seed);
     let x = activation(&mut inputs, s.dtype, &[s.batch, s.len, k]);
     let indices = expert_indices(&mut inputs, &[s.batch, s.len], s.top, s.experts);
-    let payload = quantized_weight(&mut inputs, s.spec, s.dtype, &[experts, OUT, k])?;
+    let payload = quantized_weight(&mut inputs, s.spec, s.dtype, &[experts, s.n, k])?;
     let bias = s
         .bias
-        .then(|| inputs.uniform(s.dtype, &[experts, OUT], 0.5));
+        .then(|| inputs.uniform(s.dtype, &[experts, s.n], 0.5));
     Ok(Setup {
         x,
         indices,
