@@ -378,10 +378,16 @@ pub struct Config {
     pub extent: bool,
 }
 
+/// Samples drawn at a time and run grouped by kernel class.
+const BLOCK: usize = 32;
+
 /// One sample's record for the regime map.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Sampled {
     pub index: usize,
+    /// When it ran in this process (0 first).
+    #[serde(default)]
+    pub order: usize,
     pub description: Description,
     pub observation: Observation,
 }
@@ -465,6 +471,13 @@ pub fn search(
     let mut samples = Vec::new();
     let mut found: Vec<Found> = Vec::new();
     let mut index = 0usize;
+    // Samples are drawn in blocks and run grouped by kernel class, so a
+    // GPU compiles each class's kernels once per block (the first sample of
+    // a class in this process carries its compilation; `explore.md`
+    // reports that time apart). Which samples a seed draws never depends
+    // on the order they run in.
+    let mut block: std::collections::VecDeque<(usize, Box<dyn ValueTree<Value = Description>>)> =
+        Default::default();
     loop {
         if started.elapsed() >= config.budget
             || config.max_samples.is_some_and(|m| samples.len() >= m)
@@ -472,13 +485,24 @@ pub fn search(
         {
             break;
         }
-        let j = index;
-        index += 1;
-        if j % shards != shard {
-            continue;
+        if block.is_empty() {
+            // A sample cap draws exactly the capped samples (the first by
+            // index), so shards of a capped search merge into the whole.
+            let want = config.max_samples.map_or(BLOCK, |m| BLOCK.min(m - samples.len()));
+            let mut drawn = Vec::new();
+            while drawn.len() < want {
+                let j = index;
+                index += 1;
+                if j % shards != shard {
+                    continue;
+                }
+                let (family, strategy) = &strategies[j % strategies.len()];
+                drawn.push((j, strategy::draw(strategy, config.seed, j, family)?));
+            }
+            drawn.sort_by_cached_key(|(j, t)| (t.current().kernel_class(), *j));
+            block.extend(drawn);
         }
-        let (family, strategy) = &strategies[j % strategies.len()];
-        let mut tree = strategy::draw(strategy, config.seed, j, family)?;
+        let (j, mut tree) = block.pop_front().expect("a block was just drawn");
         let description = tree.current();
         let observation = observe(oracle, config.backend, &description);
         // One shrink per kind of violation and kernel class: the next
@@ -516,11 +540,14 @@ pub fn search(
         }
         samples.push(Sampled {
             index: j,
+            order: samples.len(),
             description,
             observation,
         });
         progress(samples.len(), found.len());
     }
+    // By index (each keeps its run order in `order`).
+    samples.sort_by_key(|s| s.index);
     Ok(Search {
         seed: config.seed,
         shard: config.shard,

@@ -79,7 +79,7 @@ fn markdown(search: &Search) -> String {
     }
     let _ = writeln!(
         md,
-        "\n## Regime map\n\nPer kernel class: samples, and the (M, K, N) where port and reference bits differ, where a side leaves the exact bound, and where the port's batched rows differ from the rows alone (invariance, a finding).\n\n| class | samples | bits differ at | outside the bound at | invariances that part, at |\n|---|---:|---|---|---|"
+        "\n## Regime map\n\nPer kernel class: samples, and the (M, K, N) where port and reference bits differ, where a side leaves the exact bound, and where the port's batched rows differ from the rows alone (invariance, a finding).\n\n| class | samples | first use, ms | typical, ms | bits differ at | outside the bound at | invariances that part, at |\n|---|---:|---:|---:|---|---|---|"
     );
     let mut classes: BTreeMap<String, Vec<&super::Sampled>> = BTreeMap::new();
     for s in &search.samples {
@@ -99,7 +99,14 @@ fn markdown(search: &Search) -> String {
             .join(", ")
             + if v.len() > 12 { ", …" } else { "" }
     };
-    for (class, samples) in classes {
+    for (class, mut samples) in classes {
+        // The first sample of a class in the process carries its kernels'
+        // compilation (GPU); the median of the others is the run time.
+        samples.sort_by_key(|s| s.order);
+        let first = samples.first().map_or(0.0, |s| s.observation.time_ms);
+        let mut rest: Vec<f64> = samples.iter().skip(1).map(|s| s.observation.time_ms).collect();
+        rest.sort_by(f64::total_cmp);
+        let typical = rest.get(rest.len() / 2).copied().unwrap_or(first);
         let at = |f: &dyn Fn(&super::Observation) -> bool| {
             list(
                 samples
@@ -111,7 +118,7 @@ fn markdown(search: &Search) -> String {
         };
         let _ = writeln!(
             md,
-            "| {class} | {} | {} | {} | {} |",
+            "| {class} | {} | {first:.1} | {typical:.1} | {} | {} | {} |",
             samples.len(),
             at(&|o| !o.bits_equal && o.error.is_none()),
             at(&|o| o.exact.is_some_and(|c| c != crate::exactness::ExactClass::Within)),
