@@ -14,9 +14,9 @@ use crate::util;
 
 pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
     let args = &util::absolute_path_args(args);
-    // A refused run must not leave the previous run's report looking current.
-    crate::util::clear_reports(root, args);
-    let (layout, _, args) = env::select_and_check(root, args)?;
+    // A run xtask refuses must not leave the previous run's report looking
+    // current (the runner clears its own `--out` once its flags are valid).
+    let (layout, _, args) = util::or_clear_reports(root, args, env::select_and_check(root, args))?;
     if !root.join("crates/conformance/Cargo.toml").exists() {
         bail!("crates/conformance does not exist in this workspace");
     }

@@ -36,24 +36,9 @@ pub fn run(root: &Path, backend: Option<Backend>, action: &Action) -> Result<i32
         Action::Accept { args } => ("accept", util::absolute_path_args(args)),
     };
     let args = &args;
-    // A refused run must not leave the previous run's report looking current.
-    crate::util::clear_reports(root, args);
-    let leading = args
-        .first()
-        .is_some_and(|a| a.to_string_lossy().starts_with("--backend"));
-    let (peeled, args) = env::peel_backend(args)?;
-    let backend = match (backend, leading) {
-        (Some(outer), true) if outer != peeled => {
-            bail!("two different backends given: --backend {outer} and --backend {peeled}")
-        }
-        (Some(outer), _) => outer,
-        (None, _) => peeled,
-    };
-    let layout = Layout::for_backend(backend)?;
-    env::check_environment(root, &layout)?;
-    if mode == "accept" && std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-        bail!("snapshots are never written under CI=true; run `cargo xtask fixtures accept` locally and commit");
-    }
+    // A run xtask refuses must not leave the previous run's report looking
+    // current (the runner clears its own `--out` once its flags are valid).
+    let layout = util::or_clear_reports(root, args, refusals(root, backend, mode, args))?;
     // `--filter` records (or reviews) only the selected cases; snapshots of
     // cases no longer registered are judged and removed on unfiltered runs
     // only (the runner's complete-selection rule).
@@ -64,6 +49,7 @@ pub fn run(root: &Path, backend: Option<Backend>, action: &Action) -> Result<i32
     {
         println!("fixtures accept --filter: recording the selected cases only; orphaned snapshots are removed by an unfiltered accept");
     }
+    let (_, args) = env::peel_backend(args)?;
     let code = util::status(
         layout
             .cargo(root)
@@ -82,4 +68,25 @@ pub fn run(root: &Path, backend: Option<Backend>, action: &Action) -> Result<i32
     )?;
     explain_loader_failure(&layout, code);
     Ok(code)
+}
+
+/// The environment of the run, or why xtask refuses it.
+fn refusals(root: &Path, backend: Option<Backend>, mode: &str, args: &[OsString]) -> Result<Layout> {
+    let leading = args
+        .first()
+        .is_some_and(|a| a.to_string_lossy().starts_with("--backend"));
+    let (peeled, _) = env::peel_backend(args)?;
+    let backend = match (backend, leading) {
+        (Some(outer), true) if outer != peeled => {
+            bail!("two different backends given: --backend {outer} and --backend {peeled}")
+        }
+        (Some(outer), _) => outer,
+        (None, _) => peeled,
+    };
+    let layout = Layout::for_backend(backend)?;
+    env::check_environment(root, &layout)?;
+    if mode == "accept" && std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        bail!("snapshots are never written under CI=true; run `cargo xtask fixtures accept` locally and commit");
+    }
+    Ok(layout)
 }

@@ -76,9 +76,40 @@ pub fn output(cmd: &mut Command, what: &str) -> Result<Output> {
 /// Runs a command with inherited stdio and returns its exit code (after a
 /// stop signal: 128 + signal, without starting it). Supervised: see
 /// `supervise`.
+///
+/// Off a terminal, the child's stderr is relayed through xtask, which
+/// keeps draining it when its own stderr is closed or full (`2>&1 | head`,
+/// `2>/dev/full`): cargo would otherwise fail printing its status line
+/// (exit 101) before the runner starts, and no report would be written.
 pub fn status(cmd: &mut Command, what: &str) -> Result<i32> {
-    Ok(match crate::supervise::run(cmd, what, |_| ())? {
-        Ok((status, ())) => exit_code(status),
+    use std::io::{IsTerminal, Read, Write};
+    let relay = !std::io::stderr().is_terminal();
+    if relay {
+        cmd.stderr(std::process::Stdio::piped());
+    }
+    let ran = crate::supervise::run(cmd, what, |child| {
+        let mut from = child.stderr.take()?;
+        Some(std::thread::spawn(move || {
+            let mut buffer = [0u8; 8192];
+            let mut open = true;
+            while let Ok(n) = from.read(&mut buffer) {
+                if n == 0 {
+                    break;
+                }
+                if open {
+                    let mut to = std::io::stderr().lock();
+                    open = to.write_all(&buffer[..n]).and_then(|()| to.flush()).is_ok();
+                }
+            }
+        }))
+    })?;
+    Ok(match ran {
+        Ok((status, relay)) => {
+            if let Some(relay) = relay {
+                let _ = relay.join();
+            }
+            exit_code(status)
+        }
         Err(code) => code,
     })
 }
@@ -165,6 +196,15 @@ pub fn absolute_path_args(args: &[OsString]) -> Vec<OsString> {
     out
 }
 
+/// `result`, clearing the reports this run would have written when it is
+/// an error (xtask refused the run before the runner could).
+pub fn or_clear_reports<T>(root: &Path, args: &[OsString], result: Result<T>) -> Result<T> {
+    if result.is_err() {
+        clear_reports(root, args);
+    }
+    result
+}
+
 /// Removes the conformance reports of a previous run from the directory
 /// this run would write (its `--out`, relative to `root`, the runner's
 /// working directory; else `target/conformance`), and from no other: runs
@@ -187,7 +227,8 @@ pub fn clear_reports(root: &Path, args: &[OsString]) {
 /// The reports directory a runner invocation with `args` writes.
 pub fn reports_dir(root: &Path, args: &[OsString]) -> std::path::PathBuf {
     let mut out = None;
-    let mut it = args.iter();
+    // After a bare `--` nothing is a flag (the runner refuses such a run).
+    let mut it = args.iter().take_while(|a| a.as_os_str() != "--");
     while let Some(arg) = it.next() {
         let text = arg.to_string_lossy();
         if text == "--out" {

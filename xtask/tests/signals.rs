@@ -56,6 +56,23 @@ fn start(dir: &Path, own_group: bool) -> Child {
     child
 }
 
+/// Kills the stand-in cargo and its grandchild when a test ends, passed
+/// or failed (a failing run must not leave them running either).
+struct Reaper(PathBuf);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for name in ["cargo.pid", "grandchild.pid"] {
+            if let Ok(text) = std::fs::read_to_string(self.0.join(name)) {
+                if let Ok(pid) = text.trim().parse::<i32>() {
+                    // SAFETY: signalling a process this test started.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+            }
+        }
+    }
+}
+
 fn alive(pid: i32) -> bool {
     // A zombie has ended; only a running or sleeping process counts.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -80,6 +97,7 @@ fn pid(dir: &Path, name: &str) -> i32 {
 #[test]
 fn sigterm_to_xtask_reaches_the_child_and_its_group_and_xtask_exits_with_its_code() {
     let dir = scratch("term");
+    let _reaper = Reaper(dir.clone());
     let xtask = start(&dir, false);
     // SAFETY: signalling our own child.
     unsafe { libc::kill(xtask.id() as i32, libc::SIGTERM) };
@@ -97,6 +115,7 @@ fn sigterm_to_xtask_reaches_the_child_and_its_group_and_xtask_exits_with_its_cod
 #[test]
 fn ctrl_c_reaches_the_child_once_through_xtask() {
     let dir = scratch("int");
+    let _reaper = Reaper(dir.clone());
     let xtask = start(&dir, true);
     // The terminal sends SIGINT to the foreground group: xtask's.
     // SAFETY: signalling our own child's process group.
@@ -109,4 +128,30 @@ fn ctrl_c_reaches_the_child_once_through_xtask() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(!alive(grandchild));
+}
+
+/// A closed stderr (`cargo xtask … 2>&1 | head -1`): xtask keeps draining
+/// the child's stderr, so the child runs to its end and its code is
+/// xtask's (before: cargo failed its status line, exit 101, no reports).
+#[test]
+fn a_closed_stderr_does_not_end_the_child() {
+    let dir = scratch("stderr");
+    let script = dir.join("cargo");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\nset -e\nyes 'a status line' | head -n 100000 >&2\necho ran > \"$FAKE_DIR/ran\"\nexit 7\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_xtask"))
+        .args(["conformance", "--filter", "smoke"])
+        .env("CARGO", &script)
+        .env("FAKE_DIR", &dir)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take()); // the reader went away
+    assert_eq!(wait(child), Some(7));
+    assert!(dir.join("ran").exists(), "the child ran to its end");
 }

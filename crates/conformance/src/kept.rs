@@ -54,9 +54,13 @@ pub fn write(dir: &Path, case: &str, tensors: &[(String, HostTensor)]) -> Result
         .collect::<Result<Vec<_>, _>>()?;
     let path = file(dir, case);
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    safetensors::serialize_to_file(views, None, &tmp)
-        .map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))
+    let written = safetensors::serialize_to_file(views, None, &tmp)
+        .map_err(|e| format!("{}: {e}", tmp.display()))
+        .and_then(|()| std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display())));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// Reads a case's tensors (`None` when the file does not exist).

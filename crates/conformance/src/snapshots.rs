@@ -484,7 +484,9 @@ pub fn gate(
             Err(e) => gated.write_errors.push(e.to_string()),
         }
     }
-    if mode == Mode::Accept {
+    // Removal only after every write succeeded: a failed accept removes
+    // nothing ("the rest is unchanged" holds).
+    if mode == Mode::Accept && gated.write_errors.is_empty() {
         for path in gated.orphans.iter().chain(&gated.leftovers) {
             if let Err(e) = store::remove(path) {
                 gated.write_errors.push(format!("cannot remove {e}"));
@@ -839,6 +841,50 @@ mod tests {
         assert!(kept.exists() && !gone.exists());
         assert_eq!(g.statuses[1], Status::NotChecked);
         assert_eq!(g.counts.removed, 1);
+    }
+
+    /// Second hostile round: an accept with a failed write removed the
+    /// orphans and leftovers anyway, and said "the rest is unchanged".
+    #[test]
+    fn a_failed_accept_removes_no_orphan_or_leftover() {
+        let dir = temp_dir("failed-accept").join("set");
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ok, blocked) = (result("a/b"), result("c/d"));
+        std::fs::create_dir(dir.join(file_name("c/d"))).unwrap();
+        let orphan = record(&dir, &result("gone/case"));
+        let leftover = dir.join(".unfinished-1-1.snap-tmp");
+        std::fs::write(&leftover, "").unwrap();
+        let results = [ok, blocked];
+        let names: BTreeSet<String> = results.iter().map(|r| file_name(&r.name)).collect();
+        let g = gate(&dir, &results, Mode::Accept, &provenance(), Some(&names));
+        assert_eq!(g.write_errors.len(), 1, "{:?}", g.write_errors);
+        assert!(orphan.exists() && leftover.exists(), "nothing removed");
+        assert_eq!(g.statuses[0], Status::Written { previous: Previous::None });
+    }
+
+    /// Second hostile round: `fixtures/` itself a link carried every set
+    /// outside the checkout.
+    #[test]
+    fn a_fixtures_directory_that_is_a_link_is_refused() {
+        let base = temp_dir("fixtures-link");
+        let real = base.join("elsewhere");
+        std::fs::create_dir_all(real.join("snapshots/set")).unwrap();
+        std::os::unix::fs::symlink(&real, base.join("fixtures")).unwrap();
+        let root = base.join("fixtures/snapshots");
+        let err = store::check_set_dir(&root, &root.join("set")).unwrap_err();
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+        let r = result("a/b");
+        let g = gate(&root.join("set"), &[r], Mode::Accept, &provenance(), None);
+        assert!(!g.write_errors.is_empty());
+        assert_eq!(std::fs::read_dir(real.join("snapshots/set")).unwrap().count(), 0);
+    }
+
+    #[test]
+    fn a_snapshot_larger_than_any_is_refused_unread() {
+        let dir = temp_dir("huge");
+        let file = dir.join("a__b.snap");
+        std::fs::File::create(&file).unwrap().set_len(store::MAX_SNAPSHOT_BYTES + 1).unwrap();
+        assert!(matches!(read(&file), Err(SnapshotError::Store(store::StoreError::TooLarge { .. }))));
     }
 
     #[test]

@@ -416,3 +416,123 @@ fn a_relative_out_is_resolved_against_the_working_directory_and_printed_absolute
         "{all}"
     );
 }
+
+// Second hostile round (a fresh subagent on a clean clone).
+
+/// A FIFO or a link where the reports' lock file goes: a one-line error,
+/// never a hang, never a file created at the link's target.
+#[test]
+fn a_fifo_or_link_at_the_reports_lock_is_an_error_not_a_hang() {
+    let root = scratch("lock");
+    let (fifo_dir, link_dir) = (root.join("fifo"), root.join("link"));
+    for d in [&fifo_dir, &link_dir] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    let c = std::ffi::CString::new(fifo_dir.join(".conformance-reports.lock").as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let target = root.join("created-outside");
+    std::os::unix::fs::symlink(&target, link_dir.join(".conformance-reports.lock")).unwrap();
+    for dir in [&fifo_dir, &link_dir] {
+        let started = std::time::Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_conformance"))
+            .args(["--device", "cpu", "--filter", SMOKE, "--out"])
+            .arg(dir)
+            .env("CI", "true")
+            .output()
+            .unwrap();
+        let all = text(&out);
+        assert!(started.elapsed().as_secs() < 120, "no hang");
+        assert_eq!(out.status.code(), Some(3), "{all}");
+        assert!(all.contains(".conformance-reports.lock"), "{all}");
+        no_panic(&all);
+    }
+    assert!(!target.exists(), "nothing created at the link's target");
+}
+
+#[test]
+fn a_huge_case_timeout_is_no_limit_not_a_panic() {
+    let out_dir = scratch("huge-timeout");
+    let out = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args(["--device", "cpu", "--filter", SMOKE, "--no-snapshots"])
+        .args(["--case-timeout", "18446744073709551615", "--out"])
+        .arg(&out_dir)
+        .env("CI", "true")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+}
+
+#[test]
+fn a_directory_in_a_report_files_place_or_an_empty_out_is_refused_before_any_case() {
+    let dir = scratch("junit-dir");
+    std::fs::create_dir_all(dir.join("junit.xml")).unwrap();
+    for out in [dir.as_os_str(), OsStr::new("")] {
+        let run = Command::new(env!("CARGO_BIN_EXE_conformance"))
+            .args(["--device", "cpu", "--filter", SMOKE, "--out"])
+            .arg(out)
+            .env("CI", "true")
+            .output()
+            .unwrap();
+        let all = text(&run);
+        assert_eq!(run.status.code(), Some(3), "{all}");
+        assert!(all.contains("--out"), "{all}");
+        assert!(!all.contains("pass "), "refused before any case ran: {all}");
+    }
+    assert!(std::fs::read_dir(&dir).unwrap().all(|e| !e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .ends_with(".partial")));
+}
+
+/// Workers die with their runner, even stopped ones after a SIGKILL of the
+/// runner (before: they stayed, stopped, re-parented to init).
+#[test]
+fn workers_do_not_outlive_a_killed_runner() {
+    let out_dir = scratch("orphan-workers");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args(["--device", "cpu", "--jobs", "1", "--case-timeout", "0", "--no-snapshots"])
+        .args(["--filter", LINEAR, "--out"])
+        .arg(&out_dir)
+        .env("CI", "true")
+        .env("MLX_CONFORMANCE_FAULT", "SIGSTOP@float/linear/bf16/M1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let runner = child.id();
+    let workers = || -> Vec<u32> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                    let after = s.rsplit(')').next().unwrap_or("");
+                    let fields: Vec<&str> = after.split_whitespace().collect();
+                    fields.get(1).and_then(|p| p.parse::<u32>().ok()) == Some(runner)
+                })
+            })
+            .collect()
+    };
+    let started = std::time::Instant::now();
+    let mut seen = Vec::new();
+    while seen.is_empty() && started.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        seen = workers();
+    }
+    assert!(!seen.is_empty(), "a worker started");
+    std::thread::sleep(std::time::Duration::from_secs(3)); // it stops itself
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    let started = std::time::Instant::now();
+    let alive = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+    };
+    while seen.iter().any(|p| alive(*p)) && started.elapsed().as_secs() < 10 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(seen.iter().all(|p| !alive(*p)), "workers {seen:?} outlived the runner");
+}

@@ -302,6 +302,16 @@ pub fn check_writable(dir: &Path) -> Result<(), String> {
             dir.display()
         )
     };
+    if dir.as_os_str().is_empty() {
+        return Err("--out is empty; give a directory (default: target/conformance)".into());
+    }
+    // Each report name must be free for a file (a directory there would
+    // fail the final rename, after report.json was already replaced).
+    for f in ["report.json", "junit.xml", "report.md"] {
+        if std::fs::symlink_metadata(dir.join(f)).is_ok_and(|m| m.is_dir()) {
+            return Err(fail(format!("{f} there is a directory")));
+        }
+    }
     if dir.exists() && !dir.is_dir() {
         return Err(fail("exists and is not a directory".into()));
     }
@@ -316,13 +326,45 @@ pub fn check_writable(dir: &Path) -> Result<(), String> {
 /// replaced, so that runs sharing one `--out` never leave a mix of two
 /// runs' files: the directory holds one run's complete reports, those of
 /// the run that finished last (README "Reading a report").
+///
+/// The lock file is never a link or a FIFO (opened `O_NOFOLLOW |
+/// O_NONBLOCK`, then checked: a FIFO there would block the run forever,
+/// a link would create a file at its target), and a run that must wait
+/// for another's lock says so.
 fn lock_dir(dir: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(".conformance-reports.lock");
     let lock = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(dir.join(".conformance-reports.lock"))?;
-    lock.lock()?;
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|e| {
+            let why = if e.raw_os_error() == Some(libc::ELOOP) {
+                "is a symbolic link".to_owned()
+            } else {
+                e.to_string()
+            };
+            std::io::Error::new(e.kind(), format!("{}: {why}", path.display()))
+        })?;
+    if !lock.metadata()?.is_file() {
+        return Err(std::io::Error::other(format!(
+            "{} is not a regular file; remove it",
+            path.display()
+        )));
+    }
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            errln!(
+                "note: waiting for another run's lock on {} (it holds these reports)",
+                path.display()
+            );
+            lock.lock()?;
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(e),
+    }
     Ok(lock)
 }
 
@@ -359,11 +401,16 @@ pub fn write_all(dir: &Path, report: &Report) -> std::io::Result<()> {
         }
         return Err(e);
     }
-    let _lock = lock_dir(dir)?;
+    let renamed = lock_dir(dir).and_then(|_lock| {
+        files
+            .iter()
+            .try_for_each(|(name, _)| std::fs::rename(partial(name), dir.join(name)))
+    });
+    // No `.partial` file outlives a failed write.
     for (name, _) in &files {
-        std::fs::rename(partial(name), dir.join(name))?;
+        let _ = std::fs::remove_file(partial(name));
     }
-    Ok(())
+    renamed
 }
 
 /// The first difference of a row, for tables.

@@ -12,7 +12,7 @@ extern "C" fn on_interrupt(_signal: libc::c_int) {
     INTERRUPTED.store(true, Ordering::SeqCst);
 }
 
-/// Routes SIGINT and SIGTERM to [`interrupted`] (replacing the embedded
+/// Routes SIGINT, SIGTERM and SIGHUP to [`interrupted`] (replacing the embedded
 /// interpreter's handler, which would only act when Python code runs).
 pub fn catch_interrupts() {
     let handler = on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t;
@@ -20,6 +20,7 @@ pub fn catch_interrupts() {
     unsafe {
         libc::signal(libc::SIGINT, handler);
         libc::signal(libc::SIGTERM, handler);
+        libc::signal(libc::SIGHUP, handler);
     }
 }
 

@@ -204,7 +204,19 @@ struct Crash {
 
 impl Worker {
     fn spawn(command: &WorkerCommand) -> std::io::Result<Worker> {
-        let mut child = Command::new(&command.program)
+        let mut cmd = Command::new(&command.program);
+        // A worker dies with its runner, even a runner killed by SIGKILL
+        // while the worker is stopped (Linux; SIGKILL ends a stopped one).
+        #[cfg(target_os = "linux")]
+        // SAFETY: prctl is async-signal-safe; it runs in the forked child.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = cmd
             .args(&command.args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -263,7 +275,8 @@ impl Worker {
         };
         let mut unreadable = false;
         let mut timed_out = None;
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A limit too large to add to now is no limit (never a panic).
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         // Short waits, so an interrupt is noticed within a tenth of a second.
         let tick = Duration::from_millis(100);
         while detail.is_empty() {

@@ -19,10 +19,10 @@ impl Session {
         } = gated;
         if let Some(g) = &snapshots {
             for leftover in &g.leftovers {
-                let done = if self.mode == Mode::Accept {
+                let done = if self.mode == Mode::Accept && !leftover.exists() && std::fs::symlink_metadata(leftover).is_err() {
                     "removed"
                 } else {
-                    "not a snapshot; the next accept removes it"
+                    "not a snapshot; the next successful accept removes it"
                 };
                 errln!(
                     "note: {} is a temporary file of an unfinished snapshot write ({done})",
@@ -37,7 +37,7 @@ impl Session {
                 errln!("error: {e}");
             }
             format!(
-                "{} snapshot write(s) failed in {}; what was written is whole, the rest is unchanged",
+                "{} snapshot write(s) failed in {}; every file is whole, nothing was removed, and the snapshots that could be written were",
                 g.write_errors.len(),
                 self.set_dir.display()
             )

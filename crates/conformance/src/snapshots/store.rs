@@ -41,6 +41,8 @@ pub enum StoreError {
         resolved: PathBuf,
         root: PathBuf,
     },
+    #[error("{path} is {len} bytes, more than any snapshot (16 MiB); it is not one. Fix: restore it from git")]
+    TooLarge { path: PathBuf, len: u64 },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -95,6 +97,11 @@ fn real_dir(path: &Path) -> Result<bool, StoreError> {
 /// directory directly inside `root`; an error for a link (at either
 /// level), a file, a link loop, or a path resolving elsewhere.
 pub fn check_set_dir(root: &Path, dir: &Path) -> Result<bool, StoreError> {
+    // `fixtures/` itself must not be a link either (it would carry every
+    // set outside the checkout).
+    if let Some(fixtures) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
+        real_dir(fixtures)?;
+    }
     if !real_dir(root)? || !real_dir(dir)? {
         return Ok(false);
     }
@@ -139,11 +146,22 @@ fn open_regular(path: &Path) -> Result<Option<File>, StoreError> {
     Ok(Some(file))
 }
 
+/// The largest snapshot file read (committed ones are a few KiB): a
+/// larger file is refused before it is read into memory.
+pub const MAX_SNAPSHOT_BYTES: u64 = 16 << 20;
+
 /// The bytes of a snapshot file; `Ok(None)` when it does not exist.
 pub fn read(path: &Path) -> Result<Option<Vec<u8>>, StoreError> {
     let Some(mut file) = open_regular(path)? else {
         return Ok(None);
     };
+    let len = file.metadata().map_err(io(path))?.len();
+    if len > MAX_SNAPSHOT_BYTES {
+        return Err(StoreError::TooLarge {
+            path: path.into(),
+            len,
+        });
+    }
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes).map_err(io(path))?;
     Ok(Some(bytes))
@@ -263,11 +281,13 @@ pub fn is_snapshot(entry: &Entry) -> bool {
 }
 
 /// Temporary files of writes that did not finish (a killed accept; an
-/// older writer's `*.snap.sealing-<pid>`).
+/// older writer's `*.snap.sealing-<pid>`). Only files and links: the
+/// writer never makes a directory of that name, so one is not ours.
 pub fn leftovers(dir: &Path) -> Vec<PathBuf> {
     entries(dir)
         .unwrap_or_default()
         .into_iter()
+        .filter(|e| std::fs::symlink_metadata(&e.path).is_ok_and(|m| !m.is_dir()))
         .filter(|e| {
             e.name.as_deref().is_some_and(|n| {
                 (n.starts_with(TEMP_PREFIX) && n.ends_with(TEMP_SUFFIX))
