@@ -159,6 +159,7 @@ impl Cli {
 
 /// `--worker`: one interpreter serving the parent's cases (runner/worker.rs).
 fn worker_main(cli: &Cli) -> Result<ExitCode, Exit> {
+    runner::worker::die_with_runner();
     let Some(backend) = cli
         .worker_backend
         .as_deref()

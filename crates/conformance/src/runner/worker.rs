@@ -54,6 +54,25 @@ pub const FAULT_ENV: &str = "MLX_CONFORMANCE_FAULT";
 /// How many of a worker's last stderr lines a crash message quotes.
 const STDERR_TAIL: usize = 12;
 
+/// The runner's pid, as a worker is told it.
+const RUNNER_PID_ENV: &str = "MLX_CONFORMANCE_RUNNER_PID";
+
+/// The worker's first step: it is sent SIGKILL when its runner dies (even
+/// a runner killed by SIGKILL while this worker is stopped), and exits at
+/// once if the runner is already gone (Linux; elsewhere the closed stdin
+/// ends it).
+pub fn die_with_runner() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: prctl and getppid on this process.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
+        let runner = std::env::var(RUNNER_PID_ENV).ok().and_then(|p| p.parse::<i32>().ok());
+        if runner.is_some_and(|pid| pid != unsafe { libc::getppid() }) {
+            std::process::exit(3);
+        }
+    }
+}
+
 /// The worker's side: answers case names read on stdin until EOF. Returns
 /// the process exit code (0; 3 when the protocol channel cannot be set up).
 pub fn serve(cases: &[Case], oracle: &Oracle, options: &RunOptions) -> i32 {
@@ -204,19 +223,12 @@ struct Crash {
 
 impl Worker {
     fn spawn(command: &WorkerCommand) -> std::io::Result<Worker> {
-        let mut cmd = Command::new(&command.program);
-        // A worker dies with its runner, even a runner killed by SIGKILL
-        // while the worker is stopped (Linux; SIGKILL ends a stopped one).
-        #[cfg(target_os = "linux")]
-        // SAFETY: prctl is async-signal-safe; it runs in the forked child.
-        unsafe {
-            use std::os::unix::process::CommandExt;
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let mut child = cmd
+        // No `pre_exec` here: it makes std fork() instead of posix_spawn,
+        // and fork() in a runner with CUDA initialised crashed the runner
+        // on the H200 (SIGSEGV after a few dozen worker starts). The worker
+        // sets its own parent-death signal instead (`die_with_runner`).
+        let mut child = Command::new(&command.program)
+            .env(RUNNER_PID_ENV, std::process::id().to_string())
             .args(&command.args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
