@@ -372,7 +372,8 @@ pub struct Config {
     /// `(i, n)`: this process takes samples `j` with `j % n == i`.
     pub shard: (usize, usize),
     pub backend: Backend,
-    /// Shrink steps per violation, at most.
+    /// Shrink steps per violation, at most (the budget bounds shrinking and
+    /// extent sweeps too: on a GPU every new shape compiles kernels).
     pub max_shrink_steps: usize,
     /// Sweep each shrunk violation along its axes (M, N, K).
     pub extent: bool,
@@ -421,7 +422,13 @@ pub struct Extent {
 }
 
 /// Sweeps `minimal` along its axes.
-fn extent(oracle: &Oracle, config: &Config, minimal: &Description, kind: Violation) -> Vec<Extent> {
+fn extent(
+    oracle: &Oracle,
+    config: &Config,
+    deadline: Instant,
+    minimal: &Description,
+    kind: Violation,
+) -> Vec<Extent> {
     minimal
         .axes()
         .into_iter()
@@ -432,7 +439,7 @@ fn extent(oracle: &Oracle, config: &Config, minimal: &Description, kind: Violati
                 clean: Vec::new(),
             };
             for (value, d) in points {
-                if d.check().is_err() {
+                if d.check().is_err() || Instant::now() >= deadline {
                     continue;
                 }
                 match observe(oracle, config.backend, &d).violation() == Some(kind) {
@@ -519,11 +526,19 @@ pub fn search(
                 .take(3)
                 .map(|s: &Sampled| s.description.name("explore"))
                 .collect();
-            let (minimal, minimal_observation, steps) =
-                shrink(oracle, config, &mut *tree, kind, description.clone(), observation.clone());
+            let deadline = started + config.budget;
+            let (minimal, minimal_observation, steps) = shrink(
+                oracle,
+                config,
+                deadline,
+                &mut *tree,
+                kind,
+                description.clone(),
+                observation.clone(),
+            );
             if !found.iter().any(|f| f.minimal == minimal) {
                 let extent = if config.extent {
-                    extent(oracle, config, &minimal, kind)
+                    extent(oracle, config, deadline, &minimal, kind)
                 } else {
                     Vec::new()
                 };
@@ -536,6 +551,17 @@ pub fn search(
                     preceded_by,
                     extent,
                 });
+            }
+        }
+        if let Some(f) = found.last().filter(|_| observation.violation().is_some()) {
+            if f.original == description {
+                crate::errln!(
+                    "explore: {:?} at {} (shrunk from {} in {} steps)",
+                    f.kind,
+                    f.minimal.name("explore"),
+                    f.original.name("explore"),
+                    f.shrink_steps
+                );
             }
         }
         samples.push(Sampled {
@@ -566,6 +592,7 @@ pub fn search(
 fn shrink(
     oracle: &Oracle,
     config: &Config,
+    deadline: Instant,
     tree: &mut dyn ValueTree<Value = Description>,
     kind: Violation,
     mut best: Description,
@@ -573,7 +600,8 @@ fn shrink(
 ) -> (Description, Observation, usize) {
     let mut steps = 0;
     let mut simplified = tree.simplify();
-    while simplified && steps < config.max_shrink_steps {
+    let open = |steps: usize| steps < config.max_shrink_steps && Instant::now() < deadline;
+    while simplified && open(steps) {
         steps += 1;
         let candidate = tree.current();
         let o = observe(oracle, config.backend, &candidate);
@@ -585,9 +613,9 @@ fn shrink(
             simplified = tree.complicate();
         }
     }
-    'greedy: while steps < config.max_shrink_steps {
+    'greedy: while open(steps) {
         for candidate in best.simpler() {
-            if steps >= config.max_shrink_steps {
+            if !open(steps) {
                 break 'greedy;
             }
             steps += 1;
