@@ -411,6 +411,18 @@ pub struct Found {
     pub extent: Vec<Extent>,
 }
 
+impl Found {
+    /// What was seen, in one line: the first differing element, the
+    /// error, or (a bound violation with equal bits) that.
+    pub fn seen(&self) -> &str {
+        self.observation
+            .first_diff
+            .as_deref()
+            .or(self.observation.error.as_deref())
+            .unwrap_or("bits equal; outside the exact bound")
+    }
+}
+
 /// One axis of a violation's extent.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Extent {

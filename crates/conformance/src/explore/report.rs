@@ -60,11 +60,7 @@ fn markdown(search: &Search) -> String {
             f.minimal.name("explore"),
             f.original.name("explore"),
             f.shrink_steps,
-            f.observation
-                .first_diff
-                .as_deref()
-                .or(f.observation.error.as_deref())
-                .unwrap_or("bits equal"),
+            f.seen(),
             f.observation
                 .exact
                 .map_or("not in scope", |c| c.word()),
@@ -201,12 +197,7 @@ print("largest |y - definition|:", mx.max(mx.abs(y.astype(mx.float32) - definiti
 print("any NaN in y:", mx.any(mx.isnan(y)).item())
 "#,
                 kind = f.kind,
-                seen = f
-                    .observation
-                    .first_diff
-                    .as_deref()
-                    .or(f.observation.error.as_deref())
-                    .unwrap_or("see explore.md"),
+                seen = f.seen(),
                 description = serde_json::to_string(&f.minimal).expect("json"),
                 gs = spec.group_size,
                 bits = spec.bits,
@@ -252,12 +243,7 @@ print("largest |y - definition|:", mx.max(mx.abs(y.astype(mx.float32) - definiti
 print("any NaN in y:", mx.any(mx.isnan(y)).item())
 "#,
                 kind = f.kind,
-                seen = f
-                    .observation
-                    .first_diff
-                    .as_deref()
-                    .or(f.observation.error.as_deref())
-                    .unwrap_or("see explore.md"),
+                seen = f.seen(),
                 description = serde_json::to_string(&f.minimal).expect("json"),
                 sorted = shape.sorted,
                 gs = spec.group_size,
@@ -326,11 +312,7 @@ pub fn keep(fixtures: &Path, search: &Search, date: &str) -> Result<usize, Strin
             seen: format!(
                 "{:?}: {}",
                 f.kind,
-                f.observation
-                    .first_diff
-                    .as_deref()
-                    .or(f.observation.error.as_deref())
-                    .unwrap_or("outside the exact bound")
+                f.seen()
             ),
         });
         added += 1;
