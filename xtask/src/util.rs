@@ -178,13 +178,20 @@ pub fn absolute_path_args(args: &[OsString]) -> Vec<OsString> {
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         out.push(arg.clone());
+        // After a bare `--` nothing is a flag (the runner refuses the run).
+        if arg.as_os_str() == "--" {
+            out.extend(it.cloned());
+            break;
+        }
         let text = arg.to_string_lossy();
         if PATH_FLAGS.contains(&text.as_ref()) {
+            // An empty value stays empty: the runner refuses it (made
+            // absolute it would name the working directory).
             if let Some(value) = it.next() {
-                out.push(absolute(value));
+                out.push(if value.is_empty() { value.clone() } else { absolute(value) });
             }
-        } else if let Some((flag, _)) = text.split_once('=') {
-            if PATH_FLAGS.contains(&flag) {
+        } else if let Some((flag, rest)) = text.split_once('=') {
+            if PATH_FLAGS.contains(&flag) && !rest.is_empty() {
                 use std::os::unix::ffi::{OsStrExt, OsStringExt};
                 let value = std::ffi::OsStr::from_bytes(&arg.as_bytes()[flag.len() + 1..]);
                 let mut joined = format!("{flag}=").into_bytes();
@@ -277,6 +284,13 @@ mod reports_dir_tests {
         ] {
             assert_eq!(reports_dir(&root, &absolute_path_args(&args)), cwd.join("rel"));
         }
+        // An empty path stays empty (the runner refuses it), and nothing
+        // after `--` is rewritten.
+        for empty in [vec![OsString::from("--out"), "".into()], vec!["--out=".into()]] {
+            assert_eq!(absolute_path_args(&empty), empty);
+        }
+        let after = vec![OsString::from("--"), "--out".into(), "rel".into()];
+        assert_eq!(absolute_path_args(&after), after);
         let kept = absolute_path_args(&["--keep-outputs".into(), "k".into(), "--filter".into(), "x".into()]);
         assert_eq!(kept[1], cwd.join("k").into_os_string());
         assert_eq!(kept[3], OsString::from("x"));

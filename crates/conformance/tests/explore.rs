@@ -130,3 +130,68 @@ fn the_same_seed_draws_the_same_samples_and_shards_merge_into_the_whole() {
         assert_eq!(o.status.code(), Some(3), "{bad}: {}", text(&o));
     }
 }
+
+/// Second hostile round on the explorer: a FIFO at kept.json (before:
+/// every run, `--list` included, hung), `--keep` through a link (before:
+/// wrote outside), a shard merged twice (before: counted twice), a huge
+/// budget (before: a silent panic) and a shard of a huge n (before: a
+/// hang that ignored the budget and signals).
+#[test]
+fn hostile_inputs_to_the_explorer_end_in_one_line_not_a_hang() {
+    use std::os::unix::ffi::OsStrExt;
+    let root = scratch("hostile");
+    let fixtures = root.join("fixtures");
+    std::fs::create_dir_all(fixtures.join("explore")).unwrap();
+    let fifo = std::ffi::CString::new(fixtures.join("explore/kept.json").as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let started = std::time::Instant::now();
+    let list = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args(["--list", "--filter", "kept/"])
+        .env("MLX_CONFORMANCE_FIXTURES", &fixtures)
+        .output()
+        .unwrap();
+    assert!(started.elapsed().as_secs() < 60, "no hang");
+    assert!(text(&list).contains("kept/unreadable"), "{}", text(&list));
+
+    let linked = root.join("linked");
+    std::fs::create_dir_all(linked.join("fixtures")).unwrap();
+    let outside = root.join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, linked.join("fixtures/explore")).unwrap();
+    let keep = explore(&root.join("o1"), &linked.join("fixtures"), &["--samples", "30", "--keep", "--no-extent"], true);
+    assert_eq!(keep.status.code(), Some(3), "{}", text(&keep));
+    assert!(text(&keep).contains("symbolic link"), "{}", text(&keep));
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "nothing written outside");
+
+    let a = explore(&root.join("a"), &fixtures, &["--samples", "4", "--shrink-steps", "0"], false);
+    assert!(a.status.code().is_some_and(|c| c <= 2), "{}", text(&a));
+    let twice = Command::new(env!("CARGO_BIN_EXE_conformance-explore"))
+        .arg("--merge")
+        .arg(root.join("a/explore.json"))
+        .arg(root.join("a/explore.json"))
+        .arg("--out")
+        .arg(root.join("m"))
+        .output()
+        .unwrap();
+    assert_eq!(twice.status.code(), Some(3), "{}", text(&twice));
+    assert!(text(&twice).contains("overlap"), "{}", text(&twice));
+
+    for extra in [
+        &["--samples", "3", "--budget", "18446744073709551615s"][..],
+        &["--samples", "3", "--budget", "5s", "--shard", "1/18446744073709551615"],
+    ] {
+        let started = std::time::Instant::now();
+        let o = Command::new(env!("CARGO_BIN_EXE_conformance-explore"))
+            .args(["--family", "quantized/linear", "--out"])
+            .arg(root.join("b"))
+            .args(extra)
+            .env("MLX_CONFORMANCE_FIXTURES", &fixtures)
+            .env("MLX_CONFORMANCE_PLANT", PLANT)
+            .output()
+            .unwrap();
+        assert!(started.elapsed().as_secs() < 120, "{extra:?}: no hang");
+        assert!(o.status.code().is_some_and(|c| c <= 2), "{extra:?}: {}", text(&o));
+        assert!(!text(&o).contains("panicked"), "{}", text(&o));
+    }
+}

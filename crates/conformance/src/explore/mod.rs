@@ -486,6 +486,9 @@ pub fn search(
 ) -> Result<Search, String> {
     let strategies = strategy::for_families(&config.families)?;
     let started = Instant::now();
+    // A budget too large to add to now is a century (never a panic).
+    let budget = config.budget.min(Duration::from_secs(100 * 365 * 86_400));
+    let out_of_time = || started.elapsed() >= budget || runner::interrupted();
     let (shard, shards) = config.shard;
     let mut samples = Vec::new();
     let mut found: Vec<Found> = Vec::new();
@@ -498,10 +501,7 @@ pub fn search(
     let mut block: std::collections::VecDeque<(usize, Box<dyn ValueTree<Value = Description>>)> =
         Default::default();
     loop {
-        if started.elapsed() >= config.budget
-            || config.max_samples.is_some_and(|m| samples.len() >= m)
-            || runner::interrupted()
-        {
+        if out_of_time() || config.max_samples.is_some_and(|m| samples.len() >= m) {
             break;
         }
         if block.is_empty() {
@@ -509,9 +509,12 @@ pub fn search(
             // index), so shards of a capped search merge into the whole.
             let want = config.max_samples.map_or(BLOCK, |m| BLOCK.min(m - samples.len()));
             let mut drawn = Vec::new();
-            while drawn.len() < want {
+            // The budget and an interrupt stop the drawing too (a shard of
+            // a huge `n` matches rarely).
+            while drawn.len() < want && !out_of_time() {
                 let j = index;
-                index += 1;
+                let Some(next) = index.checked_add(1) else { break };
+                index = next;
                 if j % shards != shard {
                     continue;
                 }
@@ -519,6 +522,9 @@ pub fn search(
                 drawn.push((j, strategy::draw(strategy, config.seed, j, family)?));
             }
             drawn.sort_by_cached_key(|(j, t)| (t.current().kernel_class(), *j));
+            if drawn.is_empty() {
+                break;
+            }
             block.extend(drawn);
         }
         let (j, mut tree) = block.pop_front().expect("a block was just drawn");
@@ -538,7 +544,7 @@ pub fn search(
                 .take(3)
                 .map(|s: &Sampled| s.description.name("explore"))
                 .collect();
-            let deadline = started + config.budget;
+            let deadline = started + budget;
             let (minimal, minimal_observation, steps) = shrink(
                 oracle,
                 config,
@@ -656,7 +662,14 @@ pub fn merge(mut shards: Vec<Search>) -> Result<Search, String> {
         wall_s: 0.0,
         ..first
     };
+    let mut seen = std::collections::BTreeSet::new();
     for s in shards.drain(..) {
+        if let Some(dup) = s.samples.iter().find(|x| !seen.insert(x.index)) {
+            return Err(format!(
+                "shard reports overlap (sample {} is in two of them): merge each shard once",
+                dup.index
+            ));
+        }
         merged.wall_s = merged.wall_s.max(s.wall_s);
         merged.samples.extend(s.samples);
         for f in s.found {

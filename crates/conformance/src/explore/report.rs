@@ -274,21 +274,29 @@ pub fn kept_file(fixtures: &Path) -> PathBuf {
 /// not a list of kept descriptions is an error naming it.
 pub fn read_kept(fixtures: &Path) -> Result<Vec<Kept>, String> {
     let path = kept_file(fixtures);
-    let text = match std::fs::read_to_string(&path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
+    // As a snapshot is read: no link followed, no FIFO blocked on, no
+    // file larger than 16 MiB read.
+    let bytes = match crate::snapshots::store::read(&path) {
+        Ok(Some(b)) => b,
+        Ok(None) => return Ok(Vec::new()),
+        Err(e) => return Err(format!("kept explorer cases: {e}")),
     };
+    let text = String::from_utf8(bytes).map_err(|_| format!("{}: not UTF-8 text; restore it from git", path.display()))?;
     let kept: Vec<Kept> = serde_json::from_str(&text).map_err(|e| {
         format!(
             "{}: not a list of kept explorer cases ({e}); restore it from git",
             path.display()
         )
     })?;
+    let mut names = std::collections::BTreeSet::new();
     for k in &kept {
+        let name = k.description.name("kept");
         k.description
             .check()
-            .map_err(|e| format!("{}: {}: {e}", path.display(), k.description.name("kept")))?;
+            .map_err(|e| format!("{}: {name}: {e}", path.display()))?;
+        if !names.insert(name.clone()) {
+            return Err(format!("{}: {name} is kept twice; remove one", path.display()));
+        }
     }
     Ok(kept)
 }
@@ -317,9 +325,22 @@ pub fn keep(fixtures: &Path, search: &Search, date: &str) -> Result<usize, Strin
         });
         added += 1;
     }
+    if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
+        return Err("--keep: kept cases are never written under CI=true; keep them locally and commit".into());
+    }
     let path = kept_file(fixtures);
-    std::fs::create_dir_all(path.parent().expect("has a parent"))
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let dir = path.parent().expect("has a parent");
+    // Never through a link: `fixtures/explore` (or `fixtures/`) as a link
+    // would carry the write outside the checkout.
+    for d in [fixtures, dir] {
+        if std::fs::symlink_metadata(d).is_ok_and(|m| m.file_type().is_symlink()) {
+            return Err(format!("{} is a symbolic link; kept cases are never written through one", d.display()));
+        }
+    }
+    if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.is_file()) {
+        return Err(format!("{} is not a regular file; move it away", path.display()));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", path.display()))?;
     write_file(
         &path,
         &(serde_json::to_string_pretty(&kept).expect("json") + "\n"),
