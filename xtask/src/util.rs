@@ -108,6 +108,14 @@ pub fn status(cmd: &mut Command, what: &str) -> Result<i32> {
             if let Some(relay) = relay {
                 let _ = relay.join();
             }
+            // Killed by a signal xtask did not forward (SIGKILL, the OOM
+            // killer): say so rather than exit 128+N silently.
+            #[cfg(unix)]
+            if let Some(signal) = std::os::unix::process::ExitStatusExt::signal(&status) {
+                if crate::supervise::signalled().is_none() {
+                    eprintln!("xtask: {what} was killed by signal {signal}; exit {}", 128 + signal);
+                }
+            }
             exit_code(status)
         }
         Err(code) => code,

@@ -305,6 +305,18 @@ pub fn check_writable(dir: &Path) -> Result<(), String> {
     if dir.as_os_str().is_empty() {
         return Err("--out is empty; give a directory (default: target/conformance)".into());
     }
+    // The lock must be a file (a FIFO or link there is refused before any
+    // case runs, not after them all).
+    let lock = dir.join(".conformance-reports.lock");
+    match std::fs::symlink_metadata(&lock) {
+        Ok(m) if m.file_type().is_symlink() => {
+            return Err(fail(format!("{} is a symbolic link; remove it", lock.display())))
+        }
+        Ok(m) if !m.is_file() => {
+            return Err(fail(format!("{} is not a regular file (a FIFO?); remove it", lock.display())))
+        }
+        _ => {}
+    }
     // Each report name must be free for a file (a directory there would
     // fail the final rename, after report.json was already replaced).
     for f in ["report.json", "junit.xml", "report.md"] {
