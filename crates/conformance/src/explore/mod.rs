@@ -145,15 +145,11 @@ impl Description {
                 if shape.dtype != oracle::DType::Bfloat16 {
                     out.push(with(&|s| s.dtype = oracle::DType::Bfloat16));
                 }
-                let specs = strategy::specs();
-                if let Some(at) = specs.iter().position(|s| *s == shape.spec) {
-                    for spec in &specs[..at] {
-                        let groups = shape.k / shape.spec.group_size as usize;
-                        out.push(with(&|s| {
-                            s.spec = *spec;
-                            s.k = groups * spec.group_size as usize;
-                        }));
-                    }
+                for (spec, k) in simpler_specs(shape.spec, shape.k) {
+                    out.push(with(&|s| {
+                        s.spec = spec;
+                        s.k = k;
+                    }));
                 }
                 let g = shape.spec.group_size as usize;
                 for k in (1..shape.k / g).map(|n| n * g) {
@@ -187,15 +183,11 @@ impl Description {
                 if shape.dtype != oracle::DType::Bfloat16 {
                     out.push(with(&|s| s.dtype = oracle::DType::Bfloat16));
                 }
-                let specs = strategy::specs();
-                if let Some(at) = specs.iter().position(|s| *s == shape.spec) {
-                    for spec in &specs[..at] {
-                        let groups = shape.k / shape.spec.group_size as usize;
-                        out.push(with(&|s| {
-                            s.spec = *spec;
-                            s.k = groups * spec.group_size as usize;
-                        }));
-                    }
+                for (spec, k) in simpler_specs(shape.spec, shape.k) {
+                    out.push(with(&|s| {
+                        s.spec = spec;
+                        s.k = k;
+                    }));
                 }
                 for batch in 1..shape.batch {
                     out.push(with(&|s| s.batch = batch));
@@ -275,6 +267,18 @@ impl Description {
             }
         }
     }
+}
+
+/// The specs simpler than `spec` (earlier in [`strategy::specs`]), each
+/// with K holding the same number of groups.
+fn simpler_specs(spec: layers::quantized::QuantSpec, k: usize) -> Vec<(layers::quantized::QuantSpec, usize)> {
+    let specs = strategy::specs();
+    let groups = k / spec.group_size as usize;
+    let at = specs.iter().position(|s| *s == spec).unwrap_or(0);
+    specs[..at]
+        .iter()
+        .map(|s| (*s, groups * s.group_size as usize))
+        .collect()
 }
 
 /// What one sample showed.
