@@ -9,14 +9,17 @@
 //! - (c) invariances, recorded as findings for the regime map, never
 //!   violations: the port's batched forward against the same rows alone;
 //!   for `gather_qmm`, sorted against unsorted routing and the batch
-//!   against each token alone.
+//!   against each token alone; for SDPA, the batch against each request
+//!   alone, a chunk against its rows alone (M = 1) and the cache-buffer
+//!   view against the contiguous one.
 //!
 //! Samples run many to a process, in one interpreter, as serving does.
 //! Deterministic: sample `i` of seed `s` is drawn from its own generator
 //! (seeded by `s` and `i`), so shards (`i % n`) and reruns draw the same.
 //!
-//! Families so far: `quantized/linear` (`quantized_matmul`) and
-//! `quantized/switch` (`gather_qmm`). Each family's description is the
+//! Families so far: `quantized/linear` (`quantized_matmul`),
+//! `quantized/switch` (`gather_qmm`) and `attention/sdpa` (SDPA on a KV
+//! cache: batch composition, chunk vs rows alone, cache layout). Each family's description is the
 //! serde data its fixed cases are built from (`families::describe`).
 
 pub mod plant;
@@ -31,6 +34,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::case::{Backend, Case};
 use crate::exactness::ExactClass;
+use crate::families::attention::sdpa::{KvView, SdpaShape};
 use crate::families::quantized::linear::LinearShape;
 use crate::families::quantized::switch::SwitchShape;
 use crate::runner::{self, RunOptions, Verdict};
@@ -43,6 +47,8 @@ pub enum Description {
     QuantizedLinear { shape: LinearShape, seed: u64 },
     #[serde(rename = "quantized/switch")]
     QuantizedSwitch { shape: SwitchShape, seed: u64 },
+    #[serde(rename = "attention/sdpa")]
+    AttentionSdpa { shape: SdpaShape, seed: u64 },
 }
 
 impl Description {
@@ -50,12 +56,15 @@ impl Description {
         match self {
             Description::QuantizedLinear { .. } => "quantized/linear",
             Description::QuantizedSwitch { .. } => "quantized/switch",
+            Description::AttentionSdpa { .. } => "attention/sdpa",
         }
     }
 
     pub fn seed(&self) -> u64 {
         match self {
-            Description::QuantizedLinear { seed, .. } | Description::QuantizedSwitch { seed, .. } => *seed,
+            Description::QuantizedLinear { seed, .. }
+            | Description::QuantizedSwitch { seed, .. }
+            | Description::AttentionSdpa { seed, .. } => *seed,
         }
     }
 
@@ -66,6 +75,9 @@ impl Description {
                 format!("{prefix}/{}/s{seed}", shape.name())
             }
             Description::QuantizedSwitch { shape, seed } => {
+                format!("{prefix}/{}/s{seed}", shape.name())
+            }
+            Description::AttentionSdpa { shape, seed } => {
                 format!("{prefix}/{}/s{seed}", shape.name())
             }
         }
@@ -85,6 +97,19 @@ impl Description {
                 shape.dtype.name(),
                 if shape.sorted { "sorted" } else { "unsorted" }
             ),
+            // CUDA's SDPA picks cuDNN or its vector kernels from the dtype,
+            // head_dim, M = 1 or not, and the keys' layout.
+            Description::AttentionSdpa { shape, .. } => format!(
+                "{}/{}/D{}/{}/{}",
+                self.family(),
+                shape.dtype.name(),
+                shape.head_dim,
+                if shape.m == 1 { "decode" } else { "chunk" },
+                match shape.kv_view {
+                    KvView::Contiguous => "contiguous",
+                    KvView::CacheBuffer => "cache-buffer",
+                }
+            ),
         }
     }
 
@@ -93,6 +118,7 @@ impl Description {
         match self {
             Description::QuantizedLinear { shape, .. } => shape.check(),
             Description::QuantizedSwitch { shape, .. } => shape.check(),
+            Description::AttentionSdpa { shape, .. } => shape.check(),
         }
     }
 
@@ -103,13 +129,15 @@ impl Description {
         let mut case = match self {
             Description::QuantizedLinear { shape, .. } => shape.clone().case_named(name),
             Description::QuantizedSwitch { shape, .. } => shape.clone().case_named(name),
+            Description::AttentionSdpa { shape, .. } => shape.clone().case_named(name),
         };
         case.seed = self.seed();
         case
     }
 
-    /// The (M, K, N) of the sample, for the regime map (switch: M is the
-    /// routed rows, tokens × top).
+    /// The sample's point in the regime map: (M, K, N) for the quantized
+    /// families (switch: M is the routed rows, tokens × top), (B, L, M)
+    /// for `attention/sdpa` (requests, KV length, query rows).
     pub fn mkn(&self) -> (usize, usize, usize) {
         match self {
             Description::QuantizedLinear { shape, .. } => {
@@ -118,6 +146,7 @@ impl Description {
             Description::QuantizedSwitch { shape, .. } => {
                 (shape.batch * shape.len * shape.top, shape.k, shape.n)
             }
+            Description::AttentionSdpa { shape, .. } => (shape.batch, shape.kv_len, shape.m),
         }
     }
 
@@ -215,6 +244,55 @@ impl Description {
                     }
                 }
             }
+            Description::AttentionSdpa { shape, seed } => {
+                let with = |f: &dyn Fn(&mut SdpaShape)| {
+                    let mut s = shape.clone();
+                    f(&mut s);
+                    Description::AttentionSdpa { shape: s, seed: *seed }
+                };
+                if shape.kv_view != KvView::Contiguous {
+                    out.push(with(&|s| s.kv_view = KvView::Contiguous));
+                }
+                if shape.dtype != oracle::DType::Bfloat16 {
+                    out.push(with(&|s| s.dtype = oracle::DType::Bfloat16));
+                }
+                for b in 1..shape.batch {
+                    out.push(with(&|s| s.batch = b));
+                }
+                for m in 1..shape.m {
+                    out.push(with(&|s| s.m = m));
+                }
+                // GQA ratio kept, heads fewer; then the ratio lowered.
+                let ratio = shape.n_heads / shape.n_kv_heads.max(1);
+                for kv in 1..shape.n_kv_heads {
+                    out.push(with(&|s| {
+                        s.n_kv_heads = kv;
+                        s.n_heads = kv * ratio;
+                    }));
+                }
+                for r in 1..ratio {
+                    out.push(with(&|s| s.n_heads = s.n_kv_heads * r));
+                }
+                for d in [8, 16, 32, 64, 128].into_iter().filter(|&d| d < shape.head_dim) {
+                    out.push(with(&|s| s.head_dim = d));
+                }
+                // KV lengths: halvings, then single steps down (a boundary
+                // such as L = 256 is found by the greedy fixpoint).
+                let mut l = shape.kv_len / 2;
+                while l >= shape.m.max(1) && l > 0 {
+                    out.push(with(&|s| s.kv_len = l));
+                    l /= 2;
+                }
+                if shape.kv_len > shape.m {
+                    out.push(with(&|s| s.kv_len -= 1));
+                }
+                if *seed != 0 {
+                    out.push(Description::AttentionSdpa {
+                        shape: shape.clone(),
+                        seed: 0,
+                    });
+                }
+            }
         }
         out
     }
@@ -252,6 +330,21 @@ impl Description {
                     ("experts", (1..=16).map(|e| (e, with(&|s| { s.experts = e; s.top = s.top.min(e); }))).collect()),
                 ]
             }
+            Description::AttentionSdpa { shape, seed } => {
+                let with = |f: &dyn Fn(&mut SdpaShape)| {
+                    let mut s = shape.clone();
+                    f(&mut s);
+                    Description::AttentionSdpa { shape: s, seed: *seed }
+                };
+                const LS: [usize; 20] = [
+                    1, 2, 8, 31, 32, 33, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025, 4096, 4097,
+                ];
+                vec![
+                    ("L (KV length)", LS.iter().map(|&l| (l, with(&|s| s.kv_len = l))).collect()),
+                    ("B (requests)", (1..=8).map(|b| (b, with(&|s| s.batch = b))).collect()),
+                    ("M (query rows)", [1, 2, 3, 4, 7, 8, 9, 16].iter().map(|&m| (m, with(&|s| s.m = m))).collect()),
+                ]
+            }
         }
     }
 
@@ -263,6 +356,9 @@ impl Description {
                 .map(|same| vec![("batched = rows alone".to_owned(), same)])
                 .map_err(|e| e.to_string()),
             Description::QuantizedSwitch { shape, seed } => {
+                shape.invariances(*seed).map_err(|e| e.to_string())
+            }
+            Description::AttentionSdpa { shape, seed } => {
                 shape.invariances(*seed).map_err(|e| e.to_string())
             }
         }

@@ -3,7 +3,8 @@
 //! `MLX_CONFORMANCE_PLANT=quantized/linear:m>=M,n%2==1` flips the lowest
 //! bit of the port's first output element of a `quantized/linear` case
 //! whose M is at least `M` and whose N is odd (no other form is read; an
-//! unset or unreadable variable plants nothing).
+//! unset or unreadable variable plants nothing). For `attention/sdpa`,
+//! "M" and "N" are the batch B and the KV length L.
 
 use oracle::HostTensor;
 

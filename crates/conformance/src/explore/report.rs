@@ -33,7 +33,7 @@ fn write_file(path: &Path, text: &str) -> Result<(), String> {
 }
 
 /// The regime map: per kernel class, where the bits or the batched/rows
-/// invariance change, as (M, K, N) lists.
+/// invariance change, as lists of points (`Description::mkn`).
 fn markdown(search: &Search) -> String {
     let mut md = String::new();
     let _ = writeln!(
@@ -75,7 +75,7 @@ fn markdown(search: &Search) -> String {
     }
     let _ = writeln!(
         md,
-        "\n## Regime map\n\nPer kernel class: samples, and the (M, K, N) where port and reference bits differ, where a side leaves the exact bound, and where the port's batched rows differ from the rows alone (invariance, a finding).\n\n| class | samples | first use, ms | typical, ms | bits differ at | outside the bound at | invariances that part, at |\n|---|---:|---:|---:|---|---|---|"
+        "\n## Regime map\n\nPer kernel class: samples, and the points where port and reference bits differ, where a side leaves the exact bound, and where an invariance of the port parts (a finding). A point is M×K×N for the quantized families (switch: M is the routed rows) and B×L×M (requests × KV length × query rows) for attention/sdpa.\n\n| class | samples | first use, ms | typical, ms | bits differ at | outside the bound at | invariances that part, at |\n|---|---:|---:|---:|---|---|---|"
     );
     let mut classes: BTreeMap<String, Vec<&super::Sampled>> = BTreeMap::new();
     for s in &search.samples {
@@ -249,6 +249,70 @@ print("any NaN in y:", mx.any(mx.isnan(y)).item())
                 gs = spec.group_size,
                 bits = spec.bits,
                 mode = spec.mode,
+            );
+            write_file(&dir.join(format!("{i}.py")), &script)
+        }
+        Description::AttentionSdpa { shape, seed } => {
+            let inp = shape.inputs(*seed);
+            crate::kept::write(
+                dir,
+                &i.to_string(),
+                &[
+                    ("queries".to_owned(), inp.queries),
+                    ("keys".to_owned(), inp.keys),
+                    ("values".to_owned(), inp.values),
+                ],
+            )?;
+            let script = format!(
+                r#""""Reproducer {i} from the MLX conformance suite's shape explorer.
+
+Seen: {kind:?}: {seen}
+Description: {description}
+Only mlx.core: mx.fast.scaled_dot_product_attention of the queries
+[B, H, M, D] over the keys and values [B, H_kv, L, D] handed over two ways:
+as one contiguous array, and as the prefix slice of a buffer grown in steps
+of 256 (the layout of mlx-lm's KVCache); each request of the batch alone;
+and a float32 definition (causal within the M rows when M > 1).
+"""
+import os
+import mlx.core as mx
+
+here = os.path.dirname(os.path.abspath(__file__))
+t = mx.load(os.path.join(here, "{i}.safetensors"))
+q, k, v = t["queries"], t["keys"], t["values"]
+B, H, M, D = q.shape
+L = k.shape[2]
+scale = D ** -0.5
+mask = None if M == 1 else "causal"
+
+def buffered(a):
+    cap = (L + 255) // 256 * 256
+    pad = mx.zeros((*a.shape[:2], cap - L, a.shape[3]), a.dtype)
+    return mx.concatenate([a, pad], axis=2)[:, :, :L, :]
+
+kb, vb = buffered(k), buffered(v)
+mx.eval(k, v, kb, vb)
+contiguous = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+cache_buffer = mx.fast.scaled_dot_product_attention(q, kb, vb, scale=scale, mask=mask)
+alone = mx.concatenate([mx.fast.scaled_dot_product_attention(q[b:b+1], k[b:b+1], v[b:b+1], scale=scale, mask=mask) for b in range(B)], axis=0)
+kf = mx.repeat(k.astype(mx.float32), H // k.shape[1], axis=1)
+vf = mx.repeat(v.astype(mx.float32), H // v.shape[1], axis=1)
+s = (q.astype(mx.float32) * scale) @ kf.swapaxes(-1, -2)
+if M > 1:
+    allowed = mx.arange(L)[None] <= (mx.arange(M)[:, None] + L - M)
+    s = mx.where(allowed, s, -mx.inf)
+definition = mx.softmax(s, axis=-1) @ vf
+mx.eval(contiguous, cache_buffer, alone, definition)
+def same(a, b):
+    return bool(mx.all(a.view(mx.uint16 if a.dtype != mx.float32 else mx.uint32) == b.view(mx.uint16 if b.dtype != mx.float32 else mx.uint32)).item())
+print("contiguous == cache buffer, bit for bit:", same(contiguous, cache_buffer))
+print("batch == each request alone, bit for bit:", same(contiguous, alone))
+for name, y in (("contiguous", contiguous), ("cache buffer", cache_buffer)):
+    print(name, "largest |y - definition|:", mx.max(mx.abs(y.astype(mx.float32) - definition)).item(), "any NaN:", mx.any(mx.isnan(y)).item())
+"#,
+                kind = f.kind,
+                seen = f.seen(),
+                description = serde_json::to_string(&f.minimal).expect("json"),
             );
             write_file(&dir.join(format!("{i}.py")), &script)
         }

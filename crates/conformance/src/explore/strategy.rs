@@ -5,7 +5,8 @@
 //!
 //! `quantized/linear`:
 //! - spec: every `(mode, bits, group_size)` `mx.quantize` accepts;
-//! - K: 1 to 16 groups (one group is as likely as any small count);
+//! - K: 1 to 16 groups (K equal to the group size as often as 2 to 4
+//!   groups together, since kernels tile K by the group);
 //! - N: small and odd (1–8) often, up to 72 around the 64-column tiles,
 //!   and 120–136 around 128;
 //! - M (rows): 1–8 (matrix-vector kernels), 9–40, and 60–70 around 64;
@@ -16,6 +17,14 @@
 //! experts), batch 1–3 and tokens per row 1–24 or 30–40 (routed rows around
 //! SwitchGLU's sort threshold of 64), sorted or unsorted routing, K of 1 to
 //! 8 groups, N as above, dtype and bias.
+//!
+//! `attention/sdpa`: KV length L around every power of two up to 4096
+//! (2^k − 1, 2^k, 2^k + 1), sometimes small (1–64) or around 8192;
+//! batch 1–8 requests (a batch of several more often than not); query rows
+//! M = 1 (decode) most often, 2–8 (speculative verify) and 9–16 (chunked
+//! prefill); KV heads 1–4 at GQA ratios 1, 2, 4, 6 and 8; head_dim 32, 64,
+//! 80, 96, 128 and 256; dtype; the keys contiguous or the prefix of a
+//! step-256 cache buffer.
 
 use proptest::prelude::*;
 use proptest::strategy::{BoxedStrategy, ValueTree};
@@ -27,7 +36,7 @@ use layers::quantized::{Mode, QuantSpec};
 use oracle::DType;
 
 /// The families the explorer can sample.
-pub const FAMILIES: [&str; 2] = ["quantized/linear", "quantized/switch"];
+pub const FAMILIES: [&str; 3] = ["quantized/linear", "quantized/switch", "attention/sdpa"];
 
 /// Every spec, simplest first (what shrinking moves toward).
 pub fn specs() -> Vec<QuantSpec> {
@@ -44,7 +53,8 @@ pub fn specs() -> Vec<QuantSpec> {
 fn quantized_linear() -> BoxedStrategy<Description> {
     let m = prop_oneof![4 => 1usize..=8, 2 => 9usize..=40, 1 => 60usize..=70];
     let n = prop_oneof![3 => 1usize..=8, 3 => 9usize..=72, 1 => 120usize..=136];
-    let groups = prop_oneof![3 => 1usize..=4, 1 => 5usize..=16];
+    // K equal to the group size (one group) as often as 2-4 groups.
+    let groups = prop_oneof![3 => Just(1usize), 3 => 2usize..=4, 1 => 5usize..=16];
     let batch = prop_oneof![4 => Just(Vec::new()), 1 => proptest::collection::vec(1usize..=3, 1..=2)];
     let dtype = prop::sample::select(vec![DType::Bfloat16, DType::Float32, DType::Float16]);
     let bias = prop::sample::select(vec![Bias::None, Bias::Same, Bias::F32]);
@@ -105,6 +115,44 @@ fn quantized_switch() -> BoxedStrategy<Description> {
         .boxed()
 }
 
+fn attention_sdpa() -> BoxedStrategy<Description> {
+    use crate::families::attention::sdpa::{KvView, SdpaShape};
+    let around_powers = (0u32..=12, -1i64..=1).prop_map(|(k, d)| ((1i64 << k) + d).max(1) as usize);
+    let kv_len = prop_oneof![
+        6 => around_powers,
+        2 => 1usize..=64,
+        1 => 8191usize..=8193,
+    ];
+    let m = prop_oneof![4 => Just(1usize), 2 => 2usize..=8, 1 => 9usize..=16];
+    let batch = prop_oneof![2 => Just(1usize), 3 => 2usize..=4, 1 => 5usize..=8];
+    let dtype = prop::sample::select(vec![DType::Bfloat16, DType::Float16, DType::Float32]);
+    (
+        dtype,
+        batch,
+        1usize..=4,
+        prop::sample::select(vec![1usize, 2, 4, 6, 8]),
+        prop::sample::select(vec![64usize, 128, 32, 80, 96, 256]),
+        kv_len,
+        m,
+        prop::sample::select(vec![KvView::Contiguous, KvView::CacheBuffer]),
+        0u64..1 << 32,
+    )
+        .prop_map(|(dtype, batch, n_kv_heads, ratio, head_dim, kv_len, m, kv_view, seed)| {
+            let shape = SdpaShape {
+                dtype,
+                batch,
+                n_heads: n_kv_heads * ratio,
+                n_kv_heads,
+                head_dim,
+                kv_len,
+                m: m.min(kv_len),
+                kv_view,
+            };
+            Description::AttentionSdpa { shape, seed }
+        })
+        .boxed()
+}
+
 /// The strategies of `families` (empty: every family), by name; an
 /// unknown name is an error listing the known ones.
 pub fn for_families(families: &[String]) -> Result<Vec<(String, BoxedStrategy<Description>)>, String> {
@@ -118,6 +166,7 @@ pub fn for_families(families: &[String]) -> Result<Vec<(String, BoxedStrategy<De
         .map(|f| match f {
             "quantized/linear" => Ok((f.to_owned(), quantized_linear())),
             "quantized/switch" => Ok((f.to_owned(), quantized_switch())),
+            "attention/sdpa" => Ok((f.to_owned(), attention_sdpa())),
             other => Err(format!(
                 "--family {other}: the explorer samples {}",
                 FAMILIES.join(", ")

@@ -5,7 +5,7 @@
 //! perturbable; the graph's shape is constant.
 
 use exact::attention::{decode_m1, DecodeExact, DecodeInputs, Graph as ExactGraph};
-use exact::{Exact, ExactError, Format, Model, QuantizedMatrix};
+use exact::{Exact, ExactError, Format, Model, QuantizedMatrix, Tracked};
 use oracle::{DType, HostTensor};
 
 use super::{fixed, list, one_array, tensor, Param};
@@ -216,4 +216,84 @@ fn exact_decode(s: &Sent, model: Model) -> Result<DecodeExact, ExactError> {
         graph,
     };
     decode_m1(&inputs, model)
+}
+
+/// The most multiply-adds (B·H·M·L·D) the exact oracle spends on one SDPA
+/// output; larger outputs are bit-compared only (float64 over every key of
+/// every row costs tenths of a second per 10^7).
+pub const EXACT_MAX_SDPA_WORK: usize = 1 << 25;
+
+/// mlx-lm's attention core on a `KVCache` (glue `sdpa_kv_cache`):
+/// `queries` [B, H, M, D] over the request's `keys`/`values`
+/// [B, H_kv, L, D] (the first L − M prefilled, the last M appended; causal
+/// within the chunk when M > 1), `scale` the softmax scale. Returns
+/// [B, H, M, D] in the queries' dtype, with its exact value attached when
+/// the work is at most [`EXACT_MAX_SDPA_WORK`].
+pub fn sdpa_kv_cache(
+    ctx: &Ctx,
+    queries: &HostTensor,
+    keys: &HostTensor,
+    values: &HostTensor,
+    scale: f32,
+) -> Result<Expected, CaseError> {
+    const F: &str = "sdpa_kv_cache";
+    let params = vec![
+        tensor("queries", queries),
+        tensor("keys", keys),
+        tensor("values", values),
+        fixed("scale", f64::from(scale)),
+    ];
+    let (value, calls) = ctx.call_sent(F, params)?;
+    let work = queries.len() * keys.shape.get(2).copied().unwrap_or(0);
+    let expected = one_array(F, value)?;
+    if work > EXACT_MAX_SDPA_WORK {
+        return Ok(expected);
+    }
+    let exact = calls.exact(F, exact_sdpa)?;
+    Ok(expected.with_exact(exact))
+}
+
+/// The exact SDPA of one side's arguments: per batch row, head and query
+/// row `i`, [`exact::attention::sdpa_row`] over the first `L − M + i + 1`
+/// keys of KV head `h / (H / H_kv)` (the causal mask aligned to the end, as
+/// `"causal"` is for M < L).
+fn exact_sdpa(s: &Sent, model: Model) -> Result<Exact, ExactError> {
+    let (q, k, v) = (s.tensor("queries")?, s.tensor("keys")?, s.tensor("values")?);
+    let bad = || {
+        ExactError(format!(
+            "SDPA of queries {:?} over keys {:?} / values {:?}: not [B, H, M, D] over [B, H_kv, L, D] with H a multiple of H_kv and M <= L",
+            q.shape, k.shape, v.shape
+        ))
+    };
+    let ([b, h, m, d], [kb, hkv, l, kd]) = (
+        <[usize; 4]>::try_from(q.shape.as_slice()).map_err(|_| bad())?,
+        <[usize; 4]>::try_from(k.shape.as_slice()).map_err(|_| bad())?,
+    );
+    if kb != b || kd != d || k.shape != v.shape || hkv == 0 || h % hkv != 0 || m > l || m == 0 || d == 0 {
+        return Err(bad());
+    }
+    let t = float_of(q)?;
+    let track = |t: &HostTensor| values(t).into_iter().map(Tracked::exact).collect::<Vec<_>>();
+    let (qv, kv, vv) = (track(q), track(k), track(v));
+    let scale = s.float("scale")?;
+    let mut out = Vec::with_capacity(q.len());
+    for bi in 0..b {
+        for hi in 0..h {
+            let g = hi / (h / hkv);
+            let head = (bi * hkv + g) * l * d;
+            for i in 0..m {
+                let row = ((bi * h + hi) * m + i) * d;
+                let n = l - m + i + 1;
+                out.extend(exact::attention::sdpa_row(
+                    &qv[row..row + d],
+                    &kv[head..head + n * d],
+                    &vv[head..head + n * d],
+                    scale,
+                    t,
+                    model,
+                )?);
+            }
+        }
+    }
+    Ok(Exact::from_tracked("sdpa", model, q.shape.clone(), &out))
 }

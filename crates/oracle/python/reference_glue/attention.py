@@ -84,3 +84,28 @@ def attention_decode_m1(
     k_rows = cache.keys[:, :, start : start + T, :].transpose(2, 0, 1, 3).reshape(T, -1)
     v_rows = cache.values[:, :, start : start + T, :].transpose(2, 0, 1, 3).reshape(T, -1)
     return mx.concatenate(attn_rows, 0), mx.concatenate(y_rows, 0), k_rows, v_rows
+
+
+def sdpa_kv_cache(queries, keys, values, scale):
+    """The attention core of an mlx-lm model at one step, as its attention
+    modules run it (the explorer's `attention/sdpa` family): a fresh
+    `mlx_lm.models.cache.KVCache` holds the first L - M of the request's
+    keys and values [B, n_kv, L, D] (one `update_and_fetch`, as a prefill
+    leaves it), the mask is `mlx_lm.models.base.create_attention_mask` for
+    the M query rows on that cache (None for M = 1, "causal" above), the
+    last M keys and values enter through `update_and_fetch` (so SDPA sees
+    the prefix slice of the cache's step-256 buffer), and
+    `mlx_lm.models.base.scaled_dot_product_attention(queries [B, H, M, D],
+    keys, values, cache=cache, scale=scale, mask=mask)` runs. Returns
+    [B, H, M, D]."""
+    base, cache_mod = load("mlx_lm.models.base"), load("mlx_lm.models.cache")
+    m, length = queries.shape[2], keys.shape[2]
+    cache = cache_mod.KVCache()
+    if length > m:
+        cache.update_and_fetch(keys[:, :, : length - m], values[:, :, : length - m])
+    # The models pass their hidden states h [B, M, hidden]: only h.shape[1] is read.
+    mask = base.create_attention_mask(queries.swapaxes(1, 2), cache)
+    k, v = cache.update_and_fetch(keys[:, :, length - m :], values[:, :, length - m :])
+    out = base.scaled_dot_product_attention(queries, k, v, cache=cache, scale=scale, mask=mask)
+    mx.eval(out)
+    return out

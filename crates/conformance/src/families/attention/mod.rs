@@ -25,6 +25,7 @@
 
 pub mod finder;
 pub mod scenario;
+pub mod sdpa;
 pub mod step;
 
 use std::sync::Arc;
