@@ -36,6 +36,14 @@ pub struct Args {
     /// moved alone"
     #[arg(long)]
     perturb_candidate: bool,
+    /// Also run the first N samples of the shape explorer (every family) on
+    /// both sides as cases `explore/…`, classified like every case (kernel
+    /// change review: which shapes change bits, which leave the exact bound)
+    #[arg(long, value_name = "N")]
+    explore_samples: Option<u32>,
+    /// The explorer seed of --explore-samples (the same on both sides)
+    #[arg(long, value_name = "SEED", default_value_t = 0, requires = "explore_samples")]
+    explore_seed: u64,
 }
 
 pub fn run(root: &Path, args: &Args) -> Result<i32> {
@@ -80,13 +88,7 @@ pub fn run(root: &Path, args: &Args) -> Result<i32> {
             break;
         }
         println!("gate: {label} run");
-        if let Err(e) = suite(
-            root,
-            layout,
-            &out.join(dir),
-            args.filter.as_deref(),
-            perturb,
-        ) {
+        if let Err(e) = suite(root, layout, &out.join(dir), args, perturb) {
             errors.push(format!("{label}: {e:#}"));
         }
     }
@@ -118,20 +120,18 @@ fn cargo_run(root: &Path, layout: &Layout, bin: &str) -> std::process::Command {
 /// One run of the suite against `layout` into `dir` (report.json and
 /// outputs/). A run that ends without a report is an environment error,
 /// with what it printed.
-fn suite(
-    root: &Path,
-    layout: &Layout,
-    dir: &Path,
-    filter: Option<&str>,
-    perturb: bool,
-) -> Result<()> {
+fn suite(root: &Path, layout: &Layout, dir: &Path, args: &Args, perturb: bool) -> Result<()> {
     let mut cmd = cargo_run(root, layout, "conformance");
     cmd.args(["--no-snapshots", "--keep-outputs"])
         .arg(dir.join("outputs"))
         .arg("--out")
         .arg(dir);
-    if let Some(f) = filter {
+    if let Some(f) = &args.filter {
         cmd.arg("--filter").arg(f);
+    }
+    if let Some(n) = args.explore_samples {
+        cmd.arg("--explore-samples").arg(n.to_string());
+        cmd.arg("--explore-seed").arg(args.explore_seed.to_string());
     }
     if perturb {
         cmd.arg("--perturb");

@@ -109,6 +109,33 @@ pub struct OutputChange {
     pub only_in: Option<&'static str>,
 }
 
+/// An output whose exact-oracle class moved between the runs, per side
+/// (`within`, `outside`; absent: not in the oracle's scope there).
+#[derive(Debug, Clone, Serialize)]
+pub struct ExactChange {
+    pub output: String,
+    /// `port` or `reference`.
+    pub side: &'static str,
+    pub baseline: Option<String>,
+    pub candidate: Option<String>,
+}
+
+/// Per output and side, whether it was within its exact bound
+/// (`report.json`'s `exact` object of each output).
+fn exact_classes(row: &Value) -> BTreeMap<(String, &'static str), String> {
+    let mut out = BTreeMap::new();
+    for o in row["output"]["outputs"].as_array().into_iter().flatten() {
+        let (Some(name), exact) = (o["name"].as_str(), &o["exact"]) else { continue };
+        for side in ["port", "reference"] {
+            if let Some(outside) = exact[side]["outside"].as_u64() {
+                let class = if outside == 0 { "within" } else { "outside" };
+                out.insert((name.to_owned(), side), class.to_owned());
+            }
+        }
+    }
+    out
+}
+
 /// One case's classification.
 #[derive(Debug, Clone, Serialize)]
 pub struct CaseChange {
@@ -124,6 +151,10 @@ pub struct CaseChange {
     /// A finding's top-level keys that changed: key → [baseline, candidate].
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub finding: BTreeMap<String, [Value; 2]>,
+    /// Outputs whose exact-oracle class changed on a side (the exact value
+    /// depends on the inputs only, so this comes with moved bits).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub exact: Vec<ExactChange>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
 }
@@ -277,6 +308,7 @@ fn classify(
         candidate_verdict: verdict(cand),
         outputs: Vec::new(),
         finding: BTreeMap::new(),
+        exact: Vec::new(),
         note: None,
     };
     let (Some(base), Some(cand)) = (base, cand) else {
@@ -396,6 +428,18 @@ fn classify(
             }
         }
     }
+    // The exact oracle's class per output and side.
+    let (be, ce) = (exact_classes(base), exact_classes(cand));
+    for key in be.keys().chain(ce.keys()).collect::<BTreeSet<_>>() {
+        if be.get(key) != ce.get(key) {
+            change.exact.push(ExactChange {
+                output: key.0.clone(),
+                side: key.1,
+                baseline: be.get(key).cloned(),
+                candidate: ce.get(key).cloned(),
+            });
+        }
+    }
     change.class = if cv == "fail" {
         if !port_moved {
             Class::ReferenceMovedAlone
@@ -451,6 +495,26 @@ pub fn markdown(g: &Gate) -> String {
     for (class, n) in &g.summary {
         let _ = writeln!(md, "| {class} | {n} |");
     }
+    let left: Vec<&CaseChange> = g
+        .cases
+        .iter()
+        .filter(|c| c.exact.iter().any(|e| e.candidate.as_deref() == Some("outside")))
+        .collect();
+    let _ = writeln!(md, "\n{} cases have an output that leaves its exact bound on the candidate (within on the baseline or not checked there){}", left.len(), if left.is_empty() { "." } else { ":" });
+    for c in &left {
+        let _ = writeln!(md, "- `{}`", c.name);
+    }
+    // The explorer's samples (`--explore-samples`): which shapes moved.
+    let samples: Vec<&CaseChange> = g.cases.iter().filter(|c| c.name.starts_with("explore/")).collect();
+    if !samples.is_empty() {
+        let moved: Vec<&&CaseChange> = samples.iter().filter(|c| c.class != Class::Unchanged).collect();
+        let _ = writeln!(
+            md,
+            "\nExplorer samples: {} run, {} changed (their shapes are in the case names; each is under Changed cases).",
+            samples.len(),
+            moved.len()
+        );
+    }
     let changed: Vec<&CaseChange> = g
         .cases
         .iter()
@@ -482,6 +546,16 @@ pub fn markdown(g: &Gate) -> String {
         }
         for (k, [old, new]) in &c.finding {
             let _ = writeln!(md, "- finding `{k}`: `{}` → `{}`", short(old), short(new));
+        }
+        for e in &c.exact {
+            let _ = writeln!(
+                md,
+                "- exact bound of `{}` ({}): {} → {}",
+                e.output,
+                e.side,
+                e.baseline.as_deref().unwrap_or("not checked"),
+                e.candidate.as_deref().unwrap_or("not checked")
+            );
         }
         md.push('\n');
     }

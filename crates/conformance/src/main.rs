@@ -82,6 +82,16 @@ struct Cli {
     /// DIR/<case>.safetensors (what `cargo xtask gate` compares).
     #[arg(long, value_name = "DIR")]
     keep_outputs: Option<PathBuf>,
+    /// Also run the first N samples of the shape explorer (seed
+    /// `--explore-seed`, every family, as `cargo xtask explore --samples N`
+    /// draws them) as must-equal cases `explore/<case>/s<seed>`: the
+    /// release gate's run of explorer samples. They have no snapshots, so
+    /// this needs `--no-snapshots`.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    explore_samples: Option<u32>,
+    /// The explorer seed of `--explore-samples`.
+    #[arg(long, value_name = "SEED", default_value_t = 0, requires = "explore_samples")]
+    explore_seed: u64,
     /// Where reports are written.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -167,6 +177,9 @@ fn worker_main(cli: &Cli) -> Result<ExitCode, Exit> {
     else {
         return Err(fail("--worker needs --worker-backend cpu|metal|cuda"));
     };
+    if let Some(n) = cli.explore_samples {
+        families::register_explore_samples(n as usize, cli.explore_seed);
+    }
     let cases = families::all();
     if let Some(dir) = &cli.keep_outputs {
         runner::keep_outputs(dir.clone());

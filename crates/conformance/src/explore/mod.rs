@@ -749,6 +749,20 @@ fn shrink(
     (best, best_observation, steps)
 }
 
+/// The first `n` samples of `seed` over every family, by index: what a
+/// search of `--seed seed --samples n` draws (before any shrinking). The
+/// release gate runs them as cases on both sides (`conformance
+/// --explore-samples n --explore-seed seed`).
+pub fn samples(seed: u64, n: usize) -> Result<Vec<Description>, String> {
+    let strategies = strategy::for_families(&[])?;
+    (0..n)
+        .map(|j| {
+            let (family, strategy) = &strategies[j % strategies.len()];
+            strategy::draw(strategy, seed, j, family).map(|t| t.current())
+        })
+        .collect()
+}
+
 /// Merges shard searches of one seed into one (samples in index order).
 pub fn merge(mut shards: Vec<Search>) -> Result<Search, String> {
     let first = shards.first().ok_or("no shard reports to merge")?.clone();

@@ -188,6 +188,10 @@ impl WorkerCommand {
             args.push("--keep-outputs".into());
             args.push(dir.as_os_str().to_owned());
         }
+        if let Some((n, seed)) = crate::families::explore_samples() {
+            args.extend(["--explore-samples".into(), n.to_string().into()]);
+            args.extend(["--explore-seed".into(), seed.to_string().into()]);
+        }
         Ok(WorkerCommand {
             program: std::env::current_exe()?,
             args,

@@ -171,6 +171,14 @@ fn gate_mode(cli: &Cli) -> Result<Mode, Exit> {
 /// The cases `--filter` selects, and every registered case's snapshot
 /// file name; `--list` prints the selection and ends the run.
 fn select(cli: &Cli) -> Result<(Vec<Case>, std::collections::BTreeSet<String>), Exit> {
+    if let Some(n) = cli.explore_samples {
+        if !cli.no_snapshots {
+            return Err(fail(
+                "--explore-samples: explorer samples have no snapshots; add --no-snapshots (as `cargo xtask gate` does)",
+            ));
+        }
+        families::register_explore_samples(n as usize, cli.explore_seed);
+    }
     let cases = families::all();
     if let Err(dup) = unique_names(&cases) {
         return Err(fail(format!(
