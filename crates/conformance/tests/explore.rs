@@ -97,6 +97,92 @@ fn a_planted_violation_is_shrunk_kept_and_then_fails_as_a_case() {
     assert!(text(&again).contains("kept: 0 new"), "{}", text(&again));
 }
 
+/// The attention family end to end: a plant at batch >= 2 and odd KV
+/// length is shrunk to two requests of one head of the smallest head_dim
+/// at L = 1 (contiguous keys, bf16, M = 1), kept, and fails as a case.
+#[test]
+fn a_planted_attention_violation_is_shrunk_to_two_requests_at_one_key() {
+    const SDPA_PLANT: &str = "attention/sdpa:m>=2,n%2==1";
+    let root = scratch("plant-sdpa");
+    let fixtures = root.join("fixtures");
+    let out = Command::new(env!("CARGO_BIN_EXE_conformance-explore"))
+        .args(["--seed", "3", "--budget", "10m", "--family", "attention/sdpa", "--samples", "30", "--keep", "--no-extent", "--out"])
+        .arg(root.join("out"))
+        .env_remove("CI")
+        .env("MLX_CONFORMANCE_FIXTURES", &fixtures)
+        .env("MLX_CONFORMANCE_PLANT", SDPA_PLANT)
+        .output()
+        .unwrap();
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    let search = json(&root.join("out/explore.json"));
+    let minimal: Vec<&serde_json::Value> = search["found"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["kind"] == "bits")
+        .map(|f| &f["minimal"]["shape"])
+        .collect();
+    let smallest = serde_json::json!({
+        "dtype": "bfloat16", "batch": 2, "n_heads": 1, "n_kv_heads": 1, "head_dim": 8,
+        "kv_len": 1, "m": 1, "kv_view": "contiguous"
+    });
+    assert!(minimal.contains(&&smallest), "{minimal:?}\n{all}");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_conformance"));
+    cmd.args(["--device", "cpu", "--filter", "kept/attention/sdpa/bf16/B2-H1-KV1-D8/L1-M1/", "--no-snapshots", "--out"])
+        .arg(root.join("suite"))
+        .env("CI", "true")
+        .env("MLX_CONFORMANCE_FIXTURES", &fixtures)
+        .env("MLX_CONFORMANCE_PLANT", SDPA_PLANT);
+    let run = cmd.output().unwrap();
+    assert_eq!(run.status.code(), Some(1), "{}", text(&run));
+    assert!(text(&run).contains("FAIL    kept/attention/sdpa/bf16/B2-H1-KV1-D8/L1-M1/s"), "{}", text(&run));
+}
+
+/// The gate's run of explorer samples registers exactly what a search of
+/// the same seed and sample count draws (names in index order).
+#[test]
+fn explore_samples_in_the_runner_are_the_searchs_samples() {
+    let root = scratch("samples");
+    let fixtures = root.join("fixtures");
+    let out = Command::new(env!("CARGO_BIN_EXE_conformance-explore"))
+        .args(["--seed", "5", "--samples", "9", "--shrink-steps", "0", "--no-extent", "--out"])
+        .arg(root.join("out"))
+        .env("MLX_CONFORMANCE_FIXTURES", &fixtures)
+        .output()
+        .unwrap();
+    assert!(out.status.code().is_some_and(|c| c != 3), "{}", text(&out));
+    let search = json(&root.join("out/explore.json"));
+    let families: Vec<String> = search["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["description"]["family"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(families.len(), 9);
+    let list = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args(["--list", "--no-snapshots", "--explore-samples", "9", "--explore-seed", "5", "--filter", "explore/"])
+        .env("MLX_CONFORMANCE_FIXTURES", &fixtures)
+        .output()
+        .unwrap();
+    let listed: Vec<String> = String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .map(|l| l.split_whitespace().next().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(listed.len(), 9, "{}", text(&list));
+    for (name, family) in listed.iter().zip(&families) {
+        assert!(name.starts_with(&format!("explore/{family}/")) && name.contains("/s"), "{name} vs {family}");
+    }
+    // Without --no-snapshots it is refused, saying why.
+    let refused = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args(["--list", "--explore-samples", "9"])
+        .env("MLX_CONFORMANCE_FIXTURES", &fixtures)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(3), "{}", text(&refused));
+    assert!(text(&refused).contains("--no-snapshots"), "{}", text(&refused));
+}
+
 #[test]
 fn the_same_seed_draws_the_same_samples_and_shards_merge_into_the_whole() {
     let root = scratch("shards");

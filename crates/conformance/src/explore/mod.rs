@@ -18,8 +18,10 @@
 //! (seeded by `s` and `i`), so shards (`i % n`) and reruns draw the same.
 //!
 //! Families so far: `quantized/linear` (`quantized_matmul`),
-//! `quantized/switch` (`gather_qmm`) and `attention/sdpa` (SDPA on a KV
-//! cache: batch composition, chunk vs rows alone, cache layout). Each family's description is the
+//! `quantized/switch` (`gather_qmm`), `attention/sdpa` (SDPA on a KV
+//! cache: batch composition, chunk vs rows alone, cache layout) and
+//! `position/mrope` (Qwen3.5 interleaved mRoPE: sections, rotary dims,
+//! vision grids, decode offsets; a batch against each row alone). Each family's description is the
 //! serde data its fixed cases are built from (`families::describe`).
 
 pub mod plant;
@@ -35,6 +37,7 @@ use serde::{Deserialize, Serialize};
 use crate::case::{Backend, Case};
 use crate::exactness::ExactClass;
 use crate::families::attention::sdpa::{KvView, SdpaShape};
+use crate::families::position::mrope::shape::MropeShape;
 use crate::families::quantized::linear::LinearShape;
 use crate::families::quantized::switch::SwitchShape;
 use crate::runner::{self, RunOptions, Verdict};
@@ -49,6 +52,8 @@ pub enum Description {
     QuantizedSwitch { shape: SwitchShape, seed: u64 },
     #[serde(rename = "attention/sdpa")]
     AttentionSdpa { shape: SdpaShape, seed: u64 },
+    #[serde(rename = "position/mrope")]
+    PositionMrope { shape: MropeShape, seed: u64 },
 }
 
 impl Description {
@@ -57,6 +62,7 @@ impl Description {
             Description::QuantizedLinear { .. } => "quantized/linear",
             Description::QuantizedSwitch { .. } => "quantized/switch",
             Description::AttentionSdpa { .. } => "attention/sdpa",
+            Description::PositionMrope { .. } => "position/mrope",
         }
     }
 
@@ -64,7 +70,8 @@ impl Description {
         match self {
             Description::QuantizedLinear { seed, .. }
             | Description::QuantizedSwitch { seed, .. }
-            | Description::AttentionSdpa { seed, .. } => *seed,
+            | Description::AttentionSdpa { seed, .. }
+            | Description::PositionMrope { seed, .. } => *seed,
         }
     }
 
@@ -78,6 +85,9 @@ impl Description {
                 format!("{prefix}/{}/s{seed}", shape.name())
             }
             Description::AttentionSdpa { shape, seed } => {
+                format!("{prefix}/{}/s{seed}", shape.name())
+            }
+            Description::PositionMrope { shape, seed } => {
                 format!("{prefix}/{}/s{seed}", shape.name())
             }
         }
@@ -110,6 +120,13 @@ impl Description {
                     KvView::CacheBuffer => "cache-buffer",
                 }
             ),
+            Description::PositionMrope { shape, .. } => format!(
+                "{}/{}/rot{}/{}",
+                self.family(),
+                shape.dtype.name(),
+                shape.rotary_dim,
+                if shape.decode.is_some() { "decode" } else { "prefill" }
+            ),
         }
     }
 
@@ -119,6 +136,7 @@ impl Description {
             Description::QuantizedLinear { shape, .. } => shape.check(),
             Description::QuantizedSwitch { shape, .. } => shape.check(),
             Description::AttentionSdpa { shape, .. } => shape.check(),
+            Description::PositionMrope { shape, .. } => shape.check(),
         }
     }
 
@@ -130,6 +148,7 @@ impl Description {
             Description::QuantizedLinear { shape, .. } => shape.clone().case_named(name),
             Description::QuantizedSwitch { shape, .. } => shape.clone().case_named(name),
             Description::AttentionSdpa { shape, .. } => shape.clone().case_named(name),
+            Description::PositionMrope { shape, .. } => shape.clone().case_named(name),
         };
         case.seed = self.seed();
         case
@@ -137,7 +156,9 @@ impl Description {
 
     /// The sample's point in the regime map: (M, K, N) for the quantized
     /// families (switch: M is the routed rows, tokens × top), (B, L, M)
-    /// for `attention/sdpa` (requests, KV length, query rows).
+    /// for `attention/sdpa` (requests, KV length, query rows), (B, L,
+    /// rotary_dim) for `position/mrope` (rows, window tokens, rotated
+    /// channels).
     pub fn mkn(&self) -> (usize, usize, usize) {
         match self {
             Description::QuantizedLinear { shape, .. } => {
@@ -147,6 +168,11 @@ impl Description {
                 (shape.batch * shape.len * shape.top, shape.k, shape.n)
             }
             Description::AttentionSdpa { shape, .. } => (shape.batch, shape.kv_len, shape.m),
+            Description::PositionMrope { shape, .. } => (
+                shape.rows.len(),
+                shape.decode.map_or(shape.prompt_len(), |(_, len)| len),
+                shape.rotary_dim,
+            ),
         }
     }
 
@@ -293,6 +319,77 @@ impl Description {
                     });
                 }
             }
+            Description::PositionMrope { shape, seed } => {
+                use crate::families::position::mrope::shape::PromptPiece;
+                let with = |f: &dyn Fn(&mut MropeShape)| {
+                    let mut s = shape.clone();
+                    f(&mut s);
+                    Description::PositionMrope { shape: s, seed: *seed }
+                };
+                if shape.rows.len() > 1 {
+                    out.push(with(&|s| s.rows.truncate(1)));
+                }
+                if shape.dtype != oracle::DType::Bfloat16 {
+                    out.push(with(&|s| s.dtype = oracle::DType::Bfloat16));
+                }
+                if let Some((extra, len)) = shape.decode {
+                    out.push(with(&|s| s.decode = None));
+                    for e in [0, extra / 2].into_iter().filter(|&e| e < extra) {
+                        out.push(with(&|s| s.decode = Some((e, len))));
+                    }
+                    for l in 1..len {
+                        out.push(with(&|s| s.decode = Some((extra, l))));
+                    }
+                }
+                if shape.rows.len() == 1 {
+                    let row = &shape.rows[0];
+                    for i in 0..row.len() {
+                        if row.len() > 1 {
+                            out.push(with(&|s| {
+                                s.rows[0].remove(i);
+                            }));
+                        }
+                        match row[i] {
+                            PromptPiece::Text { tokens } if tokens > 1 => {
+                                out.push(with(&|s| s.rows[0][i] = PromptPiece::Text { tokens: 1 }));
+                                out.push(with(&|s| s.rows[0][i] = PromptPiece::Text { tokens: tokens / 2 }));
+                            }
+                            PromptPiece::Text { .. } => {}
+                            p => out.push(with(&|s| s.rows[0][i] = PromptPiece::Text { tokens: p.tokens() })),
+                        }
+                    }
+                }
+                if (shape.q_heads, shape.k_heads) != (1, 1) {
+                    out.push(with(&|s| {
+                        s.q_heads = 1;
+                        s.k_heads = 1;
+                    }));
+                }
+                if shape.head_dim > shape.rotary_dim {
+                    out.push(with(&|s| s.head_dim = s.rotary_dim));
+                }
+                for r in [2, 4, 8, 16, 32, 64].into_iter().filter(|&r| r < shape.rotary_dim) {
+                    out.push(with(&|s| {
+                        s.rotary_dim = r;
+                        s.head_dim = s.head_dim.max(r);
+                    }));
+                }
+                for i in 0..3 {
+                    let v = shape.mrope_section[i];
+                    for lower in [0, v / 2, v.saturating_sub(1)].into_iter().filter(|&l| l < v) {
+                        out.push(with(&|s| s.mrope_section[i] = lower));
+                    }
+                }
+                if shape.rope_theta != 10_000.0 {
+                    out.push(with(&|s| s.rope_theta = 10_000.0));
+                }
+                if *seed != 0 {
+                    out.push(Description::PositionMrope {
+                        shape: shape.clone(),
+                        seed: 0,
+                    });
+                }
+            }
         }
         out
     }
@@ -345,6 +442,38 @@ impl Description {
                     ("M (query rows)", [1, 2, 3, 4, 7, 8, 9, 16].iter().map(|&m| (m, with(&|s| s.m = m))).collect()),
                 ]
             }
+            Description::PositionMrope { shape, seed } => {
+                let with = |f: &dyn Fn(&mut MropeShape)| {
+                    let mut s = shape.clone();
+                    f(&mut s);
+                    Description::PositionMrope { shape: s, seed: *seed }
+                };
+                let len = shape.decode.map_or(1, |(_, l)| l);
+                const OFFSETS: [usize; 9] = [0, 1, 255, 256, 4095, 4096, 65_535, 65_536, 1 << 20];
+                let half = shape.rotary_dim / 2;
+                vec![
+                    (
+                        "decode offset beyond the prompt",
+                        OFFSETS.iter().map(|&e| (e, with(&|s| s.decode = Some((e, len))))).collect(),
+                    ),
+                    (
+                        "rotary_dim (head_dim at least it)",
+                        [8, 16, 32, 64, 128, 256]
+                            .iter()
+                            .map(|&r| (r, with(&|s| { s.rotary_dim = r; s.head_dim = s.head_dim.max(r); })))
+                            .collect(),
+                    ),
+                    (
+                        "mrope_section sum beyond rotary_dim / 2",
+                        (0..=4usize)
+                            .map(|extra| (extra, with(&|s| {
+                                let [a, b, _] = s.mrope_section;
+                                s.mrope_section[2] = (half + extra).saturating_sub(a + b);
+                            })))
+                            .collect(),
+                    ),
+                ]
+            }
         }
     }
 
@@ -359,6 +488,9 @@ impl Description {
                 shape.invariances(*seed).map_err(|e| e.to_string())
             }
             Description::AttentionSdpa { shape, seed } => {
+                shape.invariances(*seed).map_err(|e| e.to_string())
+            }
+            Description::PositionMrope { shape, seed } => {
                 shape.invariances(*seed).map_err(|e| e.to_string())
             }
         }

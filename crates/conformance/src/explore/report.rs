@@ -75,7 +75,7 @@ fn markdown(search: &Search) -> String {
     }
     let _ = writeln!(
         md,
-        "\n## Regime map\n\nPer kernel class: samples, and the points where port and reference bits differ, where a side leaves the exact bound, and where an invariance of the port parts (a finding). A point is M×K×N for the quantized families (switch: M is the routed rows) and B×L×M (requests × KV length × query rows) for attention/sdpa.\n\n| class | samples | first use, ms | typical, ms | bits differ at | outside the bound at | invariances that part, at |\n|---|---:|---:|---:|---|---|---|"
+        "\n## Regime map\n\nPer kernel class: samples, and the points where port and reference bits differ, where a side leaves the exact bound, and where an invariance of the port parts (a finding). A point is M×K×N for the quantized families (switch: M is the routed rows) B×L×M (requests × KV length × query rows) for attention/sdpa, and B×L×R (rows × window tokens × rotary_dim) for position/mrope.\n\n| class | samples | first use, ms | typical, ms | bits differ at | outside the bound at | invariances that part, at |\n|---|---:|---:|---:|---|---|---|"
     );
     let mut classes: BTreeMap<String, Vec<&super::Sampled>> = BTreeMap::new();
     for s in &search.samples {
@@ -313,6 +313,50 @@ for name, y in (("contiguous", contiguous), ("cache buffer", cache_buffer)):
                 kind = f.kind,
                 seen = f.seen(),
                 description = serde_json::to_string(&f.minimal).expect("json"),
+            );
+            write_file(&dir.join(format!("{i}.py")), &script)
+        }
+        Description::PositionMrope { shape, seed } => {
+            let tensors = shape.host_inputs(*seed).map_err(|e| e.to_string())?;
+            crate::kept::write(dir, &i.to_string(), &tensors)?;
+            let [a, b, c] = shape.mrope_section;
+            let script = format!(
+                r#""""Reproducer {i} from the MLX conformance suite's shape explorer.
+
+Seen: {kind:?}: {seen}
+Description: {description}
+The reference's own rotary on the saved q, k and position_ids: mlx-vlm's
+MRoPERotaryEmbedding built as Qwen3_5RotaryEmbedding builds it
+(style="interleaved"), applied with apply_rotary. Needs mlx.core and the
+mlx-vlm package on the path (its rope_utils module is loaded from its file,
+so mlx-vlm's own dependencies need not be installed).
+"""
+import importlib.util
+import os
+import mlx.core as mx
+
+spec = importlib.util.find_spec("mlx_vlm")
+path = os.path.join(spec.submodule_search_locations[0], "models", "rope_utils.py")
+rope_utils_spec = importlib.util.spec_from_file_location("rope_utils", path)
+rope_utils = importlib.util.module_from_spec(rope_utils_spec)
+rope_utils_spec.loader.exec_module(rope_utils)
+
+here = os.path.dirname(os.path.abspath(__file__))
+t = mx.load(os.path.join(here, "{i}.safetensors"))
+rotary = rope_utils.MRoPERotaryEmbedding({rotary_dim}, base={theta:?}, mrope_section=[{a}, {b}, {c}], style="interleaved")
+q, k = rotary.apply_rotary(t["q"], t["k"], t["position_ids"], unsqueeze_dim=1)
+mx.eval(q, k)
+print("rotary_dim {rotary_dim}, mrope_section [{a}, {b}, {c}] (sum {sum}; rotary_dim / 2 = {half} frequencies)")
+print("q:", q.dtype, q.shape, "any NaN:", mx.any(mx.isnan(q)).item())
+print("k:", k.dtype, k.shape, "any NaN:", mx.any(mx.isnan(k)).item())
+"#,
+                kind = f.kind,
+                seen = f.seen(),
+                description = serde_json::to_string(&f.minimal).expect("json"),
+                rotary_dim = shape.rotary_dim,
+                theta = shape.rope_theta,
+                sum = a + b + c,
+                half = shape.rotary_dim / 2,
             );
             write_file(&dir.join(format!("{i}.py")), &script)
         }

@@ -25,6 +25,15 @@
 //! prefill); KV heads 1–4 at GQA ratios 1, 2, 4, 6 and 8; head_dim 32, 64,
 //! 80, 96, 128 and 256; dtype; the keys contiguous or the prefix of a
 //! step-256 cache buffer.
+//!
+//! `position/mrope` (Qwen3.5 interleaved mRoPE after the rope index):
+//! head_dim 64, 128 or 256 with rotary_dim a quarter, half or all of it;
+//! mrope_section adding up to rotary_dim / 2 most often, sometimes less and
+//! sometimes more (the reference's selector clips there); rope_theta; q and
+//! k heads (GQA); one or two prompt rows of text, images (t = 1) and
+//! videos (2-4 frames) with grids of 2 to 16 patches a side (shorter rows
+//! padded with text to equal length); the prefill, or 1-8 decode tokens
+//! just after the prompt or around offset 65536.
 
 use proptest::prelude::*;
 use proptest::strategy::{BoxedStrategy, ValueTree};
@@ -36,7 +45,7 @@ use layers::quantized::{Mode, QuantSpec};
 use oracle::DType;
 
 /// The families the explorer can sample.
-pub const FAMILIES: [&str; 3] = ["quantized/linear", "quantized/switch", "attention/sdpa"];
+pub const FAMILIES: [&str; 4] = ["quantized/linear", "quantized/switch", "attention/sdpa", "position/mrope"];
 
 /// Every spec, simplest first (what shrinking moves toward).
 pub fn specs() -> Vec<QuantSpec> {
@@ -153,6 +162,67 @@ fn attention_sdpa() -> BoxedStrategy<Description> {
         .boxed()
 }
 
+fn position_mrope() -> BoxedStrategy<Description> {
+    use crate::families::position::mrope::shape::{MropeShape, PromptPiece};
+    let side = (1usize..=8).prop_map(|n| 2 * n);
+    let piece = prop_oneof![
+        3 => (1usize..=20).prop_map(|tokens| PromptPiece::Text { tokens }),
+        2 => (side.clone(), side.clone()).prop_map(|(h, w)| PromptPiece::Image { t: 1, h, w }),
+        1 => (2usize..=4, 1usize..=4, 1usize..=4).prop_map(|(t, h, w)| PromptPiece::Video { t, h: 2 * h, w: 2 * w }),
+    ];
+    let row = proptest::collection::vec(piece, 1..=4);
+    let rows = prop_oneof![3 => proptest::collection::vec(row.clone(), 1..=1), 1 => proptest::collection::vec(row, 2..=2)];
+    let decode = prop_oneof![
+        2 => Just(None),
+        2 => (0usize..=64, 1usize..=8).prop_map(Some),
+        1 => (65_400usize..=65_600, 1usize..=8).prop_map(Some),
+    ];
+    // The sections' shares and how their sum stands to rotary_dim / 2.
+    let sum_delta = prop_oneof![4 => Just(0i64), 1 => -4i64..=-1, 1 => 1i64..=4];
+    (
+        prop::sample::select(vec![DType::Bfloat16, DType::Float16, DType::Float32]),
+        prop::sample::select(vec![128usize, 64, 256]),
+        prop::sample::select(vec![4usize, 2, 1]),
+        (1usize..=8, 1usize..=8, 1usize..=8),
+        sum_delta,
+        prop::sample::select(vec![1e7f64, 1e4, 1e5, 1e6, 5e6]),
+        (1usize..=8, 1usize..=4),
+        rows,
+        decode,
+        0u64..1 << 32,
+    )
+        .prop_map(|(dtype, head_dim, divisor, (wa, wb, wc), delta, rope_theta, (hq, hk), mut rows, decode, seed)| {
+            let rotary_dim = head_dim / divisor;
+            let half = (rotary_dim / 2) as i64;
+            let total = (half + delta).max(0) as usize;
+            let w = wa + wb + wc;
+            let a = total * wa / w;
+            let b = total * wb / w;
+            let mrope_section = [a, b, total - a - b];
+            // Equal token counts: pad the shorter rows with text.
+            let longest = rows.iter().map(|r| r.iter().map(|p| p.tokens()).sum::<usize>()).max().unwrap_or(0);
+            for r in &mut rows {
+                let len: usize = r.iter().map(|p| p.tokens()).sum();
+                if len < longest {
+                    r.push(PromptPiece::Text { tokens: longest - len });
+                }
+            }
+            let shape = MropeShape {
+                dtype,
+                head_dim,
+                rotary_dim,
+                rope_theta,
+                mrope_section,
+                q_heads: hq.max(hk),
+                k_heads: hk,
+                rows,
+                decode,
+            };
+            Description::PositionMrope { shape, seed }
+        })
+        .boxed()
+}
+
 /// The strategies of `families` (empty: every family), by name; an
 /// unknown name is an error listing the known ones.
 pub fn for_families(families: &[String]) -> Result<Vec<(String, BoxedStrategy<Description>)>, String> {
@@ -167,6 +237,7 @@ pub fn for_families(families: &[String]) -> Result<Vec<(String, BoxedStrategy<De
             "quantized/linear" => Ok((f.to_owned(), quantized_linear())),
             "quantized/switch" => Ok((f.to_owned(), quantized_switch())),
             "attention/sdpa" => Ok((f.to_owned(), attention_sdpa())),
+            "position/mrope" => Ok((f.to_owned(), position_mrope())),
             other => Err(format!(
                 "--family {other}: the explorer samples {}",
                 FAMILIES.join(", ")

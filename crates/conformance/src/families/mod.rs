@@ -7,7 +7,7 @@ pub mod attention;
 pub mod configs;
 pub mod describe;
 pub mod kept;
-pub(crate) mod position;
+pub mod position;
 pub mod quantized;
 pub mod safetensors;
 pub mod smoke;

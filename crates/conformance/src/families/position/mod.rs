@@ -18,7 +18,7 @@ use crate::case::{Backend, Case, CaseError, Ctx, Expected};
 use crate::inputs::Inputs;
 
 mod inv_freq;
-mod mrope;
+pub mod mrope;
 mod rope2d;
 mod rope_index;
 mod vs_rope;

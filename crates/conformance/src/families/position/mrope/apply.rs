@@ -150,33 +150,69 @@ pub(super) fn run_apply(
         Some(path) => path,
         None => mrope_path(ctx)?,
     };
-    let mut inputs = ctx.inputs();
-    let (rows, text_only, offset, len): (Vec<&[Piece]>, bool, Option<usize>, Option<usize>) =
-        match scenario {
-            Scenario::Text { prompt } => (vec![prompt], true, None, None),
-            Scenario::Prompt { rows } => (rows.to_vec(), false, None, None),
-            Scenario::Decode { prompt, extra, len } => {
-                let text_only = prompt.iter().all(|p| matches!(p, Piece::Text(_)));
-                (vec![prompt], text_only, Some(extra), Some(len))
-            }
-        };
-    let prompts: Vec<Prompt> = rows.iter().map(|r| build_prompt(r, &mut inputs)).collect();
+    let (rows, decode): (Vec<&[Piece]>, Option<(usize, usize)>) = match scenario {
+        Scenario::Text { prompt } => (vec![prompt], None),
+        Scenario::Prompt { rows } => (rows.to_vec(), None),
+        Scenario::Decode { prompt, extra, len } => (vec![prompt], Some((extra, len))),
+    };
+    run_rows(ctx, model, dtype, &rows, decode, forced, path)
+}
+
+/// A step's port inputs: prompts, the rotated window's q / k and its
+/// positions (one generator: the prompts' token ids, then q, then k).
+pub(crate) struct Window {
+    prompts: Vec<Prompt>,
+    pub(crate) q: HostTensor,
+    pub(crate) k: HostTensor,
+    indices: Vec<RopeIndex>,
+    pub(crate) positions: HostTensor,
+    offset: usize,
+}
+
+/// The window of `rows` (prompts of equal length): the whole prompt, or
+/// with `decode = (extra, len)` `len` tokens at cache offset
+/// `prompt_len + extra`. Text-only prompts get text positions `[B, L]`.
+pub(crate) fn window(
+    inputs: &mut crate::inputs::Inputs,
+    model: &Model,
+    dtype: DType,
+    rows: &[&[Piece]],
+    decode: Option<(usize, usize)>,
+) -> Result<Window, CaseError> {
+    let text_only = rows.iter().all(|r| r.iter().all(|p| matches!(p, Piece::Text(_))));
+    let prompts: Vec<Prompt> = rows.iter().map(|r| build_prompt(r, inputs)).collect();
     let prompt_len = prompts[0].ids.len();
     if prompts.iter().any(|p| p.ids.len() != prompt_len) {
         return Err(CaseError::Harness("batch rows differ in length".into()));
     }
     let batch = prompts.len();
-    let (offset, len) = match (offset, len) {
-        (Some(extra), Some(len)) => (prompt_len + extra, len),
-        _ => (0, prompt_len),
+    let (offset, len) = match decode {
+        Some((extra, len)) => (prompt_len + extra, len),
+        None => (0, prompt_len),
     };
     let (hq, hk) = model.heads;
     let q = inputs.uniform(dtype, &[batch, hq, len, model.head_dim], 2.0);
     let k = inputs.uniform(dtype, &[batch, hk, len, model.head_dim], 2.0);
-
-    // Port: rope index → positions → apply.
+    // Port: rope index → positions.
     let indices = port_indices(&prompts, text_only)?;
     let positions = port_positions(&indices, offset, len)?;
+    Ok(Window { prompts, q, k, indices, positions, offset })
+}
+
+/// The apply of `rows` (see [`window`]) against the reference's prefill
+/// (no `decode`) or decode call.
+pub(crate) fn run_rows(
+    ctx: &Ctx,
+    model: Model,
+    dtype: DType,
+    rows: &[&[Piece]],
+    decode: Option<(usize, usize)>,
+    forced: Option<MropePath>,
+    path: MropePath,
+) -> Result<CaseOutput, CaseError> {
+    let mut inputs = ctx.inputs();
+    let Window { prompts, q, k, indices, positions, offset } = window(&mut inputs, &model, dtype, rows, decode)?;
+    let (batch, prompt_len) = (prompts.len(), prompts[0].ids.len());
     let mrope = Mrope::new(model.config()).map_err(port)?;
     let (q_port, k_port) = if forced.is_none() && path == MropePath::current().map_err(port)? {
         mrope.apply(&q.to_array(), &k.to_array(), &positions.to_array())
@@ -203,7 +239,7 @@ pub(super) fn run_apply(
         image_grid_thw: (!images.is_empty()).then_some(images.as_slice()),
         video_grid_thw: (!videos.is_empty()).then_some(videos.as_slice()),
     };
-    let decode = matches!(scenario, Scenario::Decode { .. });
+    let decode = decode.is_some();
     let reference = if decode {
         reference::position::position_mrope_decode(
             ctx,

@@ -11,6 +11,7 @@
 mod apply;
 mod kernel;
 mod selector;
+pub mod shape;
 
 use layers::position::{MropeConfig, MropePath, Pairing};
 use oracle::DType;
