@@ -25,7 +25,7 @@ fn main() {
             extent: false,
         };
         let t = Instant::now();
-        let search = explore::search(&oracle, &config, &|_, _| {}).expect("a search runs");
+        let search = explore::search(&oracle, &config, &|_, _| {}, &|_| None).expect("a search runs");
         let wall = t.elapsed().as_secs_f64();
         let case_ms: f64 = search.samples.iter().map(|s| s.observation.time_ms).sum();
         println!(

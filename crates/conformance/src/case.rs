@@ -170,6 +170,12 @@ pub enum CaseError {
     Harness(String),
 }
 
+/// Whether a case's error message is a [`CaseError::Port`] (its Display
+/// starts so): the port refused or failed where the reference did not.
+pub fn is_port_error(message: &str) -> bool {
+    message.starts_with("the port raised: ")
+}
+
 impl CaseError {
     /// A port error, with what was being done.
     pub fn port(what: &str, e: impl std::fmt::Display) -> Self {

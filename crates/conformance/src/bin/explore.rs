@@ -1,8 +1,9 @@
 //! `cargo xtask explore` runs this binary: the shape explorer (see
 //! `conformance::explore` and the README's "Exploring shapes").
 //!
-//! Exit codes: 0 nothing found; 1 port and reference bits differ somewhere
-//! (a port bug, shrunk, written and, with `--keep`, kept); 2 only findings
+//! Exit codes: 0 nothing found; 1 port and reference bits differ somewhere,
+//! or the port raised where the reference computed (a port bug, shrunk,
+//! written and, with `--keep`, kept); 2 only findings
 //! about the reference (outside the exact bound, or a description the
 //! reference itself refuses); 3 usage or environment; 130 interrupted.
 
@@ -56,6 +57,11 @@ struct Cli {
     /// Where explore.json, explore.md and repro/ go.
     #[arg(long, default_value = "target/explore")]
     out: PathBuf,
+    /// (internal) Observe this one description (JSON) in this fresh
+    /// process and print the observation as JSON: how a search reruns a
+    /// violation alone.
+    #[arg(long, hide = true, value_name = "DESCRIPTION_JSON")]
+    observe_alone: Option<String>,
 }
 
 fn parse_shard(text: &str) -> Result<(usize, usize), String> {
@@ -123,9 +129,18 @@ fn main() -> ExitCode {
     if let Err(e) = oracle.set_device(backend) {
         return fail(e);
     }
-    conformance::runner::catch_interrupts();
     // A panic inside a case is that sample's error (runner::run_case).
     std::panic::set_hook(Box::new(|_| {}));
+    if let Some(json) = &cli.observe_alone {
+        conformance::runner::worker::die_with_runner();
+        let d: explore::Description = match serde_json::from_str(json) {
+            Ok(d) => d,
+            Err(e) => return fail(format!("--observe-alone: not a description ({e})")),
+        };
+        outln!("{}", serde_json::to_string(&explore::observe(&oracle, backend, &d)).expect("json"));
+        return ExitCode::SUCCESS;
+    }
+    conformance::runner::catch_interrupts();
     let config = Config {
         seed: cli.seed,
         budget: cli.budget,
@@ -146,7 +161,9 @@ fn main() -> ExitCode {
         bar.set_message(format!("{samples} samples, {found} violations"));
         bar.tick();
     };
-    let search = match explore::search(&oracle, &config, &progress) {
+    let device = cli.device;
+    let alone = |d: &explore::Description| observe_alone(device, d);
+    let search = match explore::search(&oracle, &config, &progress, &alone) {
         Ok(s) => s,
         Err(e) => return fail(e),
     };
@@ -186,9 +203,50 @@ fn main() -> ExitCode {
     exit_code(&search)
 }
 
-/// 1 for a bits violation, 2 for findings only, 0 for nothing.
+/// `d` observed alone in a fresh process of this binary (`None`, with a
+/// line on stderr, when that process fails: the search goes on).
+fn observe_alone(device: Device, d: &explore::Description) -> Option<explore::Observation> {
+    let exe = std::env::current_exe().ok()?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("--observe-alone")
+        .arg(serde_json::to_string(d).ok()?)
+        .arg("--device")
+        .arg(match device {
+            Device::Cpu => "cpu",
+            Device::Gpu => "gpu",
+        })
+        .env(conformance::runner::worker::RUNNER_PID_ENV, std::process::id().to_string())
+        .stdin(std::process::Stdio::null());
+    let out = match cmd.output() {
+        Ok(o) => o,
+        Err(e) => {
+            errln!("explore: could not rerun {} alone: {e}", d.name("explore"));
+            return None;
+        }
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    match text.lines().last().map(serde_json::from_str::<explore::Observation>) {
+        Some(Ok(o)) if out.status.success() => Some(o),
+        _ => {
+            errln!(
+                "explore: the rerun of {} alone ended with {}: {}",
+                d.name("explore"),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
+            );
+            None
+        }
+    }
+}
+
+/// 1 for a bits violation or a port error, 2 for findings only, 0 for
+/// nothing.
 fn exit_code(search: &explore::Search) -> ExitCode {
-    if search.found.iter().any(|f| f.kind == explore::Violation::Bits) {
+    if search
+        .found
+        .iter()
+        .any(|f| matches!(f.kind, explore::Violation::Bits | explore::Violation::PortError))
+    {
         ExitCode::from(1)
     } else if search.found.is_empty() {
         ExitCode::SUCCESS

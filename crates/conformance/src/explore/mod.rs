@@ -536,14 +536,18 @@ pub enum Violation {
     Bits,
     /// A side is outside the exact oracle's bound.
     Exact,
-    /// The case errored.
+    /// The port raised where the reference computed (a port that refuses
+    /// what the reference accepts is a conformance failure).
+    PortError,
+    /// The case errored otherwise (the reference refused the description,
+    /// or the harness).
     Error,
 }
 
 impl Observation {
     pub fn violation(&self) -> Option<Violation> {
-        if self.error.is_some() {
-            Some(Violation::Error)
+        if let Some(e) = &self.error {
+            Some(if crate::case::is_port_error(e) { Violation::PortError } else { Violation::Error })
         } else if !self.bits_equal {
             Some(Violation::Bits)
         } else if self.exact.is_some_and(|c| c != ExactClass::Within) {
@@ -641,6 +645,18 @@ pub struct Found {
     /// Where the violation extends: the minimal description swept along
     /// each axis, and whether each value still shows it.
     pub extent: Vec<Extent>,
+    /// The first sighting rerun alone in a fresh process: whether it shows
+    /// there too (false: it misbehaves only after `preceded_by`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alone: Option<Alone>,
+}
+
+/// A sample rerun alone, in a fresh process.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Alone {
+    /// It shows the same kind of violation alone.
+    pub shows: bool,
+    pub observation: Observation,
 }
 
 impl Found {
@@ -715,6 +731,7 @@ pub fn search(
     oracle: &Oracle,
     config: &Config,
     progress: &dyn Fn(usize, usize),
+    alone: &dyn Fn(&Description) -> Option<Observation>,
 ) -> Result<Search, String> {
     let strategies = strategy::for_families(&config.families)?;
     let started = Instant::now();
@@ -777,6 +794,12 @@ pub fn search(
                 .map(|s: &Sampled| s.description.name("explore"))
                 .collect();
             let deadline = started + budget;
+            // Before shrinking: does the first sighting show alone, in a
+            // fresh process (nothing run before it)?
+            let rerun = alone(&description).map(|o| Alone {
+                shows: o.violation() == Some(kind),
+                observation: o,
+            });
             let (minimal, minimal_observation, steps) = shrink(
                 oracle,
                 config,
@@ -800,6 +823,7 @@ pub fn search(
                     shrink_steps: steps,
                     preceded_by,
                     extent,
+                    alone: rerun,
                 });
             }
         }

@@ -4,28 +4,44 @@
 //! bit of the port's first output element of a `quantized/linear` case
 //! whose M is at least `M` and whose N is odd (no other form is read; an
 //! unset or unreadable variable plants nothing). For `attention/sdpa`,
-//! "M" and "N" are the batch B and the KV length L.
+//! "M" and "N" are the batch B and the KV length L. A trailing
+//! `,after=K` plants only from the process's K+1-th planted-family case on:
+//! a fault that shows in sequence and not alone in a fresh process.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use oracle::HostTensor;
 
 /// The variable of the hook.
 pub const PLANT_ENV: &str = "MLX_CONFORMANCE_PLANT";
 
-/// The planted region: `(family, minimum M)`, odd N.
-fn planted() -> Option<(String, usize)> {
+/// Cases of the planted family this process has run.
+static SEEN: AtomicUsize = AtomicUsize::new(0);
+
+/// The planted region: `(family, minimum M, after)`, odd N.
+fn planted() -> Option<(String, usize, usize)> {
     let spec = std::env::var(PLANT_ENV).ok()?;
     let (family, rule) = spec.split_once(':')?;
-    let m = rule.strip_prefix("m>=")?.strip_suffix(",n%2==1")?.parse().ok()?;
-    Some((family.to_owned(), m))
+    let rule = rule.strip_prefix("m>=")?;
+    let (m, after) = match rule.split_once(",n%2==1") {
+        Some((m, "")) => (m, 0),
+        Some((m, rest)) => (m, rest.strip_prefix(",after=")?.parse().ok()?),
+        None => return None,
+    };
+    Some((family.to_owned(), m.parse().ok()?, after))
 }
 
 /// Flips the lowest bit of `y`'s first element when the plant covers this
-/// family, M and N.
+/// family, M and N (and enough cases of the family ran before).
 pub fn apply(family: &str, m: usize, n: usize, y: &mut HostTensor) {
-    let Some((planted, min_m)) = planted() else {
+    let Some((planted, min_m, after)) = planted() else {
         return;
     };
-    if planted == family && m >= min_m && n % 2 == 1 && !y.bytes.is_empty() {
+    if planted != family {
+        return;
+    }
+    let seen = SEEN.fetch_add(1, Ordering::Relaxed);
+    if seen >= after && m >= min_m && n % 2 == 1 && !y.bytes.is_empty() {
         y.bytes[0] ^= 1;
     }
 }

@@ -68,6 +68,17 @@ fn markdown(search: &Search) -> String {
         if !f.preceded_by.is_empty() {
             let _ = writeln!(md, "   - ran after: {}", f.preceded_by.join(", "));
         }
+        match &f.alone {
+            Some(a) if a.shows => {
+                let _ = writeln!(md, "   - alone in a fresh process: shows too (it does not depend on what ran before)");
+            }
+            Some(_) => {
+                let _ = writeln!(md, "   - alone in a fresh process: does NOT show; it misbehaves only in sequence, after the samples above");
+            }
+            None => {
+                let _ = writeln!(md, "   - alone in a fresh process: not rerun");
+            }
+        }
         for e in &f.extent {
             let list = |v: &[usize]| if v.is_empty() { "none".to_owned() } else { v.iter().map(usize::to_string).collect::<Vec<_>>().join(", ") };
             let _ = writeln!(md, "   - extent in {}: shows at {}; clean at {}", e.axis, list(&e.shows), list(&e.clean));

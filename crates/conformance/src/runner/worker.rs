@@ -55,7 +55,7 @@ pub const FAULT_ENV: &str = "MLX_CONFORMANCE_FAULT";
 const STDERR_TAIL: usize = 12;
 
 /// The runner's pid, as a worker is told it.
-const RUNNER_PID_ENV: &str = "MLX_CONFORMANCE_RUNNER_PID";
+pub const RUNNER_PID_ENV: &str = "MLX_CONFORMANCE_RUNNER_PID";
 
 /// The worker's first step: it is sent SIGKILL when its runner dies (even
 /// a runner killed by SIGKILL while this worker is stopped), and exits at
