@@ -128,6 +128,10 @@ fn a_planted_attention_violation_is_shrunk_to_two_requests_at_one_key() {
         "kv_len": 1, "m": 1, "kv_view": "contiguous"
     });
     assert!(minimal.contains(&&smallest), "{minimal:?}\n{all}");
+    // The plant does not depend on what ran before: it shows alone too.
+    for f in search["found"].as_array().unwrap() {
+        assert_eq!(f["alone"]["shows"], true, "{f}");
+    }
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_conformance"));
     cmd.args(["--device", "cpu", "--filter", "kept/attention/sdpa/bf16/B2-H1-KV1-D8/L1-M1/", "--no-snapshots", "--out"])
         .arg(root.join("suite"))
@@ -137,6 +141,28 @@ fn a_planted_attention_violation_is_shrunk_to_two_requests_at_one_key() {
     let run = cmd.output().unwrap();
     assert_eq!(run.status.code(), Some(1), "{}", text(&run));
     assert!(text(&run).contains("FAIL    kept/attention/sdpa/bf16/B2-H1-KV1-D8/L1-M1/s"), "{}", text(&run));
+}
+
+/// A fault that shows only after other samples ran (`,after=3`) is
+/// reported as misbehaving in sequence, not alone, with what preceded it.
+#[test]
+fn a_fault_that_needs_a_sequence_is_told_apart_from_one_that_shows_alone() {
+    let root = scratch("sequence");
+    let out = Command::new(env!("CARGO_BIN_EXE_conformance-explore"))
+        .args(["--seed", "3", "--family", "attention/sdpa", "--samples", "12", "--shrink-steps", "0", "--no-extent", "--out"])
+        .arg(root.join("out"))
+        .env("MLX_CONFORMANCE_FIXTURES", root.join("fixtures"))
+        .env("MLX_CONFORMANCE_PLANT", "attention/sdpa:m>=2,n%2==1,after=3")
+        .output()
+        .unwrap();
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    let search = json(&root.join("out/explore.json"));
+    let found = &search["found"][0];
+    assert_eq!(found["alone"]["shows"], false, "{found}");
+    assert!(!found["preceded_by"].as_array().unwrap().is_empty(), "{found}");
+    let md = std::fs::read_to_string(root.join("out/explore.md")).unwrap();
+    assert!(md.contains("does NOT show; it misbehaves only in sequence"), "{md}");
 }
 
 /// The gate's run of explorer samples registers exactly what a search of

@@ -45,9 +45,14 @@ struct Cli {
     /// searching.
     #[arg(long, num_args = 1.., value_name = "EXPLORE_JSON")]
     merge: Vec<PathBuf>,
-    /// Add each violation's shrunk description to fixtures/explore/kept.json.
+    /// Add each violation's shrunk description to fixtures/explore/kept.json
+    /// (with --merge: the merged reports' violations, e.g. a GPU run's
+    /// explore.json brought back from the bundle).
     #[arg(long)]
     keep: bool,
+    /// With --keep: only violations whose shrunk case name contains this.
+    #[arg(long, value_name = "TEXT", requires = "keep")]
+    keep_filter: Option<String>,
     /// Shrink steps per violation, at most.
     #[arg(long, default_value_t = 200)]
     shrink_steps: usize,
@@ -112,6 +117,11 @@ fn main() -> ExitCode {
             return fail(e);
         }
         outln!("explore: merged {} samples, {} violations; reports: {}", merged.samples.len(), merged.found.len(), out.display());
+        if cli.keep {
+            if let Err(code) = keep(&cli, &merged) {
+                return code;
+            }
+        }
         return exit_code(&merged);
     }
     let oracle = match Oracle::start() {
@@ -185,11 +195,9 @@ fn main() -> ExitCode {
             out.join(format!("repro/{i}.py")).display()
         );
     }
-    if cli.keep && !search.found.is_empty() {
-        let date = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()[..10].to_owned();
-        match report::keep(&Home::get().fixtures_dir(), &search, &date) {
-            Ok(added) => outln!("kept: {added} new case(s) in {}", report::kept_file(&Home::get().fixtures_dir()).display()),
-            Err(e) => return fail(e),
+    if cli.keep {
+        if let Err(code) = keep(&cli, &search) {
+            return code;
         }
     }
     outln!(
@@ -201,6 +209,26 @@ fn main() -> ExitCode {
         out.display()
     );
     exit_code(&search)
+}
+
+/// `--keep [--keep-filter TEXT]`: the search's violations into kept.json.
+fn keep(cli: &Cli, search: &explore::Search) -> Result<(), ExitCode> {
+    let mut chosen = search.clone();
+    if let Some(text) = &cli.keep_filter {
+        chosen.found.retain(|f| f.minimal.name("explore").contains(text.as_str()));
+    }
+    if chosen.found.is_empty() {
+        return Ok(());
+    }
+    let date = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()[..10].to_owned();
+    let fixtures = Home::get().fixtures_dir();
+    match report::keep(&fixtures, &chosen, &date) {
+        Ok(added) => {
+            outln!("kept: {added} new case(s) in {}", report::kept_file(&fixtures).display());
+            Ok(())
+        }
+        Err(e) => Err(fail(e)),
+    }
 }
 
 /// `d` observed alone in a fresh process of this binary (`None`, with a

@@ -86,7 +86,7 @@ fn markdown(search: &Search) -> String {
     }
     let _ = writeln!(
         md,
-        "\n## Regime map\n\nPer kernel class: samples, and the points where port and reference bits differ, where a side leaves the exact bound, and where an invariance of the port parts (a finding). A point is M×K×N for the quantized families (switch: M is the routed rows) B×L×M (requests × KV length × query rows) for attention/sdpa, and B×L×R (rows × window tokens × rotary_dim) for position/mrope.\n\n| class | samples | first use, ms | typical, ms | bits differ at | outside the bound at | invariances that part, at |\n|---|---:|---:|---:|---|---|---|"
+        "\n## Regime map\n\nPer kernel class: samples, and the points where port and reference bits differ, where a side leaves the exact bound, and where an invariance of the port parts (a finding). A point is M×K×N for the quantized families (switch: M is the routed rows), B×L×M (requests × KV length × query rows) for attention/sdpa, and B×L×R (rows × window tokens × rotary_dim) for position/mrope.\n\n| class | samples | first use, ms | typical, ms | bits differ at | outside the bound at | invariances that part, at |\n|---|---:|---:|---:|---|---|---|"
     );
     let mut classes: BTreeMap<String, Vec<&super::Sampled>> = BTreeMap::new();
     for s in &search.samples {
