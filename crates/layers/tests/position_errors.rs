@@ -74,20 +74,13 @@ fn mrope_section_too_short() {
 }
 
 #[test]
-fn mrope_section_exceeds_frequencies() {
-    // Qwen3-VL's section against Qwen3.5's rotary_dim 64 (32 frequencies).
-    let err = Mrope::new(config(64, &[24, 20, 20])).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            PositionError::MropeSectionExceedsFrequencies {
-                sum: 64,
-                freq_count: 32,
-                ..
-            }
-        ),
-        "{err}"
-    );
+fn mrope_section_beyond_the_frequencies_is_clipped_as_the_reference_clips() {
+    // Qwen3-VL's section against Qwen3.5's rotary_dim 64 (32 frequencies):
+    // the reference's selector clips each axis at the frequency count.
+    let m = Mrope::new(config(64, &[24, 20, 20])).unwrap();
+    let expected = layers::position::interleaved_position_selector(&[24, 20, 20], 32).unwrap();
+    assert_eq!(m.position_selector(), expected.as_slice());
+    assert!(m.position_selector().iter().all(|&a| a <= 2));
     // The reference's own class default sums below the count: accepted.
     Mrope::new(config(64, &[11, 11, 0])).unwrap();
 }

@@ -81,20 +81,6 @@ pub enum PositionError {
         section: Vec<usize>,
     },
 
-    /// The sections of `mrope_section` sum to more than the frequency count
-    /// `rotary_dim / 2`. Stricter than the reference, whose selector clips
-    /// every axis at the frequency count (`min(3·section[i], F)`) and so
-    /// silently gives axes fewer frequencies than declared.
-    #[error("mrope_section {section:?} sums to {sum}, more than the {freq_count} frequencies of rotary_dim")]
-    MropeSectionExceedsFrequencies {
-        /// The section as given.
-        section: Vec<usize>,
-        /// Its sum.
-        sum: usize,
-        /// `rotary_dim / 2`.
-        freq_count: usize,
-    },
-
     /// An array has the wrong number of axes.
     #[error("{tensor} must have shape {expected}, got {shape:?}")]
     Rank {

@@ -182,10 +182,15 @@ impl MropeConfig {
     ///   would rotate `rotary_dim + 1` channels).
     /// - [`PositionError::MropeSectionTooShort`] (the reference raises
     ///   `IndexError`).
-    /// - [`PositionError::MropeSectionExceedsFrequencies`] when the sections
-    ///   sum to more than `rotary_dim / 2` (stricter than the reference,
-    ///   which clips). A smaller sum is accepted, as the reference does: the
-    ///   rest goes to axis 0 (the class default `[11, 11, 0]` relies on it).
+    ///
+    /// Sections of any sum are accepted, as the reference accepts them: a
+    /// smaller sum leaves the rest to axis 0 (the class default `[11, 11,
+    /// 0]` relies on it) and a larger one is clipped by the selector
+    /// ([`interleaved_position_selector`]: `min(3·section[i], F)`). The port
+    /// once refused a larger sum (`MropeSectionExceedsFrequencies`); the
+    /// shape explorer found the reference computing there (an upstream test
+    /// builds `dim=64` with `[24, 20, 20]`), and a port that refuses what
+    /// the reference computes does not conform.
     pub fn validate(&self) -> Result<(), PositionError> {
         super::error::check_rope_base("rope_theta", self.rope_theta)?;
         if self.rotary_dim % 2 == 1 {
@@ -196,18 +201,6 @@ impl MropeConfig {
         if self.mrope_section.len() < 3 {
             return Err(PositionError::MropeSectionTooShort {
                 section: self.mrope_section.clone(),
-            });
-        }
-        let sum = self
-            .mrope_section
-            .iter()
-            .try_fold(0usize, |acc, &s| acc.checked_add(s))
-            .unwrap_or(usize::MAX);
-        if sum > self.freq_count() {
-            return Err(PositionError::MropeSectionExceedsFrequencies {
-                section: self.mrope_section.clone(),
-                sum,
-                freq_count: self.freq_count(),
             });
         }
         Ok(())
@@ -222,8 +215,7 @@ impl MropeConfig {
 /// indices `1, 4, 7, …` below `min(3·mrope_section[1], freq_dim)`; axis 2
 /// takes `2, 5, 8, …` below `min(3·mrope_section[2], freq_dim)`.
 /// `mrope_section[0]` is never read and entries past 2 are ignored; a
-/// section larger than `freq_dim` allows is clipped, not rejected (see
-/// [`MropeConfig::validate`] for the strict check).
+/// section larger than `freq_dim` allows is clipped, not rejected.
 ///
 /// Finding: the origin (`qwen-mrope.ts` `interleavedSelector`) applies the
 /// same rule with `mrope_section` hard-coded to `[11, 11, 10]`.

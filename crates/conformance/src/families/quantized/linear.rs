@@ -14,7 +14,7 @@
 //!   group_size`), where MLX 0.32.2's CUDA kernel was seen not to write its
 //!   output (see `single_group_cases`).
 
-use layers::quantized::{Mode, QuantSpec, QuantizedLinear, QuantizedPayload};
+use layers::quantized::{Mode, QuantSpec, QuantizedLinear};
 use oracle::{DType, HostTensor};
 
 use super::layer_tensors;
@@ -288,7 +288,7 @@ impl LinearShape {
 
     /// The port's layer for these inputs.
     fn layer(&self, inputs: &LinearInputs) -> Result<(QuantizedLinear, QuantizedPayloadTensors), CaseError> {
-        let payload = QuantizedPayload::quantize(&inputs.weight.to_array(), self.spec).map_err(port)?;
+        let payload = super::quantize(&inputs.weight.to_array(), self.spec)?;
         let tensors = layer_tensors(&payload, inputs.bias.as_ref())?;
         let layer = QuantizedLinear::new(payload, inputs.bias.as_ref().map(HostTensor::to_array))
             .map_err(port)?;

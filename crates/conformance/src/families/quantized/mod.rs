@@ -124,7 +124,22 @@ fn quantized_weight(
     leading: &[usize],
 ) -> Result<QuantizedPayload, CaseError> {
     let w = inputs.uniform(dtype, leading, 1.0);
-    QuantizedPayload::quantize(&w.to_array(), spec).map_err(port)
+    quantize(&w.to_array(), spec)
+}
+
+/// The port's quantization of a case's float weight. MLX's own quantize
+/// raising ([`LayerError::Mlx`]: `mx.quantize` refusing the weight, e.g.
+/// nvfp4 with an odd number of 16-element groups) is the reference's
+/// library refusing it, since the reference quantizes with the same
+/// primitive: a harness error (the explorer's `Error`, a finding about
+/// MLX), not the port raising where the reference computes.
+fn quantize(w: &mlx_rs::Array, spec: QuantSpec) -> Result<QuantizedPayload, CaseError> {
+    QuantizedPayload::quantize(w, spec).map_err(|e| match e {
+        layers::quantized::LayerError::Mlx(e) => CaseError::Harness(format!(
+            "mx.quantize (MLX itself, which the reference quantizes with too) refused the weight: {e}"
+        )),
+        e => port(e),
+    })
 }
 
 /// A payload and an additive bias as the reference's layer receives them.
