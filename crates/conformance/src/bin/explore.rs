@@ -93,15 +93,38 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             let text = e.render().to_string();
-            return fail(text.lines().next().unwrap_or("bad usage"));
+            let line = text.lines().next().unwrap_or("bad usage");
+            return fail(line.strip_prefix("error: ").unwrap_or(line));
         }
     };
     let out = std::path::absolute(&cli.out).unwrap_or(cli.out.clone());
+    // The reports' directory is made (and found unwritable) before any
+    // sample runs, and a previous run's reports are removed: an
+    // interrupted or failed search never leaves an older report standing.
+    if cli.observe_alone.is_none() {
+        if let Err(e) = std::fs::create_dir_all(&out) {
+            return fail(format!("--out {}: {e}", out.display()));
+        }
+        let probe = out.join(format!(".explore-probe-{}", std::process::id()));
+        if let Err(e) = std::fs::write(&probe, b"") {
+            return fail(format!("--out {}: cannot write there ({e})", out.display()));
+        }
+        let _ = std::fs::remove_file(&probe);
+        for stale in ["explore.json", "explore.md"] {
+            let _ = std::fs::remove_file(out.join(stale));
+        }
+    }
     if !cli.merge.is_empty() {
         let mut shards = Vec::new();
         for path in &cli.merge {
-            let text = match std::fs::read_to_string(path) {
-                Ok(t) => t,
+            // A regular file only (a FIFO or /dev/zero is refused, not read
+            // forever), at most 1 GiB.
+            let text = match conformance::snapshots::store::read_limited(path, 1 << 30) {
+                Ok(Some(bytes)) => match String::from_utf8(bytes) {
+                    Ok(t) => t,
+                    Err(_) => return fail(format!("--merge {}: not UTF-8 text", path.display())),
+                },
+                Ok(None) => return fail(format!("--merge {}: no such file", path.display())),
                 Err(e) => return fail(format!("--merge {}: {e}", path.display())),
             };
             match serde_json::from_str(&text) {

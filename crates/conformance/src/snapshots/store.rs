@@ -152,11 +152,18 @@ pub const MAX_SNAPSHOT_BYTES: u64 = 16 << 20;
 
 /// The bytes of a snapshot file; `Ok(None)` when it does not exist.
 pub fn read(path: &Path) -> Result<Option<Vec<u8>>, StoreError> {
+    read_limited(path, MAX_SNAPSHOT_BYTES)
+}
+
+/// The bytes of a regular file of at most `cap` bytes, read as a snapshot
+/// is (no link followed, no FIFO or device blocked on); `Ok(None)` when it
+/// does not exist.
+pub fn read_limited(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, StoreError> {
     let Some(mut file) = open_regular(path)? else {
         return Ok(None);
     };
     let len = file.metadata().map_err(io(path))?.len();
-    if len > MAX_SNAPSHOT_BYTES {
+    if len > cap {
         return Err(StoreError::TooLarge {
             path: path.into(),
             len,

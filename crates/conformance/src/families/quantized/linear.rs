@@ -94,6 +94,13 @@ impl LinearShape {
         if self.m == 0 || self.n == 0 || self.batch.contains(&0) {
             return Err("m, n and batch dimensions must be positive".into());
         }
+        if !matches!(self.dtype, oracle::DType::Bfloat16 | oracle::DType::Float16 | oracle::DType::Float32) {
+            return Err(format!("dtype {} is not a float dtype", self.dtype.name()));
+        }
+        let rows = self.batch.iter().try_fold(self.m, |a, &b| a.checked_mul(b));
+        if rows.and_then(|r| r.checked_add(self.n)).and_then(|r| r.checked_mul(self.k)).is_none_or(|e| e > 1 << 28) {
+            return Err("x and the weight hold more than 2^28 elements".into());
+        }
         Ok(())
     }
 
