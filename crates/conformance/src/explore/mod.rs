@@ -188,6 +188,9 @@ impl Description {
                     f(&mut s);
                     Description::QuantizedLinear { shape: s, seed: *seed }
                 };
+                if shape.x_view != crate::families::quantized::linear::XView::Contiguous {
+                    out.push(with(&|s| s.x_view = crate::families::quantized::linear::XView::Contiguous));
+                }
                 if !shape.batch.is_empty() {
                     out.push(with(&|s| s.batch.clear()));
                 }

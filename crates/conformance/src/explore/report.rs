@@ -196,7 +196,8 @@ here = os.path.dirname(os.path.abspath(__file__))
 t = mx.load(os.path.join(here, "{i}.safetensors"))
 w, scales, *biases = mx.quantize(t["weight"], group_size={gs}, bits={bits}, mode="{mode}")
 biases = biases[0] if biases else None
-y = mx.quantized_matmul(t["x"], w, scales, biases, transpose=True, group_size={gs}, bits={bits}, mode="{mode}"){bias}
+x = t["x"]{view}
+y = mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size={gs}, bits={bits}, mode="{mode}"){bias}
 w_float = mx.dequantize(w, scales, biases, group_size={gs}, bits={bits}, mode="{mode}").astype(mx.float32)
 definition = t["x"].astype(mx.float32) @ w_float.T{bias32}
 mx.eval(y, definition)
@@ -213,6 +214,11 @@ print("any NaN in y:", mx.any(mx.isnan(y)).item())
                 gs = spec.group_size,
                 bits = spec.bits,
                 mode = spec.mode,
+                view = match shape.x_view {
+                    crate::families::quantized::linear::XView::Contiguous => "",
+                    crate::families::quantized::linear::XView::Sliced => "\n# The port's layout: the first K columns of a wider array.\nx = mx.concatenate([x, mx.zeros((*x.shape[:-1], 64), x.dtype)], axis=-1)[..., : x.shape[-1]]",
+                    crate::families::quantized::linear::XView::Broadcast => "\n# The port's layout: row 0 broadcast over M (stride 0).\nx = mx.broadcast_to(x[..., :1, :], x.shape)",
+                },
                 bias32 = if bias.is_empty() {
                     ""
                 } else {

@@ -11,6 +11,8 @@
 //!   and 120–136 around 128;
 //! - M (rows): 1–8 (matrix-vector kernels), 9–40, and 60–70 around 64;
 //!   sometimes with leading batch dimensions;
+//! - x contiguous, or (a third as often) a sliced view (row stride K + 64)
+//!   or row 0 broadcast over M (stride 0);
 //! - dtype, bias, scales dtype, and the inputs' seed.
 //!
 //! `quantized/switch` (`gather_qmm`): experts 1–16, top-k 1–4 (at most the
@@ -40,7 +42,7 @@ use proptest::strategy::{BoxedStrategy, ValueTree};
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
 use super::Description;
-use crate::families::quantized::linear::{Bias, LinearShape};
+use crate::families::quantized::linear::{Bias, LinearShape, XView};
 use layers::quantized::{Mode, QuantSpec};
 use oracle::DType;
 
@@ -67,6 +69,7 @@ fn quantized_linear() -> BoxedStrategy<Description> {
     let batch = prop_oneof![4 => Just(Vec::new()), 1 => proptest::collection::vec(1usize..=3, 1..=2)];
     let dtype = prop::sample::select(vec![DType::Bfloat16, DType::Float32, DType::Float16]);
     let bias = prop::sample::select(vec![Bias::None, Bias::Same, Bias::F32]);
+    let x_view = prop_oneof![4 => Just(XView::Contiguous), 1 => Just(XView::Sliced), 1 => Just(XView::Broadcast)];
     (
         prop::sample::select(specs()),
         dtype,
@@ -75,14 +78,16 @@ fn quantized_linear() -> BoxedStrategy<Description> {
         n,
         batch,
         bias,
+        x_view,
         0u64..1 << 32,
     )
-        .prop_map(|(spec, dtype, m, groups, n, batch, bias, seed)| {
+        .prop_map(|(spec, dtype, m, groups, n, batch, bias, x_view, seed)| {
             let shape = LinearShape {
                 k: groups * spec.group_size as usize,
                 n,
                 batch,
                 bias,
+                x_view,
                 ..LinearShape::new(spec, dtype, m)
             };
             Description::QuantizedLinear { shape, seed }

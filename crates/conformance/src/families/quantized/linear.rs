@@ -64,10 +64,28 @@ pub struct LinearShape {
     pub n: usize,
     #[serde(default = "no_bias")]
     pub bias: Bias,
+    /// How the port's x reaches the layer (the reference always gets the
+    /// same values contiguous).
+    #[serde(default)]
+    pub x_view: XView,
 }
 
 fn no_bias() -> Bias {
     Bias::None
+}
+
+/// The memory layout of the port's activation: kernels that read strides
+/// wrong show here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum XView {
+    #[default]
+    Contiguous,
+    /// The first K columns of a `[…, M, K + 64]` array (row stride K + 64).
+    Sliced,
+    /// Row 0 broadcast over M (stride 0 along M); the values are row 0's,
+    /// repeated, on both sides.
+    Broadcast,
 }
 
 impl LinearShape {
@@ -77,6 +95,7 @@ impl LinearShape {
             spec,
             dtype,
             scales_dtype: None,
+            x_view: XView::Contiguous,
             batch: Vec::new(),
             m,
             k: base_k(spec),
@@ -120,6 +139,11 @@ impl LinearShape {
         }
         if let Some(s) = self.scales_dtype {
             name += &format!("/{}-scales", dtype_tag(s));
+        }
+        match self.x_view {
+            XView::Contiguous => {}
+            XView::Sliced => name += "/x-sliced",
+            XView::Broadcast => name += "/x-broadcast",
         }
         if (self.k, self.n) != (base_k(self.spec), N) {
             name += &format!("/K{}-N{}", self.k, self.n);
@@ -283,7 +307,16 @@ impl LinearShape {
         let mut inputs = crate::inputs::Inputs::new(seed);
         let mut x_shape = self.batch.clone();
         x_shape.extend([self.m, self.k]);
-        let x = activation(&mut inputs, self.dtype, &x_shape);
+        let mut x = activation(&mut inputs, self.dtype, &x_shape);
+        if self.x_view == XView::Broadcast {
+            // Every row is row 0 (the reference and the exact oracle get
+            // these values; the port a stride-0 view of row 0).
+            let row = self.k * self.dtype.size();
+            let first = x.bytes[..row].to_vec();
+            for r in x.bytes.chunks_mut(row) {
+                r.copy_from_slice(&first);
+            }
+        }
         let weight = inputs.uniform(self.scales_dtype.unwrap_or(self.dtype), &[self.n, self.k], 1.0);
         let bias = match self.bias {
             Bias::None => None,
@@ -291,6 +324,29 @@ impl LinearShape {
             Bias::F32 => Some(inputs.uniform(DType::Float32, &[self.n], 0.5)),
         };
         LinearInputs { x, weight, bias }
+    }
+
+    /// The port's x: `x` laid out as [`XView`] says (same values).
+    pub fn port_x(&self, x: &HostTensor) -> Result<mlx_rs::Array, CaseError> {
+        use mlx_rs::ops::indexing::{Ellipsis, TryIndexOp};
+        let a = x.to_array();
+        let mut shape: Vec<i32> = x.shape.iter().map(|&d| d as i32).collect();
+        let last = shape.len() - 1;
+        Ok(match self.x_view {
+            XView::Contiguous => a,
+            XView::Sliced => {
+                let mut pad = shape.clone();
+                pad[last] = 64;
+                let zeros = mlx_rs::ops::zeros_dtype(&pad, a.dtype())?;
+                let wide = mlx_rs::ops::concatenate(&[&a, &zeros], last as i32)?;
+                wide.try_index((Ellipsis, ..shape[last]))?
+            }
+            XView::Broadcast => {
+                let row = a.try_index((Ellipsis, ..1, ..))?;
+                shape[last - 1] = self.m as i32;
+                mlx_rs::ops::broadcast_to(&row, &shape)?
+            }
+        })
     }
 
     /// The port's layer for these inputs.
@@ -308,7 +364,7 @@ impl LinearShape {
         self.check().map_err(|e| CaseError::harness("shape", e))?;
         let inputs = self.inputs(seed);
         let (layer, _) = self.layer(&inputs)?;
-        let batched = host(&layer.forward(&inputs.x.to_array()).map_err(port)?)?;
+        let batched = host(&layer.forward(&self.port_x(&inputs.x)?).map_err(port)?)?;
         let rows = self.batch.iter().product::<usize>() * self.m;
         let (row_in, row_out) = (inputs.x.bytes.len() / rows, batched.bytes.len() / rows);
         for r in 0..rows {
@@ -334,7 +390,7 @@ fn run(ctx: &Ctx, s: &LinearShape) -> Result<CaseOutput, CaseError> {
     let inputs = s.inputs(ctx.seed());
     let (layer, tensors) = s.layer(&inputs)?;
     let reference = reference::quantized::quantized_linear(ctx, &inputs.x, &tensors)?;
-    let y = layer.forward(&inputs.x.to_array()).map_err(port)?;
+    let y = layer.forward(&s.port_x(&inputs.x)?).map_err(port)?;
     let mut y = host(&y)?;
     crate::explore::plant::apply("quantized/linear", s.m, s.n, &mut y);
     let mut out = CaseOutput::new("mlx.core");
