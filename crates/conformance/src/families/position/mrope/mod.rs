@@ -110,16 +110,13 @@ const APPLY_PIECES: &[&str] = &[
 
 pub fn cases() -> Vec<Case> {
     let mut cases = Vec::new();
+    // Built from descriptions (`shape::MropeShape`, the explorer's data),
+    // under the fixed names.
     for model in MODELS {
         for dtype in FLOAT_DTYPES {
             for (tag, scenario) in SCENARIOS {
                 let name = format!("{FAMILY}/{}/{}/{tag}", model.name, dtype_tag(dtype));
-                cases.push(
-                    Case::must_equal(name, FAMILY, APPLY_REFERENCE, move |ctx| {
-                        run_apply(ctx, model, dtype, scenario, None)
-                    })
-                    .glue_composed(APPLY_PIECES),
-                );
+                cases.push(shape::MropeShape::fixed(&model, dtype, scenario).case_named(name));
             }
         }
     }

@@ -11,7 +11,7 @@ use oracle::DType;
 use serde::{Deserialize, Serialize};
 
 use super::super::{host, mrope_path, port, Piece};
-use super::apply::{run_rows, window};
+use super::apply::{run_rows, window, Scenario};
 use super::{Model, APPLY_PIECES, APPLY_REFERENCE, FAMILY};
 use crate::case::{Case, CaseError};
 use crate::families::support::dtype_tag;
@@ -28,6 +28,14 @@ pub enum PromptPiece {
 }
 
 impl PromptPiece {
+    fn of(p: Piece) -> Self {
+        match p {
+            Piece::Text(tokens) => PromptPiece::Text { tokens },
+            Piece::Image(g) => PromptPiece::Image { t: g.t, h: g.h, w: g.w },
+            Piece::Video(g) => PromptPiece::Video { t: g.t, h: g.h, w: g.w },
+        }
+    }
+
     fn piece(self) -> Piece {
         match self {
             PromptPiece::Text { tokens } => Piece::Text(tokens),
@@ -65,6 +73,30 @@ pub struct MropeShape {
 }
 
 impl MropeShape {
+    /// A fixed apply case's description: `model`'s rotary, `scenario`'s
+    /// prompts and window.
+    pub(super) fn fixed(model: &Model, dtype: DType, scenario: Scenario) -> Self {
+        let rows_of = |rows: &[&[Piece]]| -> Vec<Vec<PromptPiece>> {
+            rows.iter().map(|r| r.iter().map(|p| PromptPiece::of(*p)).collect()).collect()
+        };
+        let (rows, decode) = match scenario {
+            Scenario::Text { prompt } => (rows_of(&[prompt]), None),
+            Scenario::Prompt { rows } => (rows_of(rows), None),
+            Scenario::Decode { prompt, extra, len } => (rows_of(&[prompt]), Some((extra, len))),
+        };
+        MropeShape {
+            dtype,
+            head_dim: model.head_dim,
+            rotary_dim: (model.head_dim as f64 * model.partial_rotary_factor) as usize,
+            rope_theta: model.rope_theta,
+            mrope_section: model.mrope_section,
+            q_heads: model.heads.0,
+            k_heads: model.heads.1,
+            rows,
+            decode,
+        }
+    }
+
     fn model(&self) -> Model {
         Model {
             name: "explore",
