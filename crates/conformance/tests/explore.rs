@@ -291,6 +291,70 @@ fn hostile_inputs_to_the_explorer_end_in_one_line_not_a_hang() {
     assert_eq!(twice.status.code(), Some(3), "{}", text(&twice));
     assert!(text(&twice).contains("overlap"), "{}", text(&twice));
 
+    // Third round: a merge never deletes its own input; one shard of two
+    // is not the whole search; a report's descriptions are checked; a
+    // search of no time or no samples is refused; absurd kept sizes are a
+    // typed error, not an overflow panic.
+    let own = Command::new(env!("CARGO_BIN_EXE_conformance-explore"))
+        .arg("--merge")
+        .arg(root.join("a/explore.json"))
+        .arg("--out")
+        .arg(root.join("a"))
+        .output()
+        .unwrap();
+    assert!(own.status.code().is_some_and(|c| c <= 2), "{}", text(&own));
+    assert!(root.join("a/explore.json").exists(), "the input survives");
+    explore(&root.join("h0"), &fixtures, &["--samples", "4", "--shard", "0/2", "--shrink-steps", "0"], false);
+    let half = Command::new(env!("CARGO_BIN_EXE_conformance-explore"))
+        .arg("--merge")
+        .arg(root.join("h0/explore.json"))
+        .arg("--out")
+        .arg(root.join("m2"))
+        .output()
+        .unwrap();
+    assert_eq!(half.status.code(), Some(3), "{}", text(&half));
+    assert!(text(&half).contains("missing: 1/2"), "{}", text(&half));
+    let mut bad = json(&root.join("a/explore.json"));
+    bad["samples"][0]["description"] = serde_json::json!({
+        "family": "quantized/switch",
+        "shape": {"spec": "affine-4b-gs64", "dtype": "bfloat16", "experts": 2, "top": 1, "batch": 4294967296u64,
+                  "len": 4294967296u64, "sorted": false, "bias": false, "k": 64, "n": 8},
+        "seed": 0
+    });
+    std::fs::write(root.join("bad.json"), bad.to_string()).unwrap();
+    let crafted = Command::new(env!("CARGO_BIN_EXE_conformance-explore"))
+        .arg("--merge")
+        .arg(root.join("bad.json"))
+        .arg("--out")
+        .arg(root.join("m3"))
+        .output()
+        .unwrap();
+    assert_eq!(crafted.status.code(), Some(3), "{}", text(&crafted));
+    assert!(text(&crafted).contains("cannot run"), "{}", text(&crafted));
+    for zero in [&["--budget", "0s"][..], &["--samples", "0"]] {
+        let o = explore(&root.join("z"), &fixtures, zero, false);
+        assert_eq!(o.status.code(), Some(3), "{zero:?}: {}", text(&o));
+    }
+    let huge = root.join("huge");
+    std::fs::create_dir_all(huge.join("explore")).unwrap();
+    std::fs::write(
+        huge.join("explore/kept.json"),
+        serde_json::json!([{
+            "description": {"family": "attention/sdpa", "shape": {"dtype": "bfloat16", "batch": 4294967296u64,
+                "n_heads": 4294967296u64, "n_kv_heads": 4294967296u64, "head_dim": 64, "kv_len": 8, "m": 1,
+                "kv_view": "contiguous"}, "seed": 0},
+            "backend": "cpu", "date": "2026-12-02", "seen": "crafted"
+        }])
+        .to_string(),
+    )
+    .unwrap();
+    let listed = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args(["--list", "--filter", "kept/"])
+        .env("MLX_CONFORMANCE_FIXTURES", &huge)
+        .output()
+        .unwrap();
+    assert!(text(&listed).contains("kept/unreadable") && !text(&listed).contains("panicked"), "{}", text(&listed));
+
     for extra in [
         &["--samples", "3", "--budget", "18446744073709551615s"][..],
         &["--samples", "3", "--budget", "5s", "--shard", "1/18446744073709551615"],

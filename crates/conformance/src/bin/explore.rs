@@ -92,16 +92,25 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
+            // The error and the lines that name what is missing, not the
+            // usage block.
             let text = e.render().to_string();
-            let line = text.lines().next().unwrap_or("bad usage");
-            return fail(line.strip_prefix("error: ").unwrap_or(line));
+            let lines: Vec<&str> = text.lines().take_while(|l| !l.starts_with("Usage:")).filter(|l| !l.trim().is_empty()).collect();
+            let joined = lines.iter().map(|l| l.trim()).collect::<Vec<_>>().join(" ");
+            return fail(joined.strip_prefix("error: ").unwrap_or(&joined));
         }
     };
     let out = std::path::absolute(&cli.out).unwrap_or(cli.out.clone());
     // The reports' directory is made (and found unwritable) before any
     // sample runs, and a previous run's reports are removed: an
     // interrupted or failed search never leaves an older report standing.
-    if cli.observe_alone.is_none() {
+    if cli.merge.is_empty() && cli.observe_alone.is_none() {
+        if cli.budget.is_zero() {
+            return fail("--budget 0s: a search of no time checks nothing; give a budget such as 60s or 10m");
+        }
+        if cli.samples == Some(0) {
+            return fail("--samples 0: a search of no samples checks nothing; give at least 1");
+        }
         if let Err(e) = std::fs::create_dir_all(&out) {
             return fail(format!("--out {}: {e}", out.display()));
         }
@@ -125,7 +134,15 @@ fn main() -> ExitCode {
                     Err(_) => return fail(format!("--merge {}: not UTF-8 text", path.display())),
                 },
                 Ok(None) => return fail(format!("--merge {}: no such file", path.display())),
-                Err(e) => return fail(format!("--merge {}: {e}", path.display())),
+                Err(conformance::snapshots::store::StoreError::Io { source, .. }) => {
+                    return fail(format!("--merge {}: {source}", path.display()))
+                }
+                Err(_) => {
+                    return fail(format!(
+                        "--merge {}: not a regular file of at most 1 GiB (a link, FIFO, device or directory is not read); give the explore.json a search wrote",
+                        path.display()
+                    ))
+                }
             };
             match serde_json::from_str(&text) {
                 Ok(s) => shards.push(s),

@@ -928,6 +928,28 @@ pub fn merge(mut shards: Vec<Search>) -> Result<Search, String> {
     if shards.iter().any(|s| s.seed != first.seed || s.backend != first.backend) {
         return Err("shard reports of different seeds or backends cannot be merged".into());
     }
+    if shards.iter().any(|s| s.families != first.families) {
+        return Err("shard reports of different --family sets cannot be merged: run every shard with the same families".into());
+    }
+    // Every shard of one split, once each: a partial merge would read as
+    // the whole search.
+    let n = first.shard.1;
+    let mut have: Vec<usize> = shards.iter().map(|s| s.shard.0).collect();
+    have.sort_unstable();
+    if shards.iter().any(|s| s.shard.1 != n) || have != (0..n).collect::<Vec<_>>() {
+        let missing: Vec<String> = (0..n).filter(|i| !have.contains(i)).map(|i| format!("{i}/{n}")).collect();
+        return Err(format!(
+            "these reports are not every shard of one {n}-way split (shards given: {}; missing: {}); merge all n shards of one search",
+            shards.iter().map(|s| format!("{}/{}", s.shard.0, s.shard.1)).collect::<Vec<_>>().join(", "),
+            if missing.is_empty() { "none, but the reports overlap: a shard appears twice".to_owned() } else { missing.join(", ") }
+        ));
+    }
+    // Reports are data: every description must be one the suite can run.
+    for s in &shards {
+        for d in s.samples.iter().map(|x| &x.description).chain(s.found.iter().flat_map(|f| [&f.original, &f.minimal])) {
+            d.check().map_err(|e| format!("a report holds a description that cannot run ({}): {e}", d.name("explore")))?;
+        }
+    }
     let mut merged = Search {
         shard: (0, 1),
         samples: Vec::new(),

@@ -94,7 +94,10 @@ impl SdpaShape {
             return Err(format!("dtype {} is not a float dtype SDPA takes", self.dtype.name()));
         }
         // i32 shapes, and a bound on what a kept file can ask for.
-        if self.batch * self.n_kv_heads.max(self.n_heads) * self.kv_len.next_multiple_of(CACHE_STEP) * self.head_dim > 1 << 30 {
+        let elements = [self.n_kv_heads.max(self.n_heads), self.kv_len.checked_next_multiple_of(CACHE_STEP).unwrap_or(usize::MAX), self.head_dim]
+            .into_iter()
+            .try_fold(self.batch, |a, d| a.checked_mul(d));
+        if elements.is_none_or(|e| e > 1 << 30) {
             return Err("the step holds more than 2^30 elements".into());
         }
         Ok(())

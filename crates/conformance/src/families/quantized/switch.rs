@@ -109,8 +109,10 @@ impl SwitchShape {
         if !matches!(self.dtype, DType::Bfloat16 | DType::Float16 | DType::Float32) {
             return Err(format!("dtype {} is not a float dtype", self.dtype.name()));
         }
-        let elements = (self.batch * self.len)
-            .checked_mul(self.k)
+        let elements = self
+            .batch
+            .checked_mul(self.len)
+            .and_then(|t| t.checked_mul(self.k))
             .zip(self.experts.checked_mul(self.n).and_then(|e| e.checked_mul(self.k)));
         if elements.is_none_or(|(x, w)| x > 1 << 28 || w > 1 << 28) {
             return Err("x or the experts' weights hold more than 2^28 elements".into());

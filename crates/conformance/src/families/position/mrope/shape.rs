@@ -46,12 +46,18 @@ impl PromptPiece {
 
     /// Tokens the piece puts in the prompt (Qwen3.5: merge size 2).
     pub fn tokens(self) -> usize {
+        // Saturating: a kept file's absurd grid is refused by `check`, never an overflow.
         match self {
             PromptPiece::Text { tokens } => tokens,
-            PromptPiece::Image { t, h, w } => 2 + t * (h / 2) * (w / 2),
-            PromptPiece::Video { t, h, w } => t * (4 + (h / 2) * (w / 2)),
+            PromptPiece::Image { t, h, w } => t.saturating_mul((h / 2).saturating_mul(w / 2)).saturating_add(2),
+            PromptPiece::Video { t, h, w } => t.saturating_mul((h / 2).saturating_mul(w / 2).saturating_add(4)),
         }
     }
+}
+
+/// A prompt row's tokens (saturating).
+fn row_len(row: &[PromptPiece]) -> usize {
+    row.iter().fold(0usize, |a, p| a.saturating_add(p.tokens()))
 }
 
 /// One mRoPE apply as data.
@@ -114,7 +120,7 @@ impl MropeShape {
 
     /// Tokens of a row's prompt.
     pub fn prompt_len(&self) -> usize {
-        self.rows.first().map_or(0, |r| r.iter().map(|p| p.tokens()).sum())
+        self.rows.first().map_or(0, |r| row_len(r))
     }
 
     /// Why the shape cannot run, if so. Sections adding up to more than the
@@ -124,8 +130,11 @@ impl MropeShape {
             return Err("every batch row needs a prompt".into());
         }
         let len = self.prompt_len();
-        if len == 0 || self.rows.iter().any(|r| r.iter().map(|p| p.tokens()).sum::<usize>() != len) {
+        if len == 0 || self.rows.iter().any(|r| row_len(r) != len) {
             return Err("batch rows must have the same positive token count".into());
+        }
+        if len > 1 << 20 {
+            return Err(format!("a prompt of {len} tokens (more than 2^20)"));
         }
         for p in self.rows.iter().flatten() {
             if let PromptPiece::Image { t, h, w } | PromptPiece::Video { t, h, w } = *p {
@@ -147,10 +156,13 @@ impl MropeShape {
             return Err(format!("dtype {} is not a float dtype", self.dtype.name()));
         }
         let window = self.decode.map_or(len, |(_, l)| l);
-        if window == 0 || self.decode.is_some_and(|(extra, _)| len + extra > 1 << 24) {
+        if window == 0 || self.decode.is_some_and(|(extra, _)| len.saturating_add(extra) > 1 << 24) {
             return Err("a decode window needs tokens, at offsets below 2^24".into());
         }
-        if self.rows.len() * (self.q_heads + self.k_heads) * window * self.head_dim > 1 << 26 {
+        let elements = [self.q_heads.saturating_add(self.k_heads), window, self.head_dim]
+            .into_iter()
+            .try_fold(self.rows.len(), |a, d| a.checked_mul(d));
+        if elements.is_none_or(|e| e > 1 << 26) {
             return Err("q and k hold more than 2^26 elements".into());
         }
         Ok(())
@@ -175,7 +187,7 @@ impl MropeShape {
             name += &format!("-vision{vision}");
         }
         if let Some((extra, len)) = self.decode {
-            name += &format!("/decode{}-L{len}", self.prompt_len() + extra);
+            name += &format!("/decode{}-L{len}", self.prompt_len().saturating_add(extra));
         }
         name
     }
