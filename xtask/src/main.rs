@@ -88,7 +88,8 @@ enum Command {
     },
     /// Search shapes where kernels switch: sample, check (bits, exact oracle,
     /// invariances), shrink and keep violations (a leading `--backend cuda`
-    /// selects the CUDA environment); writes target/explore/explore.{json,md}
+    /// selects the CUDA environment, `--candidate NAME` a gate candidate's);
+    /// writes target/explore/explore.{json,md}
     #[command(disable_help_flag = true)]
     Explore {
         /// [--backend B] then arguments passed unchanged to conformance-explore (`--help` included)
