@@ -611,7 +611,10 @@ fn elf_requirements(out: &Path) -> Result<serde_json::Value> {
     collect_files(out, &mut files)?;
     for file in files {
         let name = file.file_name().unwrap_or_default().to_string_lossy();
-        if name.contains(".so") || file.ends_with("bin/conformance") || file.ends_with("bin/conformance-explore") {
+        if name.contains(".so")
+            || file.ends_with("bin/conformance")
+            || file.ends_with("bin/conformance-explore")
+        {
             scan(&file)?;
         }
     }

@@ -40,7 +40,14 @@ pub fn explore(root: &Path, args: &[OsString]) -> Result<i32> {
     let code = util::status(
         layout
             .cargo(root)
-            .args(["run", "-p", "conformance", "--bin", "conformance-explore", "--"])
+            .args([
+                "run",
+                "-p",
+                "conformance",
+                "--bin",
+                "conformance-explore",
+                "--",
+            ])
             .args(args),
         "the shape explorer",
     )?;

@@ -71,7 +71,12 @@ pub fn run(root: &Path, backend: Option<Backend>, action: &Action) -> Result<i32
 }
 
 /// The environment of the run, or why xtask refuses it.
-fn refusals(root: &Path, backend: Option<Backend>, mode: &str, args: &[OsString]) -> Result<Layout> {
+fn refusals(
+    root: &Path,
+    backend: Option<Backend>,
+    mode: &str,
+    args: &[OsString],
+) -> Result<Layout> {
     let leading = args
         .first()
         .is_some_and(|a| a.to_string_lossy().starts_with("--backend"));

@@ -42,7 +42,12 @@ pub struct Args {
     #[arg(long, value_name = "N")]
     explore_samples: Option<u32>,
     /// The explorer seed of --explore-samples (the same on both sides)
-    #[arg(long, value_name = "SEED", default_value_t = 0, requires = "explore_samples")]
+    #[arg(
+        long,
+        value_name = "SEED",
+        default_value_t = 0,
+        requires = "explore_samples"
+    )]
     explore_seed: u64,
 }
 

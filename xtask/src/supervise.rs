@@ -26,18 +26,17 @@ const FORWARDED: [i32; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 fn install() -> Result<()> {
     static INSTALL: Once = Once::new();
     let mut failed = None;
-    INSTALL.call_once(|| {
-        match signal_hook::iterator::Signals::new(FORWARDED) {
-            Ok(mut signals) => {
-                std::thread::spawn(move || {
-                    for signal in signals.forever() {
-                        let _ = SIGNALLED.compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst);
-                        forward(signal);
-                    }
-                });
-            }
-            Err(e) => failed = Some(e),
+    INSTALL.call_once(|| match signal_hook::iterator::Signals::new(FORWARDED) {
+        Ok(mut signals) => {
+            std::thread::spawn(move || {
+                for signal in signals.forever() {
+                    let _ =
+                        SIGNALLED.compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst);
+                    forward(signal);
+                }
+            });
         }
+        Err(e) => failed = Some(e),
     });
     match failed {
         Some(e) => Err(e).context("cannot install the signal forwarding"),

@@ -113,7 +113,10 @@ pub fn status(cmd: &mut Command, what: &str) -> Result<i32> {
             #[cfg(unix)]
             if let Some(signal) = std::os::unix::process::ExitStatusExt::signal(&status) {
                 if crate::supervise::signalled().is_none() {
-                    eprintln!("xtask: {what} was killed by signal {signal}; exit {}", 128 + signal);
+                    eprintln!(
+                        "xtask: {what} was killed by signal {signal}; exit {}",
+                        128 + signal
+                    );
                 }
             }
             exit_code(status)
@@ -196,7 +199,11 @@ pub fn absolute_path_args(args: &[OsString]) -> Vec<OsString> {
             // An empty value stays empty: the runner refuses it (made
             // absolute it would name the working directory).
             if let Some(value) = it.next() {
-                out.push(if value.is_empty() { value.clone() } else { absolute(value) });
+                out.push(if value.is_empty() {
+                    value.clone()
+                } else {
+                    absolute(value)
+                });
             }
         } else if let Some((flag, rest)) = text.split_once('=') {
             if PATH_FLAGS.contains(&flag) && !rest.is_empty() {
@@ -290,16 +297,27 @@ mod reports_dir_tests {
             vec![OsString::from("--out"), "rel".into()],
             vec!["--out=rel".into()],
         ] {
-            assert_eq!(reports_dir(&root, &absolute_path_args(&args)), cwd.join("rel"));
+            assert_eq!(
+                reports_dir(&root, &absolute_path_args(&args)),
+                cwd.join("rel")
+            );
         }
         // An empty path stays empty (the runner refuses it), and nothing
         // after `--` is rewritten.
-        for empty in [vec![OsString::from("--out"), "".into()], vec!["--out=".into()]] {
+        for empty in [
+            vec![OsString::from("--out"), "".into()],
+            vec!["--out=".into()],
+        ] {
             assert_eq!(absolute_path_args(&empty), empty);
         }
         let after = vec![OsString::from("--"), "--out".into(), "rel".into()];
         assert_eq!(absolute_path_args(&after), after);
-        let kept = absolute_path_args(&["--keep-outputs".into(), "k".into(), "--filter".into(), "x".into()]);
+        let kept = absolute_path_args(&[
+            "--keep-outputs".into(),
+            "k".into(),
+            "--filter".into(),
+            "x".into(),
+        ]);
         assert_eq!(kept[1], cwd.join("k").into_os_string());
         assert_eq!(kept[3], OsString::from("x"));
         // Listing writes no report, so it clears none.

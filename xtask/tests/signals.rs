@@ -50,7 +50,10 @@ fn start(dir: &Path, own_group: bool) -> Child {
     let child = cmd.spawn().unwrap();
     let started = Instant::now();
     while !dir.join("cargo.pid").exists() {
-        assert!(started.elapsed() < Duration::from_secs(60), "the fake cargo never started");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the fake cargo never started"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     child
@@ -75,8 +78,14 @@ impl Drop for Reaper {
 
 fn alive(pid: i32) -> bool {
     // A zombie has ended; only a running or sleeping process counts.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|stat| !stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
 }
 
 fn wait(mut child: Child) -> Option<i32> {
@@ -85,13 +94,20 @@ fn wait(mut child: Child) -> Option<i32> {
         if let Some(status) = child.try_wait().unwrap() {
             return status.code();
         }
-        assert!(started.elapsed() < Duration::from_secs(30), "xtask did not exit");
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "xtask did not exit"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
 
 fn pid(dir: &Path, name: &str) -> i32 {
-    std::fs::read_to_string(dir.join(name)).unwrap().trim().parse().unwrap()
+    std::fs::read_to_string(dir.join(name))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
 }
 
 #[test]
@@ -102,7 +118,10 @@ fn sigterm_to_xtask_reaches_the_child_and_its_group_and_xtask_exits_with_its_cod
     // SAFETY: signalling our own child.
     unsafe { libc::kill(xtask.id() as i32, libc::SIGTERM) };
     assert_eq!(wait(xtask), Some(130), "xtask passes the child's code on");
-    assert_eq!(std::fs::read_to_string(dir.join("got")).unwrap().trim(), "TERM");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("got")).unwrap().trim(),
+        "TERM"
+    );
     let grandchild = pid(&dir, "grandchild.pid");
     let started = Instant::now();
     while alive(grandchild) && started.elapsed() < Duration::from_secs(10) {
@@ -121,7 +140,10 @@ fn ctrl_c_reaches_the_child_once_through_xtask() {
     // SAFETY: signalling our own child's process group.
     unsafe { libc::kill(-(xtask.id() as i32), libc::SIGINT) };
     assert_eq!(wait(xtask), Some(130));
-    assert_eq!(std::fs::read_to_string(dir.join("got")).unwrap().trim(), "INT");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("got")).unwrap().trim(),
+        "INT"
+    );
     let grandchild = pid(&dir, "grandchild.pid");
     let started = Instant::now();
     while alive(grandchild) && started.elapsed() < Duration::from_secs(10) {

@@ -125,7 +125,9 @@ pub struct ExactChange {
 fn exact_classes(row: &Value) -> BTreeMap<(String, &'static str), String> {
     let mut out = BTreeMap::new();
     for o in row["output"]["outputs"].as_array().into_iter().flatten() {
-        let (Some(name), exact) = (o["name"].as_str(), &o["exact"]) else { continue };
+        let (Some(name), exact) = (o["name"].as_str(), &o["exact"]) else {
+            continue;
+        };
         for side in ["port", "reference"] {
             if let Some(outside) = exact[side]["outside"].as_u64() {
                 let class = if outside == 0 { "within" } else { "outside" };
@@ -498,16 +500,27 @@ pub fn markdown(g: &Gate) -> String {
     let left: Vec<&CaseChange> = g
         .cases
         .iter()
-        .filter(|c| c.exact.iter().any(|e| e.candidate.as_deref() == Some("outside")))
+        .filter(|c| {
+            c.exact
+                .iter()
+                .any(|e| e.candidate.as_deref() == Some("outside"))
+        })
         .collect();
     let _ = writeln!(md, "\n{} cases have an output that leaves its exact bound on the candidate (within on the baseline or not checked there){}", left.len(), if left.is_empty() { "." } else { ":" });
     for c in &left {
         let _ = writeln!(md, "- `{}`", c.name);
     }
     // The explorer's samples (`--explore-samples`): which shapes moved.
-    let samples: Vec<&CaseChange> = g.cases.iter().filter(|c| c.name.starts_with("explore/")).collect();
+    let samples: Vec<&CaseChange> = g
+        .cases
+        .iter()
+        .filter(|c| c.name.starts_with("explore/"))
+        .collect();
     if !samples.is_empty() {
-        let moved: Vec<&&CaseChange> = samples.iter().filter(|c| c.class != Class::Unchanged).collect();
+        let moved: Vec<&&CaseChange> = samples
+            .iter()
+            .filter(|c| c.class != Class::Unchanged)
+            .collect();
         let _ = writeln!(
             md,
             "\nExplorer samples: {} run, {} changed (their shapes are in the case names; each is under Changed cases).",

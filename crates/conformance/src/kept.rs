@@ -56,7 +56,9 @@ pub fn write(dir: &Path, case: &str, tensors: &[(String, HostTensor)]) -> Result
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
     let written = safetensors::serialize_to_file(views, None, &tmp)
         .map_err(|e| format!("{}: {e}", tmp.display()))
-        .and_then(|()| std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display())));
+        .and_then(|()| {
+            std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))
+        });
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }

@@ -90,7 +90,12 @@ struct Cli {
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     explore_samples: Option<u32>,
     /// The explorer seed of `--explore-samples`.
-    #[arg(long, value_name = "SEED", default_value_t = 0, requires = "explore_samples")]
+    #[arg(
+        long,
+        value_name = "SEED",
+        default_value_t = 0,
+        requires = "explore_samples"
+    )]
     explore_seed: u64,
     /// Where reports are written.
     #[arg(long)]

@@ -59,7 +59,9 @@ pub enum Status {
         now: Value,
     },
     /// Written by `fixtures accept`; `previous` says what was there.
-    Written { previous: Previous },
+    Written {
+        previous: Previous,
+    },
     Invalid {
         error: String,
     },
@@ -449,7 +451,12 @@ pub fn gate(
     if let Err(e) = store::check_set_dir(dir.parent().unwrap_or(Path::new(".")), dir) {
         let error = format!("snapshot set {}", e);
         return Gated {
-            statuses: vec![Status::Invalid { error: error.clone() }; results.len()],
+            statuses: vec![
+                Status::Invalid {
+                    error: error.clone()
+                };
+                results.len()
+            ],
             write_errors: vec![error],
             ..Gated::default()
         };
@@ -859,7 +866,12 @@ mod tests {
         let g = gate(&dir, &results, Mode::Accept, &provenance(), Some(&names));
         assert_eq!(g.write_errors.len(), 1, "{:?}", g.write_errors);
         assert!(orphan.exists() && leftover.exists(), "nothing removed");
-        assert_eq!(g.statuses[0], Status::Written { previous: Previous::None });
+        assert_eq!(
+            g.statuses[0],
+            Status::Written {
+                previous: Previous::None
+            }
+        );
     }
 
     /// Second hostile round: `fixtures/` itself a link carried every set
@@ -876,15 +888,26 @@ mod tests {
         let r = result("a/b");
         let g = gate(&root.join("set"), &[r], Mode::Accept, &provenance(), None);
         assert!(!g.write_errors.is_empty());
-        assert_eq!(std::fs::read_dir(real.join("snapshots/set")).unwrap().count(), 0);
+        assert_eq!(
+            std::fs::read_dir(real.join("snapshots/set"))
+                .unwrap()
+                .count(),
+            0
+        );
     }
 
     #[test]
     fn a_snapshot_larger_than_any_is_refused_unread() {
         let dir = temp_dir("huge");
         let file = dir.join("a__b.snap");
-        std::fs::File::create(&file).unwrap().set_len(store::MAX_SNAPSHOT_BYTES + 1).unwrap();
-        assert!(matches!(read(&file), Err(SnapshotError::Store(store::StoreError::TooLarge { .. }))));
+        std::fs::File::create(&file)
+            .unwrap()
+            .set_len(store::MAX_SNAPSHOT_BYTES + 1)
+            .unwrap();
+        assert!(matches!(
+            read(&file),
+            Err(SnapshotError::Store(store::StoreError::TooLarge { .. }))
+        ));
     }
 
     #[test]
@@ -997,11 +1020,10 @@ mod tests {
     /// by insta) is reproduced byte for byte from its body and header.
     #[test]
     fn the_writer_reproduces_every_committed_snapshot_byte_for_byte() {
-        let root = crate::home::Home::workspace(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."),
-        )
-        .fixtures_dir()
-        .join("snapshots");
+        let root =
+            crate::home::Home::workspace(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
+                .fixtures_dir()
+                .join("snapshots");
         let mut checked = 0;
         for set in std::fs::read_dir(&root).unwrap().flatten() {
             for file in std::fs::read_dir(set.path()).unwrap().flatten() {

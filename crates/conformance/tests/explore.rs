@@ -9,7 +9,8 @@ use std::process::{Command, Output};
 const PLANT: &str = "quantized/linear:m>=3,n%2==1";
 
 fn scratch(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("conformance-explore-{tag}-{}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("conformance-explore-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -17,12 +18,20 @@ fn scratch(tag: &str) -> PathBuf {
 
 fn explore(out: &Path, fixtures: &Path, extra: &[&str], plant: bool) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_conformance-explore"));
-    cmd.args(["--seed", "7", "--budget", "10m", "--family", "quantized/linear", "--out"])
-        .arg(out)
-        .args(extra)
-        // --keep refuses under CI=true; these runs keep into a scratch copy.
-        .env_remove("CI")
-        .env("MLX_CONFORMANCE_FIXTURES", fixtures);
+    cmd.args([
+        "--seed",
+        "7",
+        "--budget",
+        "10m",
+        "--family",
+        "quantized/linear",
+        "--out",
+    ])
+    .arg(out)
+    .args(extra)
+    // --keep refuses under CI=true; these runs keep into a scratch copy.
+    .env_remove("CI")
+    .env("MLX_CONFORMANCE_FIXTURES", fixtures);
     if plant {
         cmd.env("MLX_CONFORMANCE_PLANT", PLANT);
     }
@@ -30,7 +39,11 @@ fn explore(out: &Path, fixtures: &Path, extra: &[&str], plant: bool) -> Output {
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 fn json(path: &Path) -> serde_json::Value {
@@ -41,7 +54,12 @@ fn json(path: &Path) -> serde_json::Value {
 fn a_planted_violation_is_shrunk_kept_and_then_fails_as_a_case() {
     let root = scratch("plant");
     let fixtures = root.join("fixtures");
-    let out = explore(&root.join("out"), &fixtures, &["--samples", "60", "--keep", "--shrink-steps", "400"], true);
+    let out = explore(
+        &root.join("out"),
+        &fixtures,
+        &["--samples", "60", "--keep", "--shrink-steps", "400"],
+        true,
+    );
     let all = text(&out);
     assert_eq!(out.status.code(), Some(1), "{all}");
     let search = json(&root.join("out/explore.json"));
@@ -51,7 +69,11 @@ fn a_planted_violation_is_shrunk_kept_and_then_fails_as_a_case() {
         .iter()
         .filter(|f| f["kind"] == "bits")
         .collect();
-    assert_eq!(bits.len(), 1, "one planted region, one shrunk violation: {all}");
+    assert_eq!(
+        bits.len(),
+        1,
+        "one planted region, one shrunk violation: {all}"
+    );
     let minimal = &bits[0]["minimal"]["shape"];
     // The smallest description the plant still covers: M 3, N 1, one
     // group of the first spec, no batch, no bias.
@@ -61,7 +83,10 @@ fn a_planted_violation_is_shrunk_kept_and_then_fails_as_a_case() {
     assert_eq!(minimal["spec"], "affine-4b-gs64", "{minimal}");
     assert_eq!(minimal["batch"], serde_json::json!([]), "{minimal}");
     assert_eq!(minimal["bias"], "none", "{minimal}");
-    assert!(bits[0]["observation"]["first_diff"].as_str().unwrap().contains("y:"));
+    assert!(bits[0]["observation"]["first_diff"]
+        .as_str()
+        .unwrap()
+        .contains("y:"));
     let md = std::fs::read_to_string(root.join("out/explore.md")).unwrap();
     assert!(md.contains("Regime map") && md.contains("Bits"), "{md}");
     // The reproducer uses mlx.core only.
@@ -73,27 +98,47 @@ fn a_planted_violation_is_shrunk_kept_and_then_fails_as_a_case() {
         .map(|p| std::fs::read_to_string(p).unwrap())
         .find(|s| s.contains("Bits"))
         .unwrap();
-    assert!(repro.contains("import mlx.core as mx") && !repro.contains("mlx.nn"), "{repro}");
+    assert!(
+        repro.contains("import mlx.core as mx") && !repro.contains("mlx.nn"),
+        "{repro}"
+    );
     // Kept: an ordinary must-equal case that fails with the plant and
     // passes without it.
     let kept = json(&fixtures.join("explore/kept.json"));
     assert_eq!(kept.as_array().unwrap().len(), 1, "{kept}");
     for (plant, code, verdict) in [(true, 1, "FAIL"), (false, 0, "pass")] {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_conformance"));
-        cmd.args(["--device", "cpu", "--filter", "kept/", "--no-snapshots", "--out"])
-            .arg(root.join("suite"))
-            .env("CI", "true")
-            .env("MLX_CONFORMANCE_FIXTURES", &fixtures);
+        cmd.args([
+            "--device",
+            "cpu",
+            "--filter",
+            "kept/",
+            "--no-snapshots",
+            "--out",
+        ])
+        .arg(root.join("suite"))
+        .env("CI", "true")
+        .env("MLX_CONFORMANCE_FIXTURES", &fixtures);
         if plant {
             cmd.env("MLX_CONFORMANCE_PLANT", PLANT);
         }
         let run = cmd.output().unwrap();
         let all = text(&run);
         assert_eq!(run.status.code(), Some(code), "{all}");
-        assert!(all.contains(&format!("{verdict:<7} kept/quantized/linear/affine-4b-gs64/bf16/M3/K64-N1/s")), "{all}");
+        assert!(
+            all.contains(&format!(
+                "{verdict:<7} kept/quantized/linear/affine-4b-gs64/bf16/M3/K64-N1/s"
+            )),
+            "{all}"
+        );
     }
     // A second keep adds nothing.
-    let again = explore(&root.join("out2"), &fixtures, &["--samples", "60", "--keep", "--shrink-steps", "400"], true);
+    let again = explore(
+        &root.join("out2"),
+        &fixtures,
+        &["--samples", "60", "--keep", "--shrink-steps", "400"],
+        true,
+    );
     assert!(text(&again).contains("kept: 0 new"), "{}", text(&again));
 }
 
@@ -106,7 +151,19 @@ fn a_planted_attention_violation_is_shrunk_to_two_requests_at_one_key() {
     let root = scratch("plant-sdpa");
     let fixtures = root.join("fixtures");
     let out = Command::new(env!("CARGO_BIN_EXE_conformance-explore"))
-        .args(["--seed", "3", "--budget", "10m", "--family", "attention/sdpa", "--samples", "30", "--keep", "--no-extent", "--out"])
+        .args([
+            "--seed",
+            "3",
+            "--budget",
+            "10m",
+            "--family",
+            "attention/sdpa",
+            "--samples",
+            "30",
+            "--keep",
+            "--no-extent",
+            "--out",
+        ])
         .arg(root.join("out"))
         .env_remove("CI")
         .env("MLX_CONFORMANCE_FIXTURES", &fixtures)
@@ -133,14 +190,25 @@ fn a_planted_attention_violation_is_shrunk_to_two_requests_at_one_key() {
         assert_eq!(f["alone"]["shows"], true, "{f}");
     }
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_conformance"));
-    cmd.args(["--device", "cpu", "--filter", "kept/attention/sdpa/bf16/B2-H1-KV1-D8/L1-M1/", "--no-snapshots", "--out"])
-        .arg(root.join("suite"))
-        .env("CI", "true")
-        .env("MLX_CONFORMANCE_FIXTURES", &fixtures)
-        .env("MLX_CONFORMANCE_PLANT", SDPA_PLANT);
+    cmd.args([
+        "--device",
+        "cpu",
+        "--filter",
+        "kept/attention/sdpa/bf16/B2-H1-KV1-D8/L1-M1/",
+        "--no-snapshots",
+        "--out",
+    ])
+    .arg(root.join("suite"))
+    .env("CI", "true")
+    .env("MLX_CONFORMANCE_FIXTURES", &fixtures)
+    .env("MLX_CONFORMANCE_PLANT", SDPA_PLANT);
     let run = cmd.output().unwrap();
     assert_eq!(run.status.code(), Some(1), "{}", text(&run));
-    assert!(text(&run).contains("FAIL    kept/attention/sdpa/bf16/B2-H1-KV1-D8/L1-M1/s"), "{}", text(&run));
+    assert!(
+        text(&run).contains("FAIL    kept/attention/sdpa/bf16/B2-H1-KV1-D8/L1-M1/s"),
+        "{}",
+        text(&run)
+    );
 }
 
 /// A fault that shows only after other samples ran (`,after=3`) is
@@ -149,10 +217,24 @@ fn a_planted_attention_violation_is_shrunk_to_two_requests_at_one_key() {
 fn a_fault_that_needs_a_sequence_is_told_apart_from_one_that_shows_alone() {
     let root = scratch("sequence");
     let out = Command::new(env!("CARGO_BIN_EXE_conformance-explore"))
-        .args(["--seed", "3", "--family", "attention/sdpa", "--samples", "12", "--shrink-steps", "0", "--no-extent", "--out"])
+        .args([
+            "--seed",
+            "3",
+            "--family",
+            "attention/sdpa",
+            "--samples",
+            "12",
+            "--shrink-steps",
+            "0",
+            "--no-extent",
+            "--out",
+        ])
         .arg(root.join("out"))
         .env("MLX_CONFORMANCE_FIXTURES", root.join("fixtures"))
-        .env("MLX_CONFORMANCE_PLANT", "attention/sdpa:m>=2,n%2==1,after=3")
+        .env(
+            "MLX_CONFORMANCE_PLANT",
+            "attention/sdpa:m>=2,n%2==1,after=3",
+        )
         .output()
         .unwrap();
     let all = text(&out);
@@ -160,9 +242,15 @@ fn a_fault_that_needs_a_sequence_is_told_apart_from_one_that_shows_alone() {
     let search = json(&root.join("out/explore.json"));
     let found = &search["found"][0];
     assert_eq!(found["alone"]["shows"], false, "{found}");
-    assert!(!found["preceded_by"].as_array().unwrap().is_empty(), "{found}");
+    assert!(
+        !found["preceded_by"].as_array().unwrap().is_empty(),
+        "{found}"
+    );
     let md = std::fs::read_to_string(root.join("out/explore.md")).unwrap();
-    assert!(md.contains("does NOT show; it misbehaves only in sequence"), "{md}");
+    assert!(
+        md.contains("does NOT show; it misbehaves only in sequence"),
+        "{md}"
+    );
 }
 
 /// The gate's run of explorer samples registers exactly what a search of
@@ -172,7 +260,16 @@ fn explore_samples_in_the_runner_are_the_searchs_samples() {
     let root = scratch("samples");
     let fixtures = root.join("fixtures");
     let out = Command::new(env!("CARGO_BIN_EXE_conformance-explore"))
-        .args(["--seed", "5", "--samples", "9", "--shrink-steps", "0", "--no-extent", "--out"])
+        .args([
+            "--seed",
+            "5",
+            "--samples",
+            "9",
+            "--shrink-steps",
+            "0",
+            "--no-extent",
+            "--out",
+        ])
         .arg(root.join("out"))
         .env("MLX_CONFORMANCE_FIXTURES", &fixtures)
         .output()
@@ -187,7 +284,16 @@ fn explore_samples_in_the_runner_are_the_searchs_samples() {
         .collect();
     assert_eq!(families.len(), 9);
     let list = Command::new(env!("CARGO_BIN_EXE_conformance"))
-        .args(["--list", "--no-snapshots", "--explore-samples", "9", "--explore-seed", "5", "--filter", "explore/"])
+        .args([
+            "--list",
+            "--no-snapshots",
+            "--explore-samples",
+            "9",
+            "--explore-seed",
+            "5",
+            "--filter",
+            "explore/",
+        ])
         .env("MLX_CONFORMANCE_FIXTURES", &fixtures)
         .output()
         .unwrap();
@@ -197,7 +303,10 @@ fn explore_samples_in_the_runner_are_the_searchs_samples() {
         .collect();
     assert_eq!(listed.len(), 9, "{}", text(&list));
     for (name, family) in listed.iter().zip(&families) {
-        assert!(name.starts_with(&format!("explore/{family}/")) && name.contains("/s"), "{name} vs {family}");
+        assert!(
+            name.starts_with(&format!("explore/{family}/")) && name.contains("/s"),
+            "{name} vs {family}"
+        );
     }
     // Without --no-snapshots it is refused, saying why.
     let refused = Command::new(env!("CARGO_BIN_EXE_conformance"))
@@ -206,7 +315,11 @@ fn explore_samples_in_the_runner_are_the_searchs_samples() {
         .output()
         .unwrap();
     assert_eq!(refused.status.code(), Some(3), "{}", text(&refused));
-    assert!(text(&refused).contains("--no-snapshots"), "{}", text(&refused));
+    assert!(
+        text(&refused).contains("--no-snapshots"),
+        "{}",
+        text(&refused)
+    );
 }
 
 #[test]
@@ -221,11 +334,31 @@ fn the_same_seed_draws_the_same_samples_and_shards_merge_into_the_whole() {
             .map(|s| format!("{}#{}", s["index"], s["description"]))
             .collect()
     };
-    explore(&root.join("a"), &fixtures, &["--samples", "12", "--shrink-steps", "0"], false);
-    explore(&root.join("b"), &fixtures, &["--samples", "12", "--shrink-steps", "0"], false);
+    explore(
+        &root.join("a"),
+        &fixtures,
+        &["--samples", "12", "--shrink-steps", "0"],
+        false,
+    );
+    explore(
+        &root.join("b"),
+        &fixtures,
+        &["--samples", "12", "--shrink-steps", "0"],
+        false,
+    );
     assert_eq!(names(&root.join("a")), names(&root.join("b")));
-    explore(&root.join("s0"), &fixtures, &["--samples", "6", "--shard", "0/2", "--shrink-steps", "0"], false);
-    explore(&root.join("s1"), &fixtures, &["--samples", "6", "--shard", "1/2", "--shrink-steps", "0"], false);
+    explore(
+        &root.join("s0"),
+        &fixtures,
+        &["--samples", "6", "--shard", "0/2", "--shrink-steps", "0"],
+        false,
+    );
+    explore(
+        &root.join("s1"),
+        &fixtures,
+        &["--samples", "6", "--shard", "1/2", "--shrink-steps", "0"],
+        false,
+    );
     let merged = Command::new(env!("CARGO_BIN_EXE_conformance-explore"))
         .arg("--merge")
         .arg(root.join("s0/explore.json"))
@@ -234,7 +367,11 @@ fn the_same_seed_draws_the_same_samples_and_shards_merge_into_the_whole() {
         .arg(root.join("m"))
         .output()
         .unwrap();
-    assert!(merged.status.code().is_some_and(|c| c <= 1), "{}", text(&merged));
+    assert!(
+        merged.status.code().is_some_and(|c| c <= 1),
+        "{}",
+        text(&merged)
+    );
     assert_eq!(names(&root.join("m")), names(&root.join("a")));
     for bad in ["2/2", "x", "1/0"] {
         let o = Command::new(env!("CARGO_BIN_EXE_conformance-explore"))
@@ -256,7 +393,8 @@ fn hostile_inputs_to_the_explorer_end_in_one_line_not_a_hang() {
     let root = scratch("hostile");
     let fixtures = root.join("fixtures");
     std::fs::create_dir_all(fixtures.join("explore")).unwrap();
-    let fifo = std::ffi::CString::new(fixtures.join("explore/kept.json").as_os_str().as_bytes()).unwrap();
+    let fifo =
+        std::ffi::CString::new(fixtures.join("explore/kept.json").as_os_str().as_bytes()).unwrap();
     // SAFETY: a valid NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
     let started = std::time::Instant::now();
@@ -273,12 +411,26 @@ fn hostile_inputs_to_the_explorer_end_in_one_line_not_a_hang() {
     let outside = root.join("outside");
     std::fs::create_dir_all(&outside).unwrap();
     std::os::unix::fs::symlink(&outside, linked.join("fixtures/explore")).unwrap();
-    let keep = explore(&root.join("o1"), &linked.join("fixtures"), &["--samples", "30", "--keep", "--no-extent"], true);
+    let keep = explore(
+        &root.join("o1"),
+        &linked.join("fixtures"),
+        &["--samples", "30", "--keep", "--no-extent"],
+        true,
+    );
     assert_eq!(keep.status.code(), Some(3), "{}", text(&keep));
     assert!(text(&keep).contains("symbolic link"), "{}", text(&keep));
-    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "nothing written outside");
+    assert_eq!(
+        std::fs::read_dir(&outside).unwrap().count(),
+        0,
+        "nothing written outside"
+    );
 
-    let a = explore(&root.join("a"), &fixtures, &["--samples", "4", "--shrink-steps", "0"], false);
+    let a = explore(
+        &root.join("a"),
+        &fixtures,
+        &["--samples", "4", "--shrink-steps", "0"],
+        false,
+    );
     assert!(a.status.code().is_some_and(|c| c <= 2), "{}", text(&a));
     let twice = Command::new(env!("CARGO_BIN_EXE_conformance-explore"))
         .arg("--merge")
@@ -304,7 +456,12 @@ fn hostile_inputs_to_the_explorer_end_in_one_line_not_a_hang() {
         .unwrap();
     assert!(own.status.code().is_some_and(|c| c <= 2), "{}", text(&own));
     assert!(root.join("a/explore.json").exists(), "the input survives");
-    explore(&root.join("h0"), &fixtures, &["--samples", "4", "--shard", "0/2", "--shrink-steps", "0"], false);
+    explore(
+        &root.join("h0"),
+        &fixtures,
+        &["--samples", "4", "--shard", "0/2", "--shrink-steps", "0"],
+        false,
+    );
     let half = Command::new(env!("CARGO_BIN_EXE_conformance-explore"))
         .arg("--merge")
         .arg(root.join("h0/explore.json"))
@@ -353,11 +510,22 @@ fn hostile_inputs_to_the_explorer_end_in_one_line_not_a_hang() {
         .env("MLX_CONFORMANCE_FIXTURES", &huge)
         .output()
         .unwrap();
-    assert!(text(&listed).contains("kept/unreadable") && !text(&listed).contains("panicked"), "{}", text(&listed));
+    assert!(
+        text(&listed).contains("kept/unreadable") && !text(&listed).contains("panicked"),
+        "{}",
+        text(&listed)
+    );
 
     for extra in [
         &["--samples", "3", "--budget", "18446744073709551615s"][..],
-        &["--samples", "3", "--budget", "5s", "--shard", "1/18446744073709551615"],
+        &[
+            "--samples",
+            "3",
+            "--budget",
+            "5s",
+            "--shard",
+            "1/18446744073709551615",
+        ],
     ] {
         let started = std::time::Instant::now();
         let o = Command::new(env!("CARGO_BIN_EXE_conformance-explore"))
@@ -369,7 +537,11 @@ fn hostile_inputs_to_the_explorer_end_in_one_line_not_a_hang() {
             .output()
             .unwrap();
         assert!(started.elapsed().as_secs() < 120, "{extra:?}: no hang");
-        assert!(o.status.code().is_some_and(|c| c <= 2), "{extra:?}: {}", text(&o));
+        assert!(
+            o.status.code().is_some_and(|c| c <= 2),
+            "{extra:?}: {}",
+            text(&o)
+        );
         assert!(!text(&o).contains("panicked"), "{}", text(&o));
     }
 }

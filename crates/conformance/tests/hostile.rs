@@ -11,7 +11,8 @@ use std::process::{Command, Output, Stdio};
 const SMOKE: &str = "smoke/quantized-matmul";
 
 fn scratch(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("conformance-hostile-{tag}-{}", std::process::id()));
+    let dir =
+        std::env::temp_dir().join(format!("conformance-hostile-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     dir
@@ -91,15 +92,19 @@ fn accept_says_what_it_wrote_changed_and_left() {
     let again = accept(&fixtures, &[]);
     let all = text(&again);
     assert_eq!(again.status.code(), Some(0), "{all}");
-    assert!(all.contains("0 new, 0 changed, 1 unchanged, 0 removed"), "{all}");
+    assert!(
+        all.contains("0 new, 0 changed, 1 unchanged, 0 removed"),
+        "{all}"
+    );
     // A body that differs (sealed, so not a hand edit) is rewritten: changed.
     let body = conformance::snapshots::read(&snap).unwrap().unwrap();
     let mut moved = body.clone();
     moved["path"] = "moved".into();
-    let provenance: conformance::snapshots::Provenance = serde_json::from_value(serde_json::json!({
-        "mlx_version": "0", "backend": "cpu", "device": "d", "lock_sha256": "l", "date": "d"
-    }))
-    .unwrap();
+    let provenance: conformance::snapshots::Provenance =
+        serde_json::from_value(serde_json::json!({
+            "mlx_version": "0", "backend": "cpu", "device": "d", "lock_sha256": "l", "date": "d"
+        }))
+        .unwrap();
     std::fs::write(&snap, conformance::snapshots::render(&moved, &provenance)).unwrap();
     let changed = accept(&fixtures, &[]);
     assert!(
@@ -135,7 +140,10 @@ fn accept_never_writes_through_a_link_and_names_it() {
             std::fs::read_to_string(&victim).unwrap(),
             "the maintainer's file"
         );
-        assert!(std::fs::symlink_metadata(&snap).unwrap().file_type().is_symlink());
+        assert!(std::fs::symlink_metadata(&snap)
+            .unwrap()
+            .file_type()
+            .is_symlink());
     }
 }
 
@@ -145,9 +153,18 @@ fn a_set_path_that_is_a_link_a_file_or_a_loop_is_refused_not_missing() {
     let elsewhere = fixtures.parent().unwrap().join("elsewhere");
     std::fs::rename(&set, &elsewhere).unwrap();
     let cases: [(&str, Box<dyn Fn()>); 3] = [
-        ("symbolic link", Box::new(|| std::os::unix::fs::symlink(&elsewhere, &set).unwrap())),
-        ("regular file", Box::new(|| std::fs::write(&set, "x").unwrap())),
-        ("symbolic link", Box::new(|| std::os::unix::fs::symlink(&set, &set).unwrap())),
+        (
+            "symbolic link",
+            Box::new(|| std::os::unix::fs::symlink(&elsewhere, &set).unwrap()),
+        ),
+        (
+            "regular file",
+            Box::new(|| std::fs::write(&set, "x").unwrap()),
+        ),
+        (
+            "symbolic link",
+            Box::new(|| std::os::unix::fs::symlink(&set, &set).unwrap()),
+        ),
     ];
     for (expected, make) in cases {
         let _ = std::fs::remove_file(&set);
@@ -216,10 +233,11 @@ fn a_failed_write_exits_3_in_one_line_and_leaves_the_old_snapshot_whole() {
     let before = std::fs::read(&snap).unwrap();
     let mut stale = conformance::snapshots::read(&snap).unwrap().unwrap();
     stale["path"] = "stale".into();
-    let provenance: conformance::snapshots::Provenance = serde_json::from_value(serde_json::json!({
-        "mlx_version": "0", "backend": "cpu", "device": "d", "lock_sha256": "l", "date": "d"
-    }))
-    .unwrap();
+    let provenance: conformance::snapshots::Provenance =
+        serde_json::from_value(serde_json::json!({
+            "mlx_version": "0", "backend": "cpu", "device": "d", "lock_sha256": "l", "date": "d"
+        }))
+        .unwrap();
     let stale = conformance::snapshots::render(&stale, &provenance);
     std::fs::write(&snap, &stale).unwrap();
     let mut cmd = runner(&fixtures);
@@ -256,7 +274,10 @@ fn a_failed_write_exits_3_in_one_line_and_leaves_the_old_snapshot_whole() {
 #[test]
 fn leftover_temporary_files_are_named_by_check_and_removed_by_accept() {
     let (fixtures, set, _) = recorded("leftover");
-    let leftovers = [set.join(".unfinished-1-0.snap-tmp"), set.join("x.snap.sealing-77")];
+    let leftovers = [
+        set.join(".unfinished-1-0.snap-tmp"),
+        set.join("x.snap.sealing-77"),
+    ];
     for l in &leftovers {
         std::fs::write(l, "").unwrap();
     }
@@ -270,7 +291,10 @@ fn leftover_temporary_files_are_named_by_check_and_removed_by_accept() {
         assert!(all.contains(&l.display().to_string()), "{all}");
         assert!(l.exists(), "check writes nothing");
     }
-    assert!(all.contains("temporary file of an unfinished snapshot write"), "{all}");
+    assert!(
+        all.contains("temporary file of an unfinished snapshot write"),
+        "{all}"
+    );
     let out = accept(&fixtures, &[]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     assert!(leftovers.iter().all(|l| !l.exists()));
@@ -333,7 +357,9 @@ fn a_hung_case_is_an_error_row_naming_the_timeout_and_the_run_goes_on() {
         "{row}"
     );
     assert!(
-        cases.iter().any(|c| c["name"] != hung && c["verdict"] == "pass"),
+        cases
+            .iter()
+            .any(|c| c["name"] != hung && c["verdict"] == "pass"),
         "the run went on: {all}"
     );
     // The timeout belongs to workers: with --in-process it is a usage error.
@@ -372,10 +398,9 @@ fn unusual_names_and_paths_give_the_same_verdicts_with_and_without_workers() {
             .unwrap();
         let all = text(&out);
         assert_eq!(out.status.code(), Some(0), "{isolation:?}: {all}");
-        let json: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(root.join("out/report.json")).unwrap(),
-        )
-        .unwrap();
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(root.join("out/report.json")).unwrap())
+                .unwrap();
         let rows: Vec<(String, String, String)> = json["cases"]
             .as_array()
             .unwrap()
@@ -393,7 +418,10 @@ fn unusual_names_and_paths_give_the_same_verdicts_with_and_without_workers() {
             rows.iter().all(|r| r.1 == "pass" || r.1 == "finding"),
             "{isolation:?}: {rows:?}"
         );
-        assert!(std::fs::read_dir(&kept).unwrap().count() >= 3, "{isolation:?}");
+        assert!(
+            std::fs::read_dir(&kept).unwrap().count() >= 3,
+            "{isolation:?}"
+        );
         verdicts.push(rows);
     }
     assert_eq!(verdicts[0], verdicts[1]);
@@ -404,7 +432,15 @@ fn a_relative_out_is_resolved_against_the_working_directory_and_printed_absolute
     let cwd = scratch("relative");
     let out = Command::new(env!("CARGO_BIN_EXE_conformance"))
         .current_dir(&cwd)
-        .args(["--device", "cpu", "--filter", SMOKE, "--no-snapshots", "--out", "rel"])
+        .args([
+            "--device",
+            "cpu",
+            "--filter",
+            SMOKE,
+            "--no-snapshots",
+            "--out",
+            "rel",
+        ])
         .env("CI", "true")
         .output()
         .unwrap();
@@ -428,7 +464,13 @@ fn a_fifo_or_link_at_the_reports_lock_is_an_error_not_a_hang() {
     for d in [&fifo_dir, &link_dir] {
         std::fs::create_dir_all(d).unwrap();
     }
-    let c = std::ffi::CString::new(fifo_dir.join(".conformance-reports.lock").as_os_str().as_bytes()).unwrap();
+    let c = std::ffi::CString::new(
+        fifo_dir
+            .join(".conformance-reports.lock")
+            .as_os_str()
+            .as_bytes(),
+    )
+    .unwrap();
     // SAFETY: a valid NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
     let target = root.join("created-outside");
@@ -492,7 +534,15 @@ fn a_directory_in_a_report_files_place_or_an_empty_out_is_refused_before_any_cas
 fn workers_do_not_outlive_a_killed_runner() {
     let out_dir = scratch("orphan-workers");
     let mut child = Command::new(env!("CARGO_BIN_EXE_conformance"))
-        .args(["--device", "cpu", "--jobs", "1", "--case-timeout", "0", "--no-snapshots"])
+        .args([
+            "--device",
+            "cpu",
+            "--jobs",
+            "1",
+            "--case-timeout",
+            "0",
+            "--no-snapshots",
+        ])
         .args(["--filter", LINEAR, "--out"])
         .arg(&out_dir)
         .env("CI", "true")
@@ -528,11 +578,19 @@ fn workers_do_not_outlive_a_killed_runner() {
     child.wait().unwrap();
     let started = std::time::Instant::now();
     let alive = |pid: u32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .is_ok_and(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            !s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
     };
     while seen.iter().any(|p| alive(*p)) && started.elapsed().as_secs() < 10 {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    assert!(seen.iter().all(|p| !alive(*p)), "workers {seen:?} outlived the runner");
+    assert!(
+        seen.iter().all(|p| !alive(*p)),
+        "workers {seen:?} outlived the runner"
+    );
 }

@@ -59,32 +59,86 @@ use crate::{err, ExactError, Float, Model};
 /// GPU float32 matmuls read their inputs at.
 const TF32_U: f64 = 1.0 / 2048.0;
 
+/// Row `n` of `w` as one output element's loop reads it, in output dtype
+/// `t` under `model`: computed once per weight row, not once per output
+/// element (the exact oracle's cost is then the products alone).
+struct WeightRow {
+    /// Per column: the weight each product multiplies by (affine:
+    /// `T(T(scale * q) + bias)`; fp modes: the code in `T`).
+    w: Vec<Tracked>,
+    /// Per column: `|w| + e` of the weight as the product's magnitude
+    /// counts it (fp modes: scaled by the group's scale).
+    w_mag: Vec<f64>,
+    /// fp modes, per group: the scale in `T`.
+    group_scale: Vec<Tracked>,
+}
+
+impl WeightRow {
+    fn new(w: &QuantizedMatrix, n: usize, t: Float) -> Self {
+        let row = w.row(n);
+        let gs = w.group_size;
+        let affine = w.format == Format::Affine;
+        let weight = |k: usize| {
+            let g = k / gs;
+            if affine {
+                Tracked::exact(row.scale[g])
+                    .mul(Tracked::exact(row.code[k]))
+                    .round(t)
+                    .add(Tracked::exact(row.bias[g]))
+                    .round(t)
+            } else {
+                Tracked::exact(row.code[k]).round(t)
+            }
+        };
+        let w_row: Vec<Tracked> = (0..w.cols).map(weight).collect();
+        let w_mag = w_row
+            .iter()
+            .enumerate()
+            .map(|(k, wk)| {
+                let counted = if affine {
+                    *wk
+                } else {
+                    wk.scale(row.scale[k / gs])
+                };
+                counted.v.abs() + counted.e
+            })
+            .collect();
+        let group_scale = row
+            .scale
+            .iter()
+            .map(|&s| Tracked::exact(s).round(t))
+            .collect();
+        WeightRow {
+            w: w_row,
+            w_mag,
+            group_scale,
+        }
+    }
+}
+
 /// One output element of a quantized matmul: row `x` (K values, tracked:
-/// exact inputs, or computed ones with their errors) against row `n` of
-/// `w`, rounded as `model` says, in output dtype `t`.
-fn qmm_element(x: &[Tracked], w: &QuantizedMatrix, n: usize, t: Float, model: Model) -> Tracked {
-    let row = w.row(n);
+/// exact inputs, or computed ones with their errors) against a prepared
+/// row of `w`, rounded as `model` says, in output dtype `t`.
+fn qmm_element(
+    x: &[Tracked],
+    w: &QuantizedMatrix,
+    row: &WeightRow,
+    t: Float,
+    model: Model,
+) -> Tracked {
     let gs = w.group_size;
     let groups = w.cols / gs;
     let f32_ = Float::Float32;
     // The sum of the products' magnitudes (errors included).
     let mut magnitude = 0.0;
-    let mut add_magnitude = |xk: &Tracked, wk: &Tracked| {
-        magnitude += (xk.v.abs() + xk.e) * (wk.v.abs() + wk.e);
-    };
-    let affine_weight = |k: usize, g: usize| {
-        Tracked::exact(row.scale[g])
-            .mul(Tracked::exact(row.code[k]))
-            .round(t)
-            .add(Tracked::exact(row.bias[g]))
-            .round(t)
+    let mut add_magnitude = |xk: &Tracked, k: usize| {
+        magnitude += (xk.v.abs() + xk.e) * row.w_mag[k];
     };
     let out = match (model, w.format) {
         (Model::Cpu, Format::Affine) => sum_in_order(
             (0..w.cols).map(|k| {
-                let wq = affine_weight(k, k / gs);
-                add_magnitude(&x[k], &wq);
-                x[k].mul(wq).round(t)
+                add_magnitude(&x[k], k);
+                x[k].mul(row.w[k]).round(t)
             }),
             t,
         ),
@@ -92,40 +146,29 @@ fn qmm_element(x: &[Tracked], w: &QuantizedMatrix, n: usize, t: Float, model: Mo
             (0..groups).map(|g| {
                 let gsum = sum_in_order(
                     (g * gs..(g + 1) * gs).map(|k| {
-                        let code = Tracked::exact(row.code[k]).round(t);
-                        add_magnitude(&x[k], &code.scale(row.scale[g]));
-                        x[k].mul(code).round(t)
+                        add_magnitude(&x[k], k);
+                        x[k].mul(row.w[k]).round(t)
                     }),
                     t,
                 );
-                Tracked::exact(row.scale[g]).round(t).mul(gsum).round(t)
+                row.group_scale[g].mul(gsum).round(t)
             }),
             t,
         ),
         (Model::Gpu, format) => {
+            let mut terms = Vec::with_capacity(gs);
             let partials: Vec<Tracked> = (0..groups)
                 .map(|g| {
-                    let terms: Vec<Tracked> = (g * gs..(g + 1) * gs)
-                        .map(|k| {
-                            let wq = if format == Format::Affine {
-                                affine_weight(k, g)
-                            } else {
-                                Tracked::exact(row.code[k]).round(t)
-                            };
-                            let scaled = if format == Format::Affine {
-                                wq
-                            } else {
-                                wq.scale(row.scale[g])
-                            };
-                            add_magnitude(&x[k], &scaled);
-                            x[k].mul(wq).round(f32_)
-                        })
-                        .collect();
+                    terms.clear();
+                    terms.extend((g * gs..(g + 1) * gs).map(|k| {
+                        add_magnitude(&x[k], k);
+                        x[k].mul(row.w[k]).round(f32_)
+                    }));
                     let p = sum_any_order(&terms, f32_).round(t);
                     if format == Format::Affine {
                         p
                     } else {
-                        p.mul(Tracked::exact(row.scale[g]).round(t)).round(f32_)
+                        p.mul(row.group_scale[g]).round(f32_)
                     }
                 })
                 .collect();
@@ -157,11 +200,11 @@ pub fn quantized_matmul_tracked(
         return err(format!("x holds {} values, not rows of K = {k}", x.len()));
     }
     let rows = x.len() / k;
-    let mut out = Vec::with_capacity(rows * w.rows);
-    for r in 0..rows {
-        let xr = &x[r * k..(r + 1) * k];
-        for n in 0..w.rows {
-            out.push(qmm_element(xr, w, n, t, model));
+    let mut out = vec![Tracked::zero(); rows * w.rows];
+    for n in 0..w.rows {
+        let row = WeightRow::new(w, n, t);
+        for r in 0..rows {
+            out[r * w.rows + n] = qmm_element(&x[r * k..(r + 1) * k], w, &row, t, model);
         }
     }
     Ok(out)
@@ -206,19 +249,23 @@ pub fn gather_qmm(
         return err(format!("{} weight rows are not experts of N = {n}", w.rows));
     }
     let e_count = w.rows / n;
-    let mut out = Vec::with_capacity(experts.len() * n);
-    for (r, &e) in experts.iter().enumerate() {
-        if e >= e_count {
-            return Err(ExactError::undefined(format!(
-                "expert index {e} of {e_count} experts"
-            )));
-        }
-        let xr: Vec<Tracked> = x[r * k..(r + 1) * k]
-            .iter()
-            .map(|&v| Tracked::exact(v))
-            .collect();
+    if let Some(&e) = experts.iter().find(|&&e| e >= e_count) {
+        return Err(ExactError::undefined(format!(
+            "expert index {e} of {e_count} experts"
+        )));
+    }
+    let xt: Vec<Tracked> = x.iter().map(|&v| Tracked::exact(v)).collect();
+    let mut out = vec![Tracked::zero(); experts.len() * n];
+    // Each routed expert's rows prepared once, for every token routed to it.
+    let mut routed: Vec<usize> = experts.to_vec();
+    routed.sort_unstable();
+    routed.dedup();
+    for e in routed {
         for j in 0..n {
-            out.push(qmm_element(&xr, w, e * n + j, t, model));
+            let row = WeightRow::new(w, e * n + j, t);
+            for (r, _) in experts.iter().enumerate().filter(|(_, &er)| er == e) {
+                out[r * n + j] = qmm_element(&xt[r * k..(r + 1) * k], w, &row, t, model);
+            }
         }
     }
     Ok(out)

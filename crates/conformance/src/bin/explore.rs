@@ -95,7 +95,11 @@ fn main() -> ExitCode {
             // The error and the lines that name what is missing, not the
             // usage block.
             let text = e.render().to_string();
-            let lines: Vec<&str> = text.lines().take_while(|l| !l.starts_with("Usage:")).filter(|l| !l.trim().is_empty()).collect();
+            let lines: Vec<&str> = text
+                .lines()
+                .take_while(|l| !l.starts_with("Usage:"))
+                .filter(|l| !l.trim().is_empty())
+                .collect();
             let joined = lines.iter().map(|l| l.trim()).collect::<Vec<_>>().join(" ");
             return fail(joined.strip_prefix("error: ").unwrap_or(&joined));
         }
@@ -106,7 +110,9 @@ fn main() -> ExitCode {
     // interrupted or failed search never leaves an older report standing.
     if cli.merge.is_empty() && cli.observe_alone.is_none() {
         if cli.budget.is_zero() {
-            return fail("--budget 0s: a search of no time checks nothing; give a budget such as 60s or 10m");
+            return fail(
+                "--budget 0s: a search of no time checks nothing; give a budget such as 60s or 10m",
+            );
         }
         if cli.samples == Some(0) {
             return fail("--samples 0: a search of no samples checks nothing; give at least 1");
@@ -146,7 +152,12 @@ fn main() -> ExitCode {
             };
             match serde_json::from_str(&text) {
                 Ok(s) => shards.push(s),
-                Err(e) => return fail(format!("--merge {}: not an explore.json ({e})", path.display())),
+                Err(e) => {
+                    return fail(format!(
+                        "--merge {}: not an explore.json ({e})",
+                        path.display()
+                    ))
+                }
             }
         }
         let merged = match explore::merge(shards) {
@@ -156,7 +167,12 @@ fn main() -> ExitCode {
         if let Err(e) = report::write(&out, &merged) {
             return fail(e);
         }
-        outln!("explore: merged {} samples, {} violations; reports: {}", merged.samples.len(), merged.found.len(), out.display());
+        outln!(
+            "explore: merged {} samples, {} violations; reports: {}",
+            merged.samples.len(),
+            merged.found.len(),
+            out.display()
+        );
         if cli.keep {
             if let Err(code) = keep(&cli, &merged) {
                 return code;
@@ -168,13 +184,16 @@ fn main() -> ExitCode {
         Ok(o) => o,
         Err(e) => return fail(e),
     };
-    let backend = match cli.device {
-        Device::Cpu => Backend::Cpu,
-        Device::Gpu => match Backend::linked_gpu() {
-            Ok(Some(gpu)) => gpu,
-            _ => return fail("--device gpu: this libmlx has no usable GPU backend here; use --device cpu"),
-        },
-    };
+    let backend =
+        match cli.device {
+            Device::Cpu => Backend::Cpu,
+            Device::Gpu => match Backend::linked_gpu() {
+                Ok(Some(gpu)) => gpu,
+                _ => return fail(
+                    "--device gpu: this libmlx has no usable GPU backend here; use --device cpu",
+                ),
+            },
+        };
     conformance::runner::set_device(backend);
     if let Err(e) = oracle.set_device(backend) {
         return fail(e);
@@ -187,7 +206,10 @@ fn main() -> ExitCode {
             Ok(d) => d,
             Err(e) => return fail(format!("--observe-alone: not a description ({e})")),
         };
-        outln!("{}", serde_json::to_string(&explore::observe(&oracle, backend, &d)).expect("json"));
+        outln!(
+            "{}",
+            serde_json::to_string(&explore::observe(&oracle, backend, &d)).expect("json")
+        );
         return ExitCode::SUCCESS;
     }
     conformance::runner::catch_interrupts();
@@ -219,7 +241,10 @@ fn main() -> ExitCode {
     };
     bar.finish_and_clear();
     if conformance::runner::interrupted() {
-        errln!("interrupted: {} samples ran; no report written", search.samples.len());
+        errln!(
+            "interrupted: {} samples ran; no report written",
+            search.samples.len()
+        );
         return ExitCode::from(130);
     }
     if let Err(e) = report::write(&out, &search) {
@@ -255,16 +280,22 @@ fn main() -> ExitCode {
 fn keep(cli: &Cli, search: &explore::Search) -> Result<(), ExitCode> {
     let mut chosen = search.clone();
     if let Some(text) = &cli.keep_filter {
-        chosen.found.retain(|f| f.minimal.name("explore").contains(text.as_str()));
+        chosen
+            .found
+            .retain(|f| f.minimal.name("explore").contains(text.as_str()));
     }
     if chosen.found.is_empty() {
         return Ok(());
     }
-    let date = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()[..10].to_owned();
+    let date = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()[..10]
+        .to_owned();
     let fixtures = Home::get().fixtures_dir();
     match report::keep(&fixtures, &chosen, &date) {
         Ok(added) => {
-            outln!("kept: {added} new case(s) in {}", report::kept_file(&fixtures).display());
+            outln!(
+                "kept: {added} new case(s) in {}",
+                report::kept_file(&fixtures).display()
+            );
             Ok(())
         }
         Err(e) => Err(fail(e)),
@@ -283,7 +314,10 @@ fn observe_alone(device: Device, d: &explore::Description) -> Option<explore::Ob
             Device::Cpu => "cpu",
             Device::Gpu => "gpu",
         })
-        .env(conformance::runner::worker::RUNNER_PID_ENV, std::process::id().to_string())
+        .env(
+            conformance::runner::worker::RUNNER_PID_ENV,
+            std::process::id().to_string(),
+        )
         .stdin(std::process::Stdio::null());
     let out = match cmd.output() {
         Ok(o) => o,
@@ -293,14 +327,21 @@ fn observe_alone(device: Device, d: &explore::Description) -> Option<explore::Ob
         }
     };
     let text = String::from_utf8_lossy(&out.stdout);
-    match text.lines().last().map(serde_json::from_str::<explore::Observation>) {
+    match text
+        .lines()
+        .last()
+        .map(serde_json::from_str::<explore::Observation>)
+    {
         Some(Ok(o)) if out.status.success() => Some(o),
         _ => {
             errln!(
                 "explore: the rerun of {} alone ended with {}: {}",
                 d.name("explore"),
                 out.status,
-                String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("")
             );
             None
         }
@@ -310,11 +351,12 @@ fn observe_alone(device: Device, d: &explore::Description) -> Option<explore::Ob
 /// 1 for a bits violation or a port error, 2 for findings only, 0 for
 /// nothing.
 fn exit_code(search: &explore::Search) -> ExitCode {
-    if search
-        .found
-        .iter()
-        .any(|f| matches!(f.kind, explore::Violation::Bits | explore::Violation::PortError))
-    {
+    if search.found.iter().any(|f| {
+        matches!(
+            f.kind,
+            explore::Violation::Bits | explore::Violation::PortError
+        )
+    }) {
         ExitCode::from(1)
     } else if search.found.is_empty() {
         ExitCode::SUCCESS

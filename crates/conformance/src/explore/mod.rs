@@ -125,7 +125,11 @@ impl Description {
                 self.family(),
                 shape.dtype.name(),
                 shape.rotary_dim,
-                if shape.decode.is_some() { "decode" } else { "prefill" }
+                if shape.decode.is_some() {
+                    "decode"
+                } else {
+                    "prefill"
+                }
             ),
         }
     }
@@ -161,9 +165,11 @@ impl Description {
     /// channels).
     pub fn mkn(&self) -> (usize, usize, usize) {
         match self {
-            Description::QuantizedLinear { shape, .. } => {
-                (shape.batch.iter().product::<usize>() * shape.m, shape.k, shape.n)
-            }
+            Description::QuantizedLinear { shape, .. } => (
+                shape.batch.iter().product::<usize>() * shape.m,
+                shape.k,
+                shape.n,
+            ),
             Description::QuantizedSwitch { shape, .. } => {
                 (shape.batch * shape.len * shape.top, shape.k, shape.n)
             }
@@ -186,16 +192,23 @@ impl Description {
                 let with = |f: &dyn Fn(&mut LinearShape)| {
                     let mut s = shape.clone();
                     f(&mut s);
-                    Description::QuantizedLinear { shape: s, seed: *seed }
+                    Description::QuantizedLinear {
+                        shape: s,
+                        seed: *seed,
+                    }
                 };
                 if shape.x_view != crate::families::quantized::linear::XView::Contiguous {
-                    out.push(with(&|s| s.x_view = crate::families::quantized::linear::XView::Contiguous));
+                    out.push(with(&|s| {
+                        s.x_view = crate::families::quantized::linear::XView::Contiguous
+                    }));
                 }
                 if !shape.batch.is_empty() {
                     out.push(with(&|s| s.batch.clear()));
                 }
                 if shape.bias != crate::families::quantized::linear::Bias::None {
-                    out.push(with(&|s| s.bias = crate::families::quantized::linear::Bias::None));
+                    out.push(with(&|s| {
+                        s.bias = crate::families::quantized::linear::Bias::None
+                    }));
                 }
                 if shape.scales_dtype.is_some() {
                     out.push(with(&|s| s.scales_dtype = None));
@@ -230,7 +243,10 @@ impl Description {
                 let with = |f: &dyn Fn(&mut SwitchShape)| {
                     let mut s = shape.clone();
                     f(&mut s);
-                    Description::QuantizedSwitch { shape: s, seed: *seed }
+                    Description::QuantizedSwitch {
+                        shape: s,
+                        seed: *seed,
+                    }
                 };
                 if shape.bias {
                     out.push(with(&|s| s.bias = false));
@@ -277,7 +293,10 @@ impl Description {
                 let with = |f: &dyn Fn(&mut SdpaShape)| {
                     let mut s = shape.clone();
                     f(&mut s);
-                    Description::AttentionSdpa { shape: s, seed: *seed }
+                    Description::AttentionSdpa {
+                        shape: s,
+                        seed: *seed,
+                    }
                 };
                 if shape.kv_view != KvView::Contiguous {
                     out.push(with(&|s| s.kv_view = KvView::Contiguous));
@@ -302,7 +321,10 @@ impl Description {
                 for r in 1..ratio {
                     out.push(with(&|s| s.n_heads = s.n_kv_heads * r));
                 }
-                for d in [8, 16, 32, 64, 128].into_iter().filter(|&d| d < shape.head_dim) {
+                for d in [8, 16, 32, 64, 128]
+                    .into_iter()
+                    .filter(|&d| d < shape.head_dim)
+                {
                     out.push(with(&|s| s.head_dim = d));
                 }
                 // KV lengths: halvings, then single steps down (a boundary
@@ -327,7 +349,10 @@ impl Description {
                 let with = |f: &dyn Fn(&mut MropeShape)| {
                     let mut s = shape.clone();
                     f(&mut s);
-                    Description::PositionMrope { shape: s, seed: *seed }
+                    Description::PositionMrope {
+                        shape: s,
+                        seed: *seed,
+                    }
                 };
                 if shape.rows.len() > 1 {
                     out.push(with(&|s| s.rows.truncate(1)));
@@ -355,10 +380,14 @@ impl Description {
                         match row[i] {
                             PromptPiece::Text { tokens } if tokens > 1 => {
                                 out.push(with(&|s| s.rows[0][i] = PromptPiece::Text { tokens: 1 }));
-                                out.push(with(&|s| s.rows[0][i] = PromptPiece::Text { tokens: tokens / 2 }));
+                                out.push(with(&|s| {
+                                    s.rows[0][i] = PromptPiece::Text { tokens: tokens / 2 }
+                                }));
                             }
                             PromptPiece::Text { .. } => {}
-                            p => out.push(with(&|s| s.rows[0][i] = PromptPiece::Text { tokens: p.tokens() })),
+                            p => out.push(with(&|s| {
+                                s.rows[0][i] = PromptPiece::Text { tokens: p.tokens() }
+                            })),
                         }
                     }
                 }
@@ -371,7 +400,10 @@ impl Description {
                 if shape.head_dim > shape.rotary_dim {
                     out.push(with(&|s| s.head_dim = s.rotary_dim));
                 }
-                for r in [2, 4, 8, 16, 32, 64].into_iter().filter(|&r| r < shape.rotary_dim) {
+                for r in [2, 4, 8, 16, 32, 64]
+                    .into_iter()
+                    .filter(|&r| r < shape.rotary_dim)
+                {
                     out.push(with(&|s| {
                         s.rotary_dim = r;
                         s.head_dim = s.head_dim.max(r);
@@ -379,7 +411,10 @@ impl Description {
                 }
                 for i in 0..3 {
                     let v = shape.mrope_section[i];
-                    for lower in [0, v / 2, v.saturating_sub(1)].into_iter().filter(|&l| l < v) {
+                    for lower in [0, v / 2, v.saturating_sub(1)]
+                        .into_iter()
+                        .filter(|&l| l < v)
+                    {
                         out.push(with(&|s| s.mrope_section[i] = lower));
                     }
                 }
@@ -400,56 +435,111 @@ impl Description {
     /// The sweeps that map a violation's extent: per axis, the description
     /// with that axis set to each value (the others as found).
     fn axes(&self) -> Vec<(&'static str, Vec<(usize, Description)>)> {
-        const MS: [usize; 21] = [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17, 24, 31, 32, 33, 48, 63, 64, 65];
-        const NS: [usize; 20] = [1, 2, 3, 4, 5, 6, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129];
+        const MS: [usize; 21] = [
+            1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 15, 16, 17, 24, 31, 32, 33, 48, 63, 64, 65,
+        ];
+        const NS: [usize; 20] = [
+            1, 2, 3, 4, 5, 6, 7, 8, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 128, 129,
+        ];
         match self {
             Description::QuantizedLinear { shape, seed } => {
                 let with = |f: &dyn Fn(&mut LinearShape)| {
                     let mut s = shape.clone();
                     f(&mut s);
-                    Description::QuantizedLinear { shape: s, seed: *seed }
+                    Description::QuantizedLinear {
+                        shape: s,
+                        seed: *seed,
+                    }
                 };
                 let g = shape.spec.group_size as usize;
                 vec![
                     ("M", MS.iter().map(|&m| (m, with(&|s| s.m = m))).collect()),
                     ("N", NS.iter().map(|&n| (n, with(&|s| s.n = n))).collect()),
-                    ("K", (1..=8).map(|groups| (groups * g, with(&|s| s.k = groups * g))).collect()),
+                    (
+                        "K",
+                        (1..=8)
+                            .map(|groups| (groups * g, with(&|s| s.k = groups * g)))
+                            .collect(),
+                    ),
                 ]
             }
             Description::QuantizedSwitch { shape, seed } => {
                 let with = |f: &dyn Fn(&mut SwitchShape)| {
                     let mut s = shape.clone();
                     f(&mut s);
-                    Description::QuantizedSwitch { shape: s, seed: *seed }
+                    Description::QuantizedSwitch {
+                        shape: s,
+                        seed: *seed,
+                    }
                 };
                 let g = shape.spec.group_size as usize;
                 vec![
-                    ("tokens (L)", MS.iter().map(|&l| (l, with(&|s| s.len = l))).collect()),
+                    (
+                        "tokens (L)",
+                        MS.iter().map(|&l| (l, with(&|s| s.len = l))).collect(),
+                    ),
                     ("N", NS.iter().map(|&n| (n, with(&|s| s.n = n))).collect()),
-                    ("K", (1..=8).map(|groups| (groups * g, with(&|s| s.k = groups * g))).collect()),
-                    ("experts", (1..=16).map(|e| (e, with(&|s| { s.experts = e; s.top = s.top.min(e); }))).collect()),
+                    (
+                        "K",
+                        (1..=8)
+                            .map(|groups| (groups * g, with(&|s| s.k = groups * g)))
+                            .collect(),
+                    ),
+                    (
+                        "experts",
+                        (1..=16)
+                            .map(|e| {
+                                (
+                                    e,
+                                    with(&|s| {
+                                        s.experts = e;
+                                        s.top = s.top.min(e);
+                                    }),
+                                )
+                            })
+                            .collect(),
+                    ),
                 ]
             }
             Description::AttentionSdpa { shape, seed } => {
                 let with = |f: &dyn Fn(&mut SdpaShape)| {
                     let mut s = shape.clone();
                     f(&mut s);
-                    Description::AttentionSdpa { shape: s, seed: *seed }
+                    Description::AttentionSdpa {
+                        shape: s,
+                        seed: *seed,
+                    }
                 };
                 const LS: [usize; 20] = [
-                    1, 2, 8, 31, 32, 33, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1023, 1024, 1025, 4096, 4097,
+                    1, 2, 8, 31, 32, 33, 127, 128, 129, 255, 256, 257, 511, 512, 513, 1023, 1024,
+                    1025, 4096, 4097,
                 ];
                 vec![
-                    ("L (KV length)", LS.iter().map(|&l| (l, with(&|s| s.kv_len = l))).collect()),
-                    ("B (requests)", (1..=8).map(|b| (b, with(&|s| s.batch = b))).collect()),
-                    ("M (query rows)", [1, 2, 3, 4, 7, 8, 9, 16].iter().map(|&m| (m, with(&|s| s.m = m))).collect()),
+                    (
+                        "L (KV length)",
+                        LS.iter().map(|&l| (l, with(&|s| s.kv_len = l))).collect(),
+                    ),
+                    (
+                        "B (requests)",
+                        (1..=8).map(|b| (b, with(&|s| s.batch = b))).collect(),
+                    ),
+                    (
+                        "M (query rows)",
+                        [1, 2, 3, 4, 7, 8, 9, 16]
+                            .iter()
+                            .map(|&m| (m, with(&|s| s.m = m)))
+                            .collect(),
+                    ),
                 ]
             }
             Description::PositionMrope { shape, seed } => {
                 let with = |f: &dyn Fn(&mut MropeShape)| {
                     let mut s = shape.clone();
                     f(&mut s);
-                    Description::PositionMrope { shape: s, seed: *seed }
+                    Description::PositionMrope {
+                        shape: s,
+                        seed: *seed,
+                    }
                 };
                 let len = shape.decode.map_or(1, |(_, l)| l);
                 const OFFSETS: [usize; 9] = [0, 1, 255, 256, 4095, 4096, 65_535, 65_536, 1 << 20];
@@ -457,22 +547,38 @@ impl Description {
                 vec![
                     (
                         "decode offset beyond the prompt",
-                        OFFSETS.iter().map(|&e| (e, with(&|s| s.decode = Some((e, len))))).collect(),
+                        OFFSETS
+                            .iter()
+                            .map(|&e| (e, with(&|s| s.decode = Some((e, len)))))
+                            .collect(),
                     ),
                     (
                         "rotary_dim (head_dim at least it)",
                         [8, 16, 32, 64, 128, 256]
                             .iter()
-                            .map(|&r| (r, with(&|s| { s.rotary_dim = r; s.head_dim = s.head_dim.max(r); })))
+                            .map(|&r| {
+                                (
+                                    r,
+                                    with(&|s| {
+                                        s.rotary_dim = r;
+                                        s.head_dim = s.head_dim.max(r);
+                                    }),
+                                )
+                            })
                             .collect(),
                     ),
                     (
                         "mrope_section sum beyond rotary_dim / 2",
                         (0..=4usize)
-                            .map(|extra| (extra, with(&|s| {
-                                let [a, b, _] = s.mrope_section;
-                                s.mrope_section[2] = (half + extra).saturating_sub(a + b);
-                            })))
+                            .map(|extra| {
+                                (
+                                    extra,
+                                    with(&|s| {
+                                        let [a, b, _] = s.mrope_section;
+                                        s.mrope_section[2] = (half + extra).saturating_sub(a + b);
+                                    }),
+                                )
+                            })
                             .collect(),
                     ),
                 ]
@@ -502,7 +608,10 @@ impl Description {
 
 /// The specs simpler than `spec` (earlier in [`strategy::specs`]), each
 /// with K holding the same number of groups.
-fn simpler_specs(spec: layers::quantized::QuantSpec, k: usize) -> Vec<(layers::quantized::QuantSpec, usize)> {
+fn simpler_specs(
+    spec: layers::quantized::QuantSpec,
+    k: usize,
+) -> Vec<(layers::quantized::QuantSpec, usize)> {
     let specs = strategy::specs();
     let groups = k / spec.group_size as usize;
     let at = specs.iter().position(|s| *s == spec).unwrap_or(0);
@@ -550,7 +659,11 @@ pub enum Violation {
 impl Observation {
     pub fn violation(&self) -> Option<Violation> {
         if let Some(e) = &self.error {
-            Some(if crate::case::is_port_error(e) { Violation::PortError } else { Violation::Error })
+            Some(if crate::case::is_port_error(e) {
+                Violation::PortError
+            } else {
+                Violation::Error
+            })
         } else if !self.bits_equal {
             Some(Violation::Bits)
         } else if self.exact.is_some_and(|c| c != ExactClass::Within) {
@@ -587,7 +700,10 @@ pub fn observe(oracle: &Oracle, backend: Backend, d: &Description) -> Observatio
                 .iter()
                 .find(|x| !x.comparison.is_equal())
                 .map(|x| format!("{}: {}", x.name, x.comparison.summary()));
-            o.exact = out.exact_checks().map(|(_, e)| e.class).max_by_key(|c| *c as u8);
+            o.exact = out
+                .exact_checks()
+                .map(|(_, e)| e.class)
+                .max_by_key(|c| *c as u8);
             match d.invariances() {
                 Ok(v) => o.invariances = v,
                 Err(e) => o.error = Some(format!("invariance: {e}")),
@@ -759,13 +875,17 @@ pub fn search(
         if block.is_empty() {
             // A sample cap draws exactly the capped samples (the first by
             // index), so shards of a capped search merge into the whole.
-            let want = config.max_samples.map_or(BLOCK, |m| BLOCK.min(m - samples.len()));
+            let want = config
+                .max_samples
+                .map_or(BLOCK, |m| BLOCK.min(m - samples.len()));
             let mut drawn = Vec::new();
             // The budget and an interrupt stop the drawing too (a shard of
             // a huge `n` matches rarely).
             while drawn.len() < want && !out_of_time() {
                 let j = index;
-                let Some(next) = index.checked_add(1) else { break };
+                let Some(next) = index.checked_add(1) else {
+                    break;
+                };
                 index = next;
                 if j % shards != shard {
                     continue;
@@ -785,9 +905,9 @@ pub fn search(
         // One shrink per kind of violation and kernel class: the next
         // sighting in a class already shrunk is recorded, not shrunk again.
         let known = |kind| {
-            found
-                .iter()
-                .any(|f: &Found| f.kind == kind && f.original.kernel_class() == description.kernel_class())
+            found.iter().any(|f: &Found| {
+                f.kind == kind && f.original.kernel_class() == description.kernel_class()
+            })
         };
         if let Some(kind) = observation.violation().filter(|k| !known(*k)) {
             let preceded_by = samples
@@ -925,7 +1045,10 @@ pub fn samples(seed: u64, n: usize) -> Result<Vec<Description>, String> {
 /// Merges shard searches of one seed into one (samples in index order).
 pub fn merge(mut shards: Vec<Search>) -> Result<Search, String> {
     let first = shards.first().ok_or("no shard reports to merge")?.clone();
-    if shards.iter().any(|s| s.seed != first.seed || s.backend != first.backend) {
+    if shards
+        .iter()
+        .any(|s| s.seed != first.seed || s.backend != first.backend)
+    {
         return Err("shard reports of different seeds or backends cannot be merged".into());
     }
     if shards.iter().any(|s| s.families != first.families) {
@@ -937,7 +1060,10 @@ pub fn merge(mut shards: Vec<Search>) -> Result<Search, String> {
     let mut have: Vec<usize> = shards.iter().map(|s| s.shard.0).collect();
     have.sort_unstable();
     if shards.iter().any(|s| s.shard.1 != n) || have != (0..n).collect::<Vec<_>>() {
-        let missing: Vec<String> = (0..n).filter(|i| !have.contains(i)).map(|i| format!("{i}/{n}")).collect();
+        let missing: Vec<String> = (0..n)
+            .filter(|i| !have.contains(i))
+            .map(|i| format!("{i}/{n}"))
+            .collect();
         return Err(format!(
             "these reports are not every shard of one {n}-way split (shards given: {}; missing: {}); merge all n shards of one search",
             shards.iter().map(|s| format!("{}/{}", s.shard.0, s.shard.1)).collect::<Vec<_>>().join(", "),
@@ -946,8 +1072,18 @@ pub fn merge(mut shards: Vec<Search>) -> Result<Search, String> {
     }
     // Reports are data: every description must be one the suite can run.
     for s in &shards {
-        for d in s.samples.iter().map(|x| &x.description).chain(s.found.iter().flat_map(|f| [&f.original, &f.minimal])) {
-            d.check().map_err(|e| format!("a report holds a description that cannot run ({}): {e}", d.name("explore")))?;
+        for d in s
+            .samples
+            .iter()
+            .map(|x| &x.description)
+            .chain(s.found.iter().flat_map(|f| [&f.original, &f.minimal]))
+        {
+            d.check().map_err(|e| {
+                format!(
+                    "a report holds a description that cannot run ({}): {e}",
+                    d.name("explore")
+                )
+            })?;
         }
     }
     let mut merged = Search {

@@ -80,8 +80,23 @@ fn markdown(search: &Search) -> String {
             }
         }
         for e in &f.extent {
-            let list = |v: &[usize]| if v.is_empty() { "none".to_owned() } else { v.iter().map(usize::to_string).collect::<Vec<_>>().join(", ") };
-            let _ = writeln!(md, "   - extent in {}: shows at {}; clean at {}", e.axis, list(&e.shows), list(&e.clean));
+            let list = |v: &[usize]| {
+                if v.is_empty() {
+                    "none".to_owned()
+                } else {
+                    v.iter()
+                        .map(usize::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            };
+            let _ = writeln!(
+                md,
+                "   - extent in {}: shows at {}; clean at {}",
+                e.axis,
+                list(&e.shows),
+                list(&e.clean)
+            );
         }
     }
     let _ = writeln!(
@@ -90,7 +105,10 @@ fn markdown(search: &Search) -> String {
     );
     let mut classes: BTreeMap<String, Vec<&super::Sampled>> = BTreeMap::new();
     for s in &search.samples {
-        classes.entry(s.description.kernel_class()).or_default().push(s);
+        classes
+            .entry(s.description.kernel_class())
+            .or_default()
+            .push(s);
     }
     let list = |v: Vec<(usize, usize, usize)>| -> String {
         if v.is_empty() {
@@ -111,7 +129,11 @@ fn markdown(search: &Search) -> String {
         // compilation (GPU); the median of the others is the run time.
         samples.sort_by_key(|s| s.order);
         let first = samples.first().map_or(0.0, |s| s.observation.time_ms);
-        let mut rest: Vec<f64> = samples.iter().skip(1).map(|s| s.observation.time_ms).collect();
+        let mut rest: Vec<f64> = samples
+            .iter()
+            .skip(1)
+            .map(|s| s.observation.time_ms)
+            .collect();
         rest.sort_by(f64::total_cmp);
         let typical = rest.get(rest.len() / 2).copied().unwrap_or(first);
         let at = |f: &dyn Fn(&super::Observation) -> bool| {
@@ -128,7 +150,9 @@ fn markdown(search: &Search) -> String {
             "| {class} | {} | {first:.1} | {typical:.1} | {} | {} | {} |",
             samples.len(),
             at(&|o| !o.bits_equal && o.error.is_none()),
-            at(&|o| o.exact.is_some_and(|c| c != crate::exactness::ExactClass::Within)),
+            at(&|o| o
+                .exact
+                .is_some_and(|c| c != crate::exactness::ExactClass::Within)),
             invariances(&samples),
         );
     }
@@ -141,7 +165,9 @@ fn invariances(samples: &[&super::Sampled]) -> String {
     for s in samples {
         for (name, holds) in &s.observation.invariances {
             if !holds {
-                by.entry(name.as_str()).or_default().push(s.description.mkn());
+                by.entry(name.as_str())
+                    .or_default()
+                    .push(s.description.mkn());
             }
         }
     }
@@ -152,8 +178,16 @@ fn invariances(samples: &[&super::Sampled]) -> String {
         .map(|(name, mut v)| {
             v.sort();
             v.dedup();
-            let shown: Vec<String> = v.iter().take(10).map(|(m, k, n)| format!("{m}×{k}×{n}")).collect();
-            format!("{name}: {}{}", shown.join(", "), if v.len() > 10 { ", …" } else { "" })
+            let shown: Vec<String> = v
+                .iter()
+                .take(10)
+                .map(|(m, k, n)| format!("{m}×{k}×{n}"))
+                .collect();
+            format!(
+                "{name}: {}{}",
+                shown.join(", "),
+                if v.len() > 10 { ", …" } else { "" }
+            )
         })
         .collect::<Vec<_>>()
         .join("; ")
@@ -406,7 +440,8 @@ pub fn read_kept(fixtures: &Path) -> Result<Vec<Kept>, String> {
         Ok(None) => return Ok(Vec::new()),
         Err(e) => return Err(format!("kept explorer cases: {e}")),
     };
-    let text = String::from_utf8(bytes).map_err(|_| format!("{}: not UTF-8 text; restore it from git", path.display()))?;
+    let text = String::from_utf8(bytes)
+        .map_err(|_| format!("{}: not UTF-8 text; restore it from git", path.display()))?;
     let kept: Vec<Kept> = serde_json::from_str(&text).map_err(|e| {
         format!(
             "{}: not a list of kept explorer cases ({e}); restore it from git",
@@ -420,7 +455,10 @@ pub fn read_kept(fixtures: &Path) -> Result<Vec<Kept>, String> {
             .check()
             .map_err(|e| format!("{}: {name}: {e}", path.display()))?;
         if !names.insert(name.clone()) {
-            return Err(format!("{}: {name} is kept twice; remove one", path.display()));
+            return Err(format!(
+                "{}: {name} is kept twice; remove one",
+                path.display()
+            ));
         }
     }
     Ok(kept)
@@ -434,7 +472,11 @@ pub fn read_kept(fixtures: &Path) -> Result<Vec<Kept>, String> {
 pub fn keep(fixtures: &Path, search: &Search, date: &str) -> Result<usize, String> {
     let mut kept = read_kept(fixtures)?;
     let mut added = 0;
-    for f in search.found.iter().filter(|f| f.kind != super::Violation::Error) {
+    for f in search
+        .found
+        .iter()
+        .filter(|f| f.kind != super::Violation::Error)
+    {
         if kept.iter().any(|k| k.description == f.minimal) {
             continue;
         }
@@ -442,16 +484,15 @@ pub fn keep(fixtures: &Path, search: &Search, date: &str) -> Result<usize, Strin
             description: f.minimal.clone(),
             backend: search.backend.clone(),
             date: date.to_owned(),
-            seen: format!(
-                "{:?}: {}",
-                f.kind,
-                f.seen()
-            ),
+            seen: format!("{:?}: {}", f.kind, f.seen()),
         });
         added += 1;
     }
     if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
-        return Err("--keep: kept cases are never written under CI=true; keep them locally and commit".into());
+        return Err(
+            "--keep: kept cases are never written under CI=true; keep them locally and commit"
+                .into(),
+        );
     }
     let path = kept_file(fixtures);
     let dir = path.parent().expect("has a parent");
@@ -459,11 +500,17 @@ pub fn keep(fixtures: &Path, search: &Search, date: &str) -> Result<usize, Strin
     // would carry the write outside the checkout.
     for d in [fixtures, dir] {
         if std::fs::symlink_metadata(d).is_ok_and(|m| m.file_type().is_symlink()) {
-            return Err(format!("{} is a symbolic link; kept cases are never written through one", d.display()));
+            return Err(format!(
+                "{} is a symbolic link; kept cases are never written through one",
+                d.display()
+            ));
         }
     }
     if std::fs::symlink_metadata(&path).is_ok_and(|m| !m.is_file()) {
-        return Err(format!("{} is not a regular file; move it away", path.display()));
+        return Err(format!(
+            "{} is not a regular file; move it away",
+            path.display()
+        ));
     }
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", path.display()))?;
     write_file(

@@ -47,7 +47,12 @@ use layers::quantized::{Mode, QuantSpec};
 use oracle::DType;
 
 /// The families the explorer can sample.
-pub const FAMILIES: [&str; 4] = ["quantized/linear", "quantized/switch", "attention/sdpa", "position/mrope"];
+pub const FAMILIES: [&str; 4] = [
+    "quantized/linear",
+    "quantized/switch",
+    "attention/sdpa",
+    "position/mrope",
+];
 
 /// Every spec, simplest first (what shrinking moves toward).
 pub fn specs() -> Vec<QuantSpec> {
@@ -66,7 +71,8 @@ fn quantized_linear() -> BoxedStrategy<Description> {
     let n = prop_oneof![3 => 1usize..=8, 3 => 9usize..=72, 1 => 120usize..=136];
     // K equal to the group size (one group) as often as 2-4 groups.
     let groups = prop_oneof![3 => Just(1usize), 3 => 2usize..=4, 1 => 5usize..=16];
-    let batch = prop_oneof![4 => Just(Vec::new()), 1 => proptest::collection::vec(1usize..=3, 1..=2)];
+    let batch =
+        prop_oneof![4 => Just(Vec::new()), 1 => proptest::collection::vec(1usize..=3, 1..=2)];
     let dtype = prop::sample::select(vec![DType::Bfloat16, DType::Float32, DType::Float16]);
     let bias = prop::sample::select(vec![Bias::None, Bias::Same, Bias::F32]);
     let x_view = prop_oneof![4 => Just(XView::Contiguous), 1 => Just(XView::Sliced), 1 => Just(XView::Broadcast)];
@@ -113,19 +119,21 @@ fn quantized_switch() -> BoxedStrategy<Description> {
         n,
         0u64..1 << 32,
     )
-        .prop_map(|(spec, dtype, experts, top, batch, len, sorted, bias, groups, n, seed)| {
-            let shape = SwitchShape {
-                dtype,
-                top: top.min(experts),
-                batch,
-                len,
-                bias,
-                k: groups * spec.group_size as usize,
-                n,
-                ..SwitchShape::new(spec, experts, sorted)
-            };
-            Description::QuantizedSwitch { shape, seed }
-        })
+        .prop_map(
+            |(spec, dtype, experts, top, batch, len, sorted, bias, groups, n, seed)| {
+                let shape = SwitchShape {
+                    dtype,
+                    top: top.min(experts),
+                    batch,
+                    len,
+                    bias,
+                    k: groups * spec.group_size as usize,
+                    n,
+                    ..SwitchShape::new(spec, experts, sorted)
+                };
+                Description::QuantizedSwitch { shape, seed }
+            },
+        )
         .boxed()
 }
 
@@ -151,19 +159,21 @@ fn attention_sdpa() -> BoxedStrategy<Description> {
         prop::sample::select(vec![KvView::Contiguous, KvView::CacheBuffer]),
         0u64..1 << 32,
     )
-        .prop_map(|(dtype, batch, n_kv_heads, ratio, head_dim, kv_len, m, kv_view, seed)| {
-            let shape = SdpaShape {
-                dtype,
-                batch,
-                n_heads: n_kv_heads * ratio,
-                n_kv_heads,
-                head_dim,
-                kv_len,
-                m: m.min(kv_len),
-                kv_view,
-            };
-            Description::AttentionSdpa { shape, seed }
-        })
+        .prop_map(
+            |(dtype, batch, n_kv_heads, ratio, head_dim, kv_len, m, kv_view, seed)| {
+                let shape = SdpaShape {
+                    dtype,
+                    batch,
+                    n_heads: n_kv_heads * ratio,
+                    n_kv_heads,
+                    head_dim,
+                    kv_len,
+                    m: m.min(kv_len),
+                    kv_view,
+                };
+                Description::AttentionSdpa { shape, seed }
+            },
+        )
         .boxed()
 }
 
@@ -196,41 +206,62 @@ fn position_mrope() -> BoxedStrategy<Description> {
         decode,
         0u64..1 << 32,
     )
-        .prop_map(|(dtype, head_dim, divisor, (wa, wb, wc), delta, rope_theta, (hq, hk), mut rows, decode, seed)| {
-            let rotary_dim = head_dim / divisor;
-            let half = (rotary_dim / 2) as i64;
-            let total = (half + delta).max(0) as usize;
-            let w = wa + wb + wc;
-            let a = total * wa / w;
-            let b = total * wb / w;
-            let mrope_section = [a, b, total - a - b];
-            // Equal token counts: pad the shorter rows with text.
-            let longest = rows.iter().map(|r| r.iter().map(|p| p.tokens()).sum::<usize>()).max().unwrap_or(0);
-            for r in &mut rows {
-                let len: usize = r.iter().map(|p| p.tokens()).sum();
-                if len < longest {
-                    r.push(PromptPiece::Text { tokens: longest - len });
-                }
-            }
-            let shape = MropeShape {
+        .prop_map(
+            |(
                 dtype,
                 head_dim,
-                rotary_dim,
+                divisor,
+                (wa, wb, wc),
+                delta,
                 rope_theta,
-                mrope_section,
-                q_heads: hq.max(hk),
-                k_heads: hk,
-                rows,
+                (hq, hk),
+                mut rows,
                 decode,
-            };
-            Description::PositionMrope { shape, seed }
-        })
+                seed,
+            )| {
+                let rotary_dim = head_dim / divisor;
+                let half = (rotary_dim / 2) as i64;
+                let total = (half + delta).max(0) as usize;
+                let w = wa + wb + wc;
+                let a = total * wa / w;
+                let b = total * wb / w;
+                let mrope_section = [a, b, total - a - b];
+                // Equal token counts: pad the shorter rows with text.
+                let longest = rows
+                    .iter()
+                    .map(|r| r.iter().map(|p| p.tokens()).sum::<usize>())
+                    .max()
+                    .unwrap_or(0);
+                for r in &mut rows {
+                    let len: usize = r.iter().map(|p| p.tokens()).sum();
+                    if len < longest {
+                        r.push(PromptPiece::Text {
+                            tokens: longest - len,
+                        });
+                    }
+                }
+                let shape = MropeShape {
+                    dtype,
+                    head_dim,
+                    rotary_dim,
+                    rope_theta,
+                    mrope_section,
+                    q_heads: hq.max(hk),
+                    k_heads: hk,
+                    rows,
+                    decode,
+                };
+                Description::PositionMrope { shape, seed }
+            },
+        )
         .boxed()
 }
 
 /// The strategies of `families` (empty: every family), by name; an
 /// unknown name is an error listing the known ones.
-pub fn for_families(families: &[String]) -> Result<Vec<(String, BoxedStrategy<Description>)>, String> {
+pub fn for_families(
+    families: &[String],
+) -> Result<Vec<(String, BoxedStrategy<Description>)>, String> {
     let chosen: Vec<&str> = if families.is_empty() {
         FAMILIES.to_vec()
     } else {

@@ -55,7 +55,14 @@ mod tests {
             let s = QuantSpec::defaults(mode);
             assert_eq!(spec::parse(&s.to_string()).unwrap(), s);
         }
-        for bad in ["", "affine", "affine-4b", "affine-4-gs64", "affine-7b-gs64", "int4-4b-gs64"] {
+        for bad in [
+            "",
+            "affine",
+            "affine-4b",
+            "affine-4-gs64",
+            "affine-7b-gs64",
+            "int4-4b-gs64",
+        ] {
             assert!(spec::parse(bad).is_err(), "{bad}");
         }
     }

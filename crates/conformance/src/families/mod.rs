@@ -43,9 +43,12 @@ pub fn all() -> Vec<Case> {
         match crate::explore::samples(seed, n) {
             Ok(samples) => cases.extend(samples.iter().map(|d| d.case("explore"))),
             // A strategy that cannot draw is one failing case, never a silent skip.
-            Err(e) => cases.push(Case::must_equal("explore/undrawable", "explore", "the explorer's strategies", move |_| {
-                Err(crate::case::CaseError::Harness(e.clone()))
-            })),
+            Err(e) => cases.push(Case::must_equal(
+                "explore/undrawable",
+                "explore",
+                "the explorer's strategies",
+                move |_| Err(crate::case::CaseError::Harness(e.clone())),
+            )),
         }
     }
     cases

@@ -269,11 +269,24 @@ fn exact_sdpa(s: &Sent, model: Model) -> Result<Exact, ExactError> {
         <[usize; 4]>::try_from(q.shape.as_slice()).map_err(|_| bad())?,
         <[usize; 4]>::try_from(k.shape.as_slice()).map_err(|_| bad())?,
     );
-    if kb != b || kd != d || k.shape != v.shape || hkv == 0 || h % hkv != 0 || m > l || m == 0 || d == 0 {
+    if kb != b
+        || kd != d
+        || k.shape != v.shape
+        || hkv == 0
+        || h % hkv != 0
+        || m > l
+        || m == 0
+        || d == 0
+    {
         return Err(bad());
     }
     let t = float_of(q)?;
-    let track = |t: &HostTensor| values(t).into_iter().map(Tracked::exact).collect::<Vec<_>>();
+    let track = |t: &HostTensor| {
+        values(t)
+            .into_iter()
+            .map(Tracked::exact)
+            .collect::<Vec<_>>()
+    };
     let (qv, kv, vv) = (track(q), track(k), track(v));
     let scale = s.float("scale")?;
     let mut out = Vec::with_capacity(q.len());

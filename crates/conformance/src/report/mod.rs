@@ -310,10 +310,16 @@ pub fn check_writable(dir: &Path) -> Result<(), String> {
     let lock = dir.join(".conformance-reports.lock");
     match std::fs::symlink_metadata(&lock) {
         Ok(m) if m.file_type().is_symlink() => {
-            return Err(fail(format!("{} is a symbolic link; remove it", lock.display())))
+            return Err(fail(format!(
+                "{} is a symbolic link; remove it",
+                lock.display()
+            )))
         }
         Ok(m) if !m.is_file() => {
-            return Err(fail(format!("{} is not a regular file (a FIFO?); remove it", lock.display())))
+            return Err(fail(format!(
+                "{} is not a regular file (a FIFO?); remove it",
+                lock.display()
+            )))
         }
         _ => {}
     }

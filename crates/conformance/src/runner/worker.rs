@@ -66,7 +66,9 @@ pub fn die_with_runner() {
     {
         // SAFETY: prctl and getppid on this process.
         unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) };
-        let runner = std::env::var(RUNNER_PID_ENV).ok().and_then(|p| p.parse::<i32>().ok());
+        let runner = std::env::var(RUNNER_PID_ENV)
+            .ok()
+            .and_then(|p| p.parse::<i32>().ok());
         if runner.is_some_and(|pid| pid != unsafe { libc::getppid() }) {
             std::process::exit(3);
         }
@@ -300,7 +302,9 @@ impl Worker {
                 detail = "the run was interrupted".into();
                 break;
             }
-            let wait = deadline.map_or(tick, |d| d.saturating_duration_since(Instant::now()).min(tick));
+            let wait = deadline.map_or(tick, |d| {
+                d.saturating_duration_since(Instant::now()).min(tick)
+            });
             match self.stdout.recv_timeout(wait) {
                 Ok(Ok(line)) => {
                     if let Some(json) = line.trim_end().strip_prefix(RESULT_PREFIX) {

@@ -91,7 +91,10 @@ impl Session {
             Some(g) => std::mem::take(&mut g.statuses),
             None => vec![snapshots::Status::NotChecked; results.len()],
         };
-        let orphans = gated.as_ref().map(|g| g.orphans.clone()).unwrap_or_default();
+        let orphans = gated
+            .as_ref()
+            .map(|g| g.orphans.clone())
+            .unwrap_or_default();
         let rows: Vec<Row> = results
             .into_iter()
             .zip(statuses)

@@ -26,8 +26,13 @@ impl Session {
         let (selected, registered) = select(&cli)?;
         // Relative paths are resolved once, against the directory the run
         // was started in, and printed absolute everywhere.
-        let absolute = |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-        let out_dir = absolute(&cli.out.clone().unwrap_or_else(|| home.default_reports_dir()));
+        let absolute =
+            |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+        let out_dir = absolute(
+            &cli.out
+                .clone()
+                .unwrap_or_else(|| home.default_reports_dir()),
+        );
         // Before any case runs (a GPU run can take minutes): the reports must
         // be writable, and a declared set key must be usable as a name.
         report::check_writable(&out_dir).map_err(fail)?;
@@ -197,7 +202,10 @@ fn select(cli: &Cli) -> Result<(Vec<Case>, std::collections::BTreeSet<String>), 
         }
         return Err(Exit(std::process::ExitCode::SUCCESS));
     }
-    let registered = cases.iter().map(|c| snapshots::file_name(&c.name)).collect();
+    let registered = cases
+        .iter()
+        .map(|c| snapshots::file_name(&c.name))
+        .collect();
     Ok((selected.into_iter().cloned().collect(), registered))
 }
 

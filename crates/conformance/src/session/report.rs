@@ -19,7 +19,10 @@ impl Session {
         } = gated;
         if let Some(g) = &snapshots {
             for leftover in &g.leftovers {
-                let done = if self.mode == Mode::Accept && !leftover.exists() && std::fs::symlink_metadata(leftover).is_err() {
+                let done = if self.mode == Mode::Accept
+                    && !leftover.exists()
+                    && std::fs::symlink_metadata(leftover).is_err()
+                {
                     "removed"
                 } else {
                     "not a snapshot; the next successful accept removes it"

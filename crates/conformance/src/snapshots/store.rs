@@ -29,7 +29,9 @@ const OLD_SEALING_MARK: &str = ".snap.sealing-";
 pub enum StoreError {
     #[error("{path} is a symbolic link; snapshots never follow links (one could make an accept write outside fixtures/snapshots/). Fix: replace it with a real {what}")]
     Link { path: PathBuf, what: &'static str },
-    #[error("{path} is a {found}, not a {what}. Fix: move it away (the snapshot gate owns this name)")]
+    #[error(
+        "{path} is a {found}, not a {what}. Fix: move it away (the snapshot gate owns this name)"
+    )]
     NotA {
         path: PathBuf,
         what: &'static str,
@@ -232,9 +234,7 @@ pub fn write(root: &Path, dir: &Path, name: &str, text: &str) -> Result<(), Stor
         return Err(io(&target)(e));
     }
     // The rename itself is durable once the directory is synced.
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io(dir))
+    File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir))
 }
 
 /// Removes a snapshot file (a link is removed itself, never its target).

@@ -37,7 +37,8 @@ use crate::inputs::Inputs;
 use crate::reference;
 
 const FAMILY: &str = "attention/sdpa";
-const REFERENCE: &str = "mlx_lm.models.base.scaled_dot_product_attention on an mlx_lm.models.cache.KVCache, \
+const REFERENCE: &str =
+    "mlx_lm.models.base.scaled_dot_product_attention on an mlx_lm.models.cache.KVCache, \
      mask from mlx_lm.models.base.create_attention_mask (mlx-lm 0.32.2, mlx 0.32.2)";
 /// `mlx_lm.models.cache.KVCache.step`.
 pub const CACHE_STEP: usize = 256;
@@ -78,7 +79,12 @@ pub struct SdpaInputs {
 impl SdpaShape {
     /// Why the shape cannot run, if so.
     pub fn check(&self) -> Result<(), String> {
-        if self.batch == 0 || self.n_heads == 0 || self.n_kv_heads == 0 || self.head_dim == 0 || self.m == 0 {
+        if self.batch == 0
+            || self.n_heads == 0
+            || self.n_kv_heads == 0
+            || self.head_dim == 0
+            || self.m == 0
+        {
             return Err("batch, n_heads, n_kv_heads, head_dim and m must be positive".into());
         }
         if self.n_heads % self.n_kv_heads != 0 {
@@ -90,13 +96,25 @@ impl SdpaShape {
         if self.m > self.kv_len {
             return Err(format!("m {} exceeds kv_len {}", self.m, self.kv_len));
         }
-        if !matches!(self.dtype, DType::Bfloat16 | DType::Float16 | DType::Float32) {
-            return Err(format!("dtype {} is not a float dtype SDPA takes", self.dtype.name()));
+        if !matches!(
+            self.dtype,
+            DType::Bfloat16 | DType::Float16 | DType::Float32
+        ) {
+            return Err(format!(
+                "dtype {} is not a float dtype SDPA takes",
+                self.dtype.name()
+            ));
         }
         // i32 shapes, and a bound on what a kept file can ask for.
-        let elements = [self.n_kv_heads.max(self.n_heads), self.kv_len.checked_next_multiple_of(CACHE_STEP).unwrap_or(usize::MAX), self.head_dim]
-            .into_iter()
-            .try_fold(self.batch, |a, d| a.checked_mul(d));
+        let elements = [
+            self.n_kv_heads.max(self.n_heads),
+            self.kv_len
+                .checked_next_multiple_of(CACHE_STEP)
+                .unwrap_or(usize::MAX),
+            self.head_dim,
+        ]
+        .into_iter()
+        .try_fold(self.batch, |a, d| a.checked_mul(d));
         if elements.is_none_or(|e| e > 1 << 30) {
             return Err("the step holds more than 2^30 elements".into());
         }
@@ -118,7 +136,11 @@ impl SdpaShape {
             self.head_dim,
             self.kv_len,
             self.m,
-            if self.kv_view == KvView::CacheBuffer { "/cache-buffer" } else { "" }
+            if self.kv_view == KvView::CacheBuffer {
+                "/cache-buffer"
+            } else {
+                ""
+            }
         )
     }
 
@@ -128,7 +150,11 @@ impl SdpaShape {
         let queries = inputs.uniform(self.dtype, &[b, h, self.m, d], 1.0);
         let keys = inputs.uniform(self.dtype, &[b, hkv, self.kv_len, d], 1.0);
         let values = inputs.uniform(self.dtype, &[b, hkv, self.kv_len, d], 1.0);
-        SdpaInputs { queries, keys, values }
+        SdpaInputs {
+            queries,
+            keys,
+            values,
+        }
     }
 
     /// The must-equal case of this shape under `name`.
@@ -142,8 +168,16 @@ impl SdpaShape {
     }
 
     /// The port's step: `[B, H, M, D]`, evaluated.
-    pub fn port(&self, queries: &Array, keys: &Array, values: &Array, view: KvView) -> Result<Array, CaseError> {
-        let mlx = |e: mlx_rs::error::Exception| CaseError::Port(format!("the port's attention step: {e}"));
+    pub fn port(
+        &self,
+        queries: &Array,
+        keys: &Array,
+        values: &Array,
+        view: KvView,
+    ) -> Result<Array, CaseError> {
+        let mlx = |e: mlx_rs::error::Exception| {
+            CaseError::Port(format!("the port's attention step: {e}"))
+        };
         let (m, l) = (queries.shape()[2], keys.shape()[2]);
         let rows = |a: &Array, from: i32, to: i32| a.try_index((.., .., from..to, ..)).map_err(mlx);
         let (all_keys, all_values) = match view {
@@ -175,8 +209,15 @@ impl SdpaShape {
         // from the strides of evaluated keys and values.
         mlx_rs::transforms::eval([&all_keys, &all_values]).map_err(mlx)?;
         let mask = (m > 1).then_some(ScaledDotProductAttentionMask::Causal);
-        let out = fast::scaled_dot_product_attention(queries, &all_keys, &all_values, self.scale(), mask, None)
-            .map_err(mlx)?;
+        let out = fast::scaled_dot_product_attention(
+            queries,
+            &all_keys,
+            &all_values,
+            self.scale(),
+            mask,
+            None,
+        )
+        .map_err(mlx)?;
         out.eval().map_err(mlx)?;
         Ok(out)
     }
@@ -185,7 +226,11 @@ impl SdpaShape {
     pub fn invariances(&self, seed: u64) -> Result<Vec<(String, bool)>, CaseError> {
         self.check().map_err(|e| CaseError::harness("shape", e))?;
         let inp = self.inputs(seed);
-        let (q, k, v) = (inp.queries.to_array(), inp.keys.to_array(), inp.values.to_array());
+        let (q, k, v) = (
+            inp.queries.to_array(),
+            inp.keys.to_array(),
+            inp.values.to_array(),
+        );
         let chunked = self.port(&q, &k, &v, self.kv_view)?;
         let batched = host(&chunked)?;
         let mut out = Vec::new();
@@ -193,7 +238,12 @@ impl SdpaShape {
             let mut same = true;
             for b in 0..self.batch {
                 let row = |t: &HostTensor| slice_rows(t, b, b + 1);
-                let alone = self.port(&row(&inp.queries).to_array(), &row(&inp.keys).to_array(), &row(&inp.values).to_array(), self.kv_view)?;
+                let alone = self.port(
+                    &row(&inp.queries).to_array(),
+                    &row(&inp.keys).to_array(),
+                    &row(&inp.values).to_array(),
+                    self.kv_view,
+                )?;
                 if host(&alone)?.bytes != slice_rows(&batched, b, b + 1).bytes {
                     same = false;
                     break;
@@ -207,7 +257,10 @@ impl SdpaShape {
                 let n = self.kv_len - self.m + i + 1;
                 let (i, n) = (i as i32, n as i32);
                 let qi = q.try_index((.., .., i..i + 1, ..))?;
-                let (ki, vi) = (k.try_index((.., .., ..n, ..))?, v.try_index((.., .., ..n, ..))?);
+                let (ki, vi) = (
+                    k.try_index((.., .., ..n, ..))?,
+                    v.try_index((.., .., ..n, ..))?,
+                );
                 let alone = host(&self.port(&qi, &ki, &vi, self.kv_view)?)?;
                 let chunk = host(&chunked.try_index((.., .., i..i + 1, ..))?)?;
                 if alone.bytes != chunk.bytes {
@@ -222,7 +275,10 @@ impl SdpaShape {
             KvView::CacheBuffer => KvView::Contiguous,
         };
         let viewed = host(&self.port(&q, &k, &v, other)?)?;
-        out.push(("cache buffer = contiguous".to_owned(), viewed.bytes == batched.bytes));
+        out.push((
+            "cache buffer = contiguous".to_owned(),
+            viewed.bytes == batched.bytes,
+        ));
         Ok(out)
     }
 }
@@ -235,8 +291,14 @@ fn slice_rows(t: &HostTensor, from: usize, to: usize) -> HostTensor {
 fn run(ctx: &Ctx, s: &SdpaShape) -> Result<CaseOutput, CaseError> {
     s.check().map_err(|e| CaseError::harness("shape", e))?;
     let inp = s.inputs(ctx.seed());
-    let reference = reference::attention::sdpa_kv_cache(ctx, &inp.queries, &inp.keys, &inp.values, s.scale())?;
-    let y = s.port(&inp.queries.to_array(), &inp.keys.to_array(), &inp.values.to_array(), s.kv_view)?;
+    let reference =
+        reference::attention::sdpa_kv_cache(ctx, &inp.queries, &inp.keys, &inp.values, s.scale())?;
+    let y = s.port(
+        &inp.queries.to_array(),
+        &inp.keys.to_array(),
+        &inp.values.to_array(),
+        s.kv_view,
+    )?;
     let mut y = host(&y)?;
     crate::explore::plant::apply(FAMILY, s.batch, s.kv_len, &mut y);
     let mut out = CaseOutput::new("mlx.core.fast.scaled_dot_product_attention");

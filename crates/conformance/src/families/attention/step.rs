@@ -180,7 +180,11 @@ impl KvCache {
     }
 
     /// Appends `[1, H_kv, m, D]` keys and values; returns the whole cache.
-    pub(crate) fn append(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array), CaseError> {
+    pub(crate) fn append(
+        &mut self,
+        keys: &Array,
+        values: &Array,
+    ) -> Result<(Array, Array), CaseError> {
         let joined = |old: &Option<Array>, new: &Array| -> Result<Array, CaseError> {
             Ok(match old {
                 Some(old) => concatenate(&[old, new], 2)?,

@@ -108,16 +108,26 @@ impl LinearShape {
     pub fn check(&self) -> Result<(), String> {
         let g = self.spec.group_size as usize;
         if self.k == 0 || self.k % g != 0 {
-            return Err(format!("k {} is not a positive multiple of group_size {g}", self.k));
+            return Err(format!(
+                "k {} is not a positive multiple of group_size {g}",
+                self.k
+            ));
         }
         if self.m == 0 || self.n == 0 || self.batch.contains(&0) {
             return Err("m, n and batch dimensions must be positive".into());
         }
-        if !matches!(self.dtype, oracle::DType::Bfloat16 | oracle::DType::Float16 | oracle::DType::Float32) {
+        if !matches!(
+            self.dtype,
+            oracle::DType::Bfloat16 | oracle::DType::Float16 | oracle::DType::Float32
+        ) {
             return Err(format!("dtype {} is not a float dtype", self.dtype.name()));
         }
         let rows = self.batch.iter().try_fold(self.m, |a, &b| a.checked_mul(b));
-        if rows.and_then(|r| r.checked_add(self.n)).and_then(|r| r.checked_mul(self.k)).is_none_or(|e| e > 1 << 28) {
+        if rows
+            .and_then(|r| r.checked_add(self.n))
+            .and_then(|r| r.checked_mul(self.k))
+            .is_none_or(|e| e > 1 << 28)
+        {
             return Err("x and the weight hold more than 2^28 elements".into());
         }
         Ok(())
@@ -317,7 +327,11 @@ impl LinearShape {
                 r.copy_from_slice(&first);
             }
         }
-        let weight = inputs.uniform(self.scales_dtype.unwrap_or(self.dtype), &[self.n, self.k], 1.0);
+        let weight = inputs.uniform(
+            self.scales_dtype.unwrap_or(self.dtype),
+            &[self.n, self.k],
+            1.0,
+        );
         let bias = match self.bias {
             Bias::None => None,
             Bias::Same => Some(inputs.uniform(self.dtype, &[self.n], 0.5)),
@@ -350,7 +364,10 @@ impl LinearShape {
     }
 
     /// The port's layer for these inputs.
-    fn layer(&self, inputs: &LinearInputs) -> Result<(QuantizedLinear, QuantizedPayloadTensors), CaseError> {
+    fn layer(
+        &self,
+        inputs: &LinearInputs,
+    ) -> Result<(QuantizedLinear, QuantizedPayloadTensors), CaseError> {
         let payload = super::quantize(&inputs.weight.to_array(), self.spec)?;
         let tensors = layer_tensors(&payload, inputs.bias.as_ref())?;
         let layer = QuantizedLinear::new(payload, inputs.bias.as_ref().map(HostTensor::to_array))

@@ -101,19 +101,35 @@ impl SwitchShape {
     pub fn check(&self) -> Result<(), String> {
         let g = self.spec.group_size as usize;
         if self.k == 0 || self.k % g != 0 {
-            return Err(format!("k {} is not a positive multiple of group_size {g}", self.k));
+            return Err(format!(
+                "k {} is not a positive multiple of group_size {g}",
+                self.k
+            ));
         }
-        if self.experts == 0 || self.top == 0 || self.top > self.experts || self.n == 0 || self.len == 0 || self.batch == 0 {
+        if self.experts == 0
+            || self.top == 0
+            || self.top > self.experts
+            || self.n == 0
+            || self.len == 0
+            || self.batch == 0
+        {
             return Err("experts, top (at most experts), n, len and batch must be positive".into());
         }
-        if !matches!(self.dtype, DType::Bfloat16 | DType::Float16 | DType::Float32) {
+        if !matches!(
+            self.dtype,
+            DType::Bfloat16 | DType::Float16 | DType::Float32
+        ) {
             return Err(format!("dtype {} is not a float dtype", self.dtype.name()));
         }
         let elements = self
             .batch
             .checked_mul(self.len)
             .and_then(|t| t.checked_mul(self.k))
-            .zip(self.experts.checked_mul(self.n).and_then(|e| e.checked_mul(self.k)));
+            .zip(
+                self.experts
+                    .checked_mul(self.n)
+                    .and_then(|e| e.checked_mul(self.k)),
+            );
         if elements.is_none_or(|(x, w)| x > 1 << 28 || w > 1 << 28) {
             return Err("x or the experts' weights hold more than 2^28 elements".into());
         }
@@ -122,8 +138,10 @@ impl SwitchShape {
 
     /// The must-equal case of this shape under `name` (kept explorer cases).
     pub fn case_named(self, name: String) -> Case {
-        Case::must_equal(name, FAMILY, REFERENCE, move |ctx| port_vs_reference(ctx, &self))
-            .glue_composed(SWITCH_GLU_STEP)
+        Case::must_equal(name, FAMILY, REFERENCE, move |ctx| {
+            port_vs_reference(ctx, &self)
+        })
+        .glue_composed(SWITCH_GLU_STEP)
     }
 
     /// The seeded inputs as the case draws them (same generator, same
@@ -134,9 +152,16 @@ impl SwitchShape {
         let x = activation(&mut inputs, self.dtype, &[self.batch, self.len, self.k]);
         let indices = expert_indices(&mut inputs, &[self.batch, self.len], self.top, self.experts);
         let weight = inputs.uniform(self.dtype, &[self.experts, self.n, self.k], 1.0);
-        let mut out = vec![("x".into(), x), ("indices".into(), indices), ("weight".into(), weight)];
+        let mut out = vec![
+            ("x".into(), x),
+            ("indices".into(), indices),
+            ("weight".into(), weight),
+        ];
         if self.bias {
-            out.push(("bias".into(), inputs.uniform(self.dtype, &[self.experts, self.n], 0.5)));
+            out.push((
+                "bias".into(),
+                inputs.uniform(self.dtype, &[self.experts, self.n], 0.5),
+            ));
         }
         out
     }
@@ -158,10 +183,18 @@ impl SwitchShape {
         );
         let mut alone_same = true;
         for t in 0..tokens {
-            let xt = HostTensor::new(setup.x.dtype, vec![1, 1, self.k], setup.x.bytes[t * xw..(t + 1) * xw].to_vec())
-                .map_err(|e| CaseError::harness("x", e))?;
-            let it = HostTensor::new(DType::Int32, vec![1, 1, self.top], setup.indices.bytes[t * iw..(t + 1) * iw].to_vec())
-                .map_err(|e| CaseError::harness("indices", e))?;
+            let xt = HostTensor::new(
+                setup.x.dtype,
+                vec![1, 1, self.k],
+                setup.x.bytes[t * xw..(t + 1) * xw].to_vec(),
+            )
+            .map_err(|e| CaseError::harness("x", e))?;
+            let it = HostTensor::new(
+                DType::Int32,
+                vec![1, 1, self.top],
+                setup.indices.bytes[t * iw..(t + 1) * iw].to_vec(),
+            )
+            .map_err(|e| CaseError::harness("indices", e))?;
             let yt = host(&port_apply(&layer, &xt.to_array(), &it.to_array(), false)?)?;
             if yt.bytes[..] != batched.bytes[t * yw..(t + 1) * yw] {
                 alone_same = false;

@@ -179,7 +179,9 @@ pub(crate) fn window(
     rows: &[&[Piece]],
     decode: Option<(usize, usize)>,
 ) -> Result<Window, CaseError> {
-    let text_only = rows.iter().all(|r| r.iter().all(|p| matches!(p, Piece::Text(_))));
+    let text_only = rows
+        .iter()
+        .all(|r| r.iter().all(|p| matches!(p, Piece::Text(_))));
     let prompts: Vec<Prompt> = rows.iter().map(|r| build_prompt(r, inputs)).collect();
     let prompt_len = prompts[0].ids.len();
     if prompts.iter().any(|p| p.ids.len() != prompt_len) {
@@ -196,7 +198,14 @@ pub(crate) fn window(
     // Port: rope index → positions.
     let indices = port_indices(&prompts, text_only)?;
     let positions = port_positions(&indices, offset, len)?;
-    Ok(Window { prompts, q, k, indices, positions, offset })
+    Ok(Window {
+        prompts,
+        q,
+        k,
+        indices,
+        positions,
+        offset,
+    })
 }
 
 /// The apply of `rows` (see [`window`]) against the reference's prefill
@@ -211,7 +220,14 @@ pub(crate) fn run_rows(
     path: MropePath,
 ) -> Result<CaseOutput, CaseError> {
     let mut inputs = ctx.inputs();
-    let Window { prompts, q, k, indices, positions, offset } = window(&mut inputs, &model, dtype, rows, decode)?;
+    let Window {
+        prompts,
+        q,
+        k,
+        indices,
+        positions,
+        offset,
+    } = window(&mut inputs, &model, dtype, rows, decode)?;
     let (batch, prompt_len) = (prompts.len(), prompts[0].ids.len());
     let mrope = Mrope::new(model.config()).map_err(port)?;
     let (q_port, k_port) = if forced.is_none() && path == MropePath::current().map_err(port)? {

@@ -21,18 +21,36 @@ use crate::inputs::Inputs;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum PromptPiece {
-    Text { tokens: usize },
+    Text {
+        tokens: usize,
+    },
     /// `(t, h, w)` in patches (h, w multiples of the merge size 2).
-    Image { t: usize, h: usize, w: usize },
-    Video { t: usize, h: usize, w: usize },
+    Image {
+        t: usize,
+        h: usize,
+        w: usize,
+    },
+    Video {
+        t: usize,
+        h: usize,
+        w: usize,
+    },
 }
 
 impl PromptPiece {
     fn of(p: Piece) -> Self {
         match p {
             Piece::Text(tokens) => PromptPiece::Text { tokens },
-            Piece::Image(g) => PromptPiece::Image { t: g.t, h: g.h, w: g.w },
-            Piece::Video(g) => PromptPiece::Video { t: g.t, h: g.h, w: g.w },
+            Piece::Image(g) => PromptPiece::Image {
+                t: g.t,
+                h: g.h,
+                w: g.w,
+            },
+            Piece::Video(g) => PromptPiece::Video {
+                t: g.t,
+                h: g.h,
+                w: g.w,
+            },
         }
     }
 
@@ -49,8 +67,12 @@ impl PromptPiece {
         // Saturating: a kept file's absurd grid is refused by `check`, never an overflow.
         match self {
             PromptPiece::Text { tokens } => tokens,
-            PromptPiece::Image { t, h, w } => t.saturating_mul((h / 2).saturating_mul(w / 2)).saturating_add(2),
-            PromptPiece::Video { t, h, w } => t.saturating_mul((h / 2).saturating_mul(w / 2).saturating_add(4)),
+            PromptPiece::Image { t, h, w } => t
+                .saturating_mul((h / 2).saturating_mul(w / 2))
+                .saturating_add(2),
+            PromptPiece::Video { t, h, w } => {
+                t.saturating_mul((h / 2).saturating_mul(w / 2).saturating_add(4))
+            }
         }
     }
 }
@@ -83,7 +105,9 @@ impl MropeShape {
     /// prompts and window.
     pub(super) fn fixed(model: &Model, dtype: DType, scenario: Scenario) -> Self {
         let rows_of = |rows: &[&[Piece]]| -> Vec<Vec<PromptPiece>> {
-            rows.iter().map(|r| r.iter().map(|p| PromptPiece::of(*p)).collect()).collect()
+            rows.iter()
+                .map(|r| r.iter().map(|p| PromptPiece::of(*p)).collect())
+                .collect()
         };
         let (rows, decode) = match scenario {
             Scenario::Text { prompt } => (rows_of(&[prompt]), None),
@@ -115,7 +139,10 @@ impl MropeShape {
     }
 
     fn pieces(&self) -> Vec<Vec<Piece>> {
-        self.rows.iter().map(|r| r.iter().map(|p| p.piece()).collect()).collect()
+        self.rows
+            .iter()
+            .map(|r| r.iter().map(|p| p.piece()).collect())
+            .collect()
     }
 
     /// Tokens of a row's prompt.
@@ -139,7 +166,9 @@ impl MropeShape {
         for p in self.rows.iter().flatten() {
             if let PromptPiece::Image { t, h, w } | PromptPiece::Video { t, h, w } = *p {
                 if t == 0 || h == 0 || w == 0 || h % 2 != 0 || w % 2 != 0 {
-                    return Err(format!("grid ({t}, {h}, {w}): t positive, h and w positive multiples of 2"));
+                    return Err(format!(
+                        "grid ({t}, {h}, {w}): t positive, h and w positive multiples of 2"
+                    ));
                 }
             }
         }
@@ -149,19 +178,33 @@ impl MropeShape {
                 self.rotary_dim, self.head_dim
             ));
         }
-        if self.q_heads == 0 || self.k_heads == 0 || !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
+        if self.q_heads == 0
+            || self.k_heads == 0
+            || !(self.rope_theta.is_finite() && self.rope_theta > 1.0)
+        {
             return Err("heads must be positive and rope_theta finite above 1".into());
         }
-        if !matches!(self.dtype, DType::Bfloat16 | DType::Float16 | DType::Float32) {
+        if !matches!(
+            self.dtype,
+            DType::Bfloat16 | DType::Float16 | DType::Float32
+        ) {
             return Err(format!("dtype {} is not a float dtype", self.dtype.name()));
         }
         let window = self.decode.map_or(len, |(_, l)| l);
-        if window == 0 || self.decode.is_some_and(|(extra, _)| len.saturating_add(extra) > 1 << 24) {
+        if window == 0
+            || self
+                .decode
+                .is_some_and(|(extra, _)| len.saturating_add(extra) > 1 << 24)
+        {
             return Err("a decode window needs tokens, at offsets below 2^24".into());
         }
-        let elements = [self.q_heads.saturating_add(self.k_heads), window, self.head_dim]
-            .into_iter()
-            .try_fold(self.rows.len(), |a, d| a.checked_mul(d));
+        let elements = [
+            self.q_heads.saturating_add(self.k_heads),
+            window,
+            self.head_dim,
+        ]
+        .into_iter()
+        .try_fold(self.rows.len(), |a, d| a.checked_mul(d));
         if elements.is_none_or(|e| e > 1 << 26) {
             return Err("q and k hold more than 2^26 elements".into());
         }
@@ -182,7 +225,12 @@ impl MropeShape {
             self.rows.len(),
             self.prompt_len()
         );
-        let vision = self.rows.iter().flatten().filter(|p| !matches!(p, PromptPiece::Text { .. })).count();
+        let vision = self
+            .rows
+            .iter()
+            .flatten()
+            .filter(|p| !matches!(p, PromptPiece::Text { .. }))
+            .count();
         if vision > 0 {
             name += &format!("-vision{vision}");
         }
@@ -197,7 +245,15 @@ impl MropeShape {
             self.check().map_err(|e| CaseError::harness("shape", e))?;
             let pieces = self.pieces();
             let rows: Vec<&[Piece]> = pieces.iter().map(Vec::as_slice).collect();
-            run_rows(ctx, self.model(), self.dtype, &rows, self.decode, None, mrope_path(ctx)?)
+            run_rows(
+                ctx,
+                self.model(),
+                self.dtype,
+                &rows,
+                self.decode,
+                None,
+                mrope_path(ctx)?,
+            )
         })
         .glue_composed(APPLY_PIECES)
     }
@@ -208,8 +264,18 @@ impl MropeShape {
         self.check().map_err(|e| CaseError::harness("shape", e))?;
         let pieces = self.pieces();
         let rows: Vec<&[Piece]> = pieces.iter().map(Vec::as_slice).collect();
-        let w = window(&mut Inputs::new(seed), &self.model(), self.dtype, &rows, self.decode)?;
-        Ok(vec![("q".into(), w.q), ("k".into(), w.k), ("position_ids".into(), w.positions)])
+        let w = window(
+            &mut Inputs::new(seed),
+            &self.model(),
+            self.dtype,
+            &rows,
+            self.decode,
+        )?;
+        Ok(vec![
+            ("q".into(), w.q),
+            ("k".into(), w.k),
+            ("position_ids".into(), w.positions),
+        ])
     }
 
     /// Invariance of the port (a finding): each batch row's apply alone has
@@ -222,9 +288,17 @@ impl MropeShape {
         let model = self.model();
         let pieces = self.pieces();
         let rows: Vec<&[Piece]> = pieces.iter().map(Vec::as_slice).collect();
-        let w = window(&mut Inputs::new(seed), &model, self.dtype, &rows, self.decode)?;
+        let w = window(
+            &mut Inputs::new(seed),
+            &model,
+            self.dtype,
+            &rows,
+            self.decode,
+        )?;
         let mrope = Mrope::new(model.config()).map_err(port)?;
-        let (q, k) = mrope.apply(&w.q.to_array(), &w.k.to_array(), &w.positions.to_array()).map_err(port)?;
+        let (q, k) = mrope
+            .apply(&w.q.to_array(), &w.k.to_array(), &w.positions.to_array())
+            .map_err(port)?;
         let (q, k) = (host(&q)?, host(&k)?);
         let b = self.rows.len();
         let text = w.positions.shape.len() == 2;
@@ -246,7 +320,11 @@ impl MropeShape {
                     .map_err(|e| CaseError::harness("positions", e))?
             };
             let (qa, ka) = mrope
-                .apply(&row(&w.q).to_array(), &row(&w.k).to_array(), &positions.to_array())
+                .apply(
+                    &row(&w.q).to_array(),
+                    &row(&w.k).to_array(),
+                    &positions.to_array(),
+                )
                 .map_err(port)?;
             if host(&qa)?.bytes != row(&q).bytes || host(&ka)?.bytes != row(&k).bytes {
                 return Ok(vec![("batch = each row alone".into(), false)]);
