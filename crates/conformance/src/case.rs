@@ -67,6 +67,7 @@ pub struct Ctx<'a> {
     oracle: &'a Oracle,
     backend: Backend,
     seed: u64,
+    run_seed: u64,
     case: &'a str,
     perturb: bool,
 }
@@ -85,9 +86,21 @@ impl<'a> Ctx<'a> {
             oracle,
             backend,
             seed,
+            run_seed: seed.wrapping_sub(seed_of(case)),
             case,
             perturb,
         }
+    }
+    /// Sets the run's base seed (`--seed`), when the case's offset is not
+    /// the one its name gives (descriptions carry their seed).
+    pub fn with_run_seed(mut self, run_seed: u64) -> Self {
+        self.run_seed = run_seed;
+        self
+    }
+    /// The run's base seed (`--seed`), without the case's offset: for
+    /// inputs shared between cases.
+    pub fn run_seed(&self) -> u64 {
+        self.run_seed
     }
     /// The backend this run resolved `--device` to.
     pub fn backend(&self) -> Backend {

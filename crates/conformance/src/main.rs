@@ -34,6 +34,17 @@ struct Cli {
     /// only those; an empty text selects every case).
     #[arg(long)]
     filter: Option<String>,
+    /// Print the selected cases' descriptions (name, builder, seed, the
+    /// family's parameters) as JSON, one per line, and exit: what
+    /// `--cases FILE` runs.
+    #[arg(long, conflicts_with = "list")]
+    describe: bool,
+    /// Run the cases these descriptions describe (a file of
+    /// `--describe` lines, or a JSON array of them) instead of the
+    /// registered ones. Edited seeds or parameters have no snapshots, so
+    /// this needs `--no-snapshots`.
+    #[arg(long, value_name = "FILE", conflicts_with = "explore_samples")]
+    cases: Option<PathBuf>,
     /// Print the registered cases and exit.
     #[arg(long)]
     list: bool,
@@ -184,6 +195,9 @@ fn worker_main(cli: &Cli) -> Result<ExitCode, Exit> {
     };
     if let Some(n) = cli.explore_samples {
         families::register_explore_samples(n as usize, cli.explore_seed);
+    }
+    if let Some(file) = &cli.cases {
+        families::register_cases_file(file).map_err(|e| fail(format!("worker: {e}")))?;
     }
     let cases = families::all();
     if let Some(dir) = &cli.keep_outputs {

@@ -324,3 +324,79 @@ fn an_unusable_keep_outputs_directory_is_a_usage_error() {
     assert!(text(&run).contains("--keep-outputs"), "{}", text(&run));
     assert!(!out.join("report.json").exists());
 }
+
+/// `--describe` prints a case as data; `--cases` runs that data. The same
+/// description runs to the same bits; an edited seed to other bits (the
+/// seed is the description's, not the name's); without `--no-snapshots`
+/// the run is refused, and a file that is not descriptions is one usage
+/// error naming the line.
+#[test]
+fn a_described_case_runs_from_its_description_and_its_seed_is_data() {
+    let out = conformance(&["--describe", "--filter", SMOKE]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let line = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert_eq!(line.lines().count(), 1, "{line}");
+    let d: serde_json::Value = serde_json::from_str(&line).expect("one JSON description");
+    assert_eq!(d["builder"], "smoke");
+    let dir = scratch("described");
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |tag: &str, description: &str| -> String {
+        let file = dir.join(format!("{tag}.jsonl"));
+        std::fs::write(&file, description).unwrap();
+        let out_dir = dir.join(tag);
+        let out = conformance(&[
+            "--cases",
+            file.to_str().unwrap(),
+            "--no-snapshots",
+            "--device",
+            "cpu",
+            "--out",
+            out_dir.to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out_dir.join("report.json")).unwrap()).unwrap();
+        report["cases"][0]["output"]["case_digest"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let registered = {
+        let out_dir = dir.join("registered");
+        let out = smoke(&out_dir, &[]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out_dir.join("report.json")).unwrap()).unwrap();
+        report["cases"][0]["output"]["case_digest"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(
+        run("same", &line),
+        registered,
+        "the description is the case"
+    );
+    let mut edited = d.clone();
+    edited["seed"] = serde_json::json!(d["seed"].as_u64().unwrap().wrapping_add(1));
+    assert_ne!(
+        run("seed", &edited.to_string()),
+        registered,
+        "the seed moves the inputs"
+    );
+
+    let file = dir.join("same.jsonl");
+    let refused = conformance(&["--cases", file.to_str().unwrap(), "--device", "cpu"]);
+    assert_eq!(refused.status.code(), Some(3), "{}", text(&refused));
+    assert!(
+        text(&refused).contains("--no-snapshots"),
+        "{}",
+        text(&refused)
+    );
+    let bad = dir.join("bad.jsonl");
+    std::fs::write(&bad, format!("{line}\n{{\"name\": 1}}\n")).unwrap();
+    let refused = conformance(&["--cases", bad.to_str().unwrap(), "--no-snapshots"]);
+    assert_eq!(refused.status.code(), Some(3), "{}", text(&refused));
+    assert!(text(&refused).contains("line 2"), "{}", text(&refused));
+    let _ = std::fs::remove_dir_all(&dir);
+}

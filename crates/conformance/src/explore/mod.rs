@@ -37,8 +37,12 @@ use serde::{Deserialize, Serialize};
 use crate::case::{Backend, Case};
 use crate::exactness::ExactClass;
 use crate::families::attention::sdpa::{KvView, SdpaShape};
+use crate::families::describe::{self, Described};
 use crate::families::position::mrope::shape::MropeShape;
+use crate::families::position::mrope::MropeCase;
+use crate::families::quantized::linear::LinearCase;
 use crate::families::quantized::linear::LinearShape;
+use crate::families::quantized::switch::SwitchCase;
 use crate::families::quantized::switch::SwitchShape;
 use crate::runner::{self, RunOptions, Verdict};
 
@@ -144,18 +148,33 @@ impl Description {
         }
     }
 
-    /// The description as a must-equal case named `<prefix>/…`, with its
-    /// own seed (not one derived from the name).
-    pub fn case(&self, prefix: &str) -> Case {
-        let name = self.name(prefix);
-        let mut case = match self {
-            Description::QuantizedLinear { shape, .. } => shape.clone().case_named(name),
-            Description::QuantizedSwitch { shape, .. } => shape.clone().case_named(name),
-            Description::AttentionSdpa { shape, .. } => shape.clone().case_named(name),
-            Description::PositionMrope { shape, .. } => shape.clone().case_named(name),
+    /// The registry's description of this sample as a must-equal case
+    /// named `<prefix>/…`, with the sample's own seed (not one derived
+    /// from the name).
+    pub fn described(&self, prefix: &str) -> Described {
+        let mut d = match self {
+            Description::QuantizedLinear { shape, .. } => {
+                describe::described(self.name(prefix), &LinearCase::Shape(shape.clone()))
+            }
+            Description::QuantizedSwitch { shape, .. } => {
+                describe::described(self.name(prefix), &SwitchCase::Shape(shape.clone()))
+            }
+            Description::AttentionSdpa { shape, .. } => {
+                describe::described(self.name(prefix), shape)
+            }
+            Description::PositionMrope { shape, .. } => {
+                describe::described(self.name(prefix), &MropeCase::Apply(shape.clone()))
+            }
         };
-        case.seed = self.seed();
-        case
+        d.seed = self.seed();
+        d
+    }
+
+    /// The description as a must-equal case named `<prefix>/…`, built
+    /// from [`Description::described`] as the registry builds every case.
+    pub fn case(&self, prefix: &str) -> Case {
+        let d = self.described(prefix);
+        describe::build_or_failing(&d)
     }
 
     /// The sample's point in the regime map: (M, K, N) for the quantized

@@ -1,10 +1,171 @@
-//! Case parameters as data: the serde forms the descriptions of case
-//! families share (a quantization spec as its case-name spelling,
-//! `affine-4b-gs64`; dtypes as `mlx.core` names). A description is what
-//! the explorer samples, shrinks and keeps (`fixtures/explore/kept.json`),
-//! and what builds the registry's fixed cases.
+//! Case parameters as data. Every registered case is a [`Described`]: its
+//! name, its seed and its family's typed parameters (serde). The registry
+//! ([`super::all`]) lists descriptions and builds each case from its
+//! description alone, through the builder its `builder` key names, so a
+//! case can be printed (`conformance --describe`), persisted, edited and
+//! run again as data (`conformance --cases FILE`). The explorer samples,
+//! shrinks and keeps descriptions of the same types
+//! (`fixtures/explore/kept.json`).
+//!
+//! Also the serde forms the descriptions share: a quantization spec as its
+//! case-name spelling (`affine-4b-gs64`), dtypes as `mlx.core` names.
 
 use layers::quantized::{Mode, QuantSpec};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::case::{seed_of, Case};
+
+/// One case as data.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Described {
+    /// The case's name (its report line and snapshot key).
+    pub name: String,
+    /// Which builder reads `params`: the family module's key (e.g.
+    /// `quantized/float`); [`builders`] lists them.
+    pub builder: String,
+    /// The case's seed offset: its inputs come from the run's `--seed`
+    /// plus this. A fixed case keeps the seed its name gave it when cases
+    /// were closures (FNV-1a of the name, [`seed_of`]), so its inputs and
+    /// snapshots did not move; from here on the seed is data.
+    pub seed: u64,
+    /// The builder's typed parameters.
+    pub params: serde_json::Value,
+}
+
+/// A family's typed parameters: what one builder reads.
+pub trait Params: Serialize + DeserializeOwned {
+    /// The builder's key ([`Described::builder`]).
+    const BUILDER: &'static str;
+    /// The case these parameters describe, named `name` (its seed is set
+    /// from the description afterwards).
+    fn build(self, name: String) -> Case;
+}
+
+/// `params` of case `name`, with the seed the name gives it.
+pub fn described<P: Params>(name: impl Into<String>, params: &P) -> Described {
+    let name = name.into();
+    Described {
+        seed: seed_of(&name),
+        builder: P::BUILDER.to_owned(),
+        // Typed parameters always serialize (no maps with non-string keys).
+        params: serde_json::to_value(params).unwrap_or(serde_json::Value::Null),
+        name,
+    }
+}
+
+type BuildFn = fn(String, serde_json::Value) -> Result<Case, String>;
+
+fn build_as<P: Params>(name: String, params: serde_json::Value) -> Result<Case, String> {
+    serde_json::from_value::<P>(params)
+        .map(|p| p.build(name))
+        .map_err(|e| e.to_string())
+}
+
+macro_rules! builders {
+    ($($t:ty),* $(,)?) => {
+        /// Every builder key, in registry order.
+        pub fn builders() -> Vec<&'static str> {
+            vec![$(<$t as Params>::BUILDER),*]
+        }
+        fn builder_of(key: &str) -> Option<BuildFn> {
+            $(if key == <$t as Params>::BUILDER {
+                return Some(build_as::<$t> as BuildFn);
+            })*
+            None
+        }
+    };
+}
+
+builders!(
+    super::smoke::SmokeCase,
+    super::quantized::linear::LinearCase,
+    super::quantized::lora::LoraCase,
+    super::quantized::rows::RowsCase,
+    super::quantized::switch::SwitchCase,
+    super::quantized::checkpoint::CheckpointCase,
+    super::quantized::float::FloatCase,
+    super::quantized::embedding::EmbeddingCase,
+    super::quantized::global_scale::GlobalScaleCase,
+    super::quantized::adapters::AdapterCase,
+    super::safetensors::SafetensorsCase,
+    super::position::mrope::MropeCase,
+    super::position::vs_rope::VsRopeCase,
+    super::position::inv_freq::InvFreqCase,
+    super::position::rope_index::RopeIndexCase,
+    super::position::rope2d::Rope2dCase,
+    super::attention::AttentionCase,
+    super::attention::sdpa::SdpaShape,
+    super::configs::ConfigCase,
+);
+
+/// The case `d` describes: built by its builder from its parameters
+/// alone, with its seed. An unknown builder or parameters the builder
+/// cannot read is an error naming the case and what to fix.
+pub fn build(d: &Described) -> Result<Case, String> {
+    let Some(build) = builder_of(&d.builder) else {
+        return Err(format!(
+            "case `{}`: no builder `{}` (builders: {})",
+            d.name,
+            d.builder,
+            builders().join(", ")
+        ));
+    };
+    let mut case = build(d.name.clone(), d.params.clone()).map_err(|e| {
+        format!(
+            "case `{}`: builder `{}` cannot read its params: {e}",
+            d.name, d.builder
+        )
+    })?;
+    case.seed = d.seed;
+    Ok(case)
+}
+
+/// The most bytes a `--cases` file may hold (64 MiB).
+const MAX_CASES_FILE: u64 = 64 << 20;
+
+/// The descriptions in `path`: a JSON array of [`Described`], or one per
+/// line (what `conformance --describe` prints). Errors name the file, the
+/// entry and what is wrong.
+pub fn read_file(path: &std::path::Path) -> Result<Vec<Described>, String> {
+    let bytes = crate::snapshots::store::read_limited(path, MAX_CASES_FILE)
+        .map_err(|e| format!("--cases {}: {e}", path.display()))?
+        .ok_or_else(|| format!("--cases {}: no such file", path.display()))?;
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|e| format!("--cases {}: not UTF-8 ({e})", path.display()))?;
+    let described: Vec<Described> = if text.trim_start().starts_with('[') {
+        serde_json::from_str(text).map_err(|e| format!("--cases {}: {e}", path.display()))?
+    } else {
+        text.lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+            .map(|(i, l)| {
+                serde_json::from_str(l)
+                    .map_err(|e| format!("--cases {} line {}: {e}", path.display(), i + 1))
+            })
+            .collect::<Result<_, _>>()?
+    };
+    if described.is_empty() {
+        return Err(format!("--cases {}: no descriptions", path.display()));
+    }
+    Ok(described)
+}
+
+/// [`build`], or a case under the description's name that fails with
+/// why it cannot be built (never a silent skip).
+pub fn build_or_failing(d: &Described) -> Case {
+    build(d).unwrap_or_else(|why| {
+        let mut case = Case::must_equal(
+            d.name.clone(),
+            "describe",
+            "a case description",
+            move |_| Err(crate::case::CaseError::Harness(why.clone())),
+        );
+        case.seed = d.seed;
+        case
+    })
+}
 
 /// `QuantSpec` as its case-name spelling (`affine-4b-gs64`, `nvfp4-4b-gs16`).
 pub mod spec {
@@ -39,9 +200,106 @@ pub mod spec {
     }
 }
 
+/// `Option<QuantSpec>` as its case-name spelling or `null`.
+pub mod spec_opt {
+    use super::*;
+    use serde::{Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(spec: &Option<QuantSpec>, s: S) -> Result<S::Ok, S::Error> {
+        match spec {
+            Some(spec) => s.collect_str(spec),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<QuantSpec>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|text| spec::parse(&text).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a built case is, apart from its run function.
+    fn identity(c: &Case) -> String {
+        format!(
+            "{} {} {} {:?} {:?} {:?} {:?}",
+            c.name, c.seed, c.family, c.expect, c.applies, c.reference, c.glue_composed
+        )
+    }
+
+    /// Every fixed case is its description: printed as JSON text, read
+    /// back and built, it is the registry's case (name, seed, family,
+    /// promise, backends, reference); every builder key is known, and
+    /// the fixed cases keep the seeds their names gave them.
+    #[test]
+    fn every_fixed_case_round_trips_through_its_json_description() {
+        let registered: Vec<String> = crate::families::all().iter().map(identity).collect();
+        let fixed = crate::families::fixed_descriptions();
+        assert!(fixed.len() > 400, "{} fixed descriptions", fixed.len());
+        for (i, d) in fixed.iter().enumerate() {
+            let text = serde_json::to_string(d).unwrap();
+            let back: Described = serde_json::from_str(&text).unwrap();
+            assert_eq!(&back, d);
+            let case = build(&back).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(identity(&case), registered[i]);
+            assert_eq!(d.seed, seed_of(&d.name), "{}", d.name);
+            assert!(builders().contains(&d.builder.as_str()), "{}", d.builder);
+        }
+    }
+
+    #[test]
+    fn a_description_names_what_cannot_be_built() {
+        let mut d = crate::families::fixed_descriptions().remove(0);
+        d.seed = 42;
+        assert_eq!(build(&d).unwrap().seed, 42, "the seed is the description's");
+        let unknown = Described {
+            builder: "no-such".into(),
+            ..d.clone()
+        };
+        let e = build(&unknown).err().unwrap();
+        assert!(
+            e.contains("no builder `no-such`") && e.contains("quantized/linear"),
+            "{e}"
+        );
+        let bad = Described {
+            params: serde_json::json!({"m": 8}),
+            ..d.clone()
+        };
+        let e = build(&bad).err().unwrap();
+        assert!(e.contains(&d.name) && e.contains("missing field"), "{e}");
+        // Built anyway, as a case that fails with the reason.
+        assert_eq!(build_or_failing(&bad).name, d.name);
+    }
+
+    #[test]
+    fn a_cases_file_is_lines_or_an_array_and_errors_name_the_line() {
+        let dir = std::env::temp_dir().join(format!("describe-read-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fixed = crate::families::fixed_descriptions();
+        let two = &fixed[..2];
+        let lines: String = two
+            .iter()
+            .map(|d| serde_json::to_string(d).unwrap() + "\n")
+            .collect();
+        let (a, b, c, e) = (dir.join("a"), dir.join("b"), dir.join("c"), dir.join("e"));
+        std::fs::write(&a, &lines).unwrap();
+        std::fs::write(&b, serde_json::to_string(two).unwrap()).unwrap();
+        std::fs::write(&c, format!("{lines}\n{{\"name\": \"x\"}}\n")).unwrap();
+        std::fs::write(&e, "\n").unwrap();
+        assert_eq!(read_file(&a).unwrap(), two);
+        assert_eq!(read_file(&b).unwrap(), two);
+        let err = read_file(&c).unwrap_err();
+        assert!(err.contains("line 4"), "{err}");
+        assert!(read_file(&e).unwrap_err().contains("no descriptions"));
+        assert!(read_file(&dir.join("missing"))
+            .unwrap_err()
+            .contains("no such file"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn every_spec_round_trips_through_its_name() {

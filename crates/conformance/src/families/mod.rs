@@ -24,20 +24,72 @@ pub fn register_explore_samples(n: usize, seed: u64) {
     let _ = EXPLORE_SAMPLES.set((n, seed));
 }
 
+/// The `--cases FILE` of this process: its path and descriptions.
+static CASES_FILE: std::sync::OnceLock<(std::path::PathBuf, Vec<describe::Described>)> =
+    std::sync::OnceLock::new();
+
+/// Makes the registry the descriptions of `path` alone (`--cases FILE`),
+/// instead of the fixed cases. Set once, before [`all`]; the error names
+/// the file and what is wrong.
+pub fn register_cases_file(path: &std::path::Path) -> Result<(), String> {
+    let described = describe::read_file(path)?;
+    let _ = CASES_FILE.set((path.to_owned(), described));
+    Ok(())
+}
+
+/// The file registered by [`register_cases_file`].
+pub fn cases_file() -> Option<&'static std::path::Path> {
+    CASES_FILE.get().map(|(p, _)| p.as_path())
+}
+
 /// The `(n, seed)` registered by [`register_explore_samples`].
 pub fn explore_samples() -> Option<(usize, u64)> {
     EXPLORE_SAMPLES.get().copied()
 }
 
-/// Every registered case, in report order.
-pub fn all() -> Vec<Case> {
+/// The fixed cases' descriptions, in report order.
+pub fn fixed_descriptions() -> Vec<describe::Described> {
     let mut cases = Vec::new();
-    cases.extend(smoke::cases());
-    cases.extend(quantized::cases());
-    cases.extend(safetensors::cases());
-    cases.extend(position::cases());
-    cases.extend(attention::cases());
-    cases.extend(configs::cases());
+    cases.extend(smoke::descriptions());
+    cases.extend(quantized::descriptions());
+    cases.extend(safetensors::descriptions());
+    cases.extend(position::descriptions());
+    cases.extend(attention::descriptions());
+    cases.extend(configs::descriptions());
+    cases
+}
+
+/// Every registered case's description, in report order: the fixed
+/// cases, the kept ones and the registered explorer samples (what
+/// `conformance --describe` prints). A kept file that cannot be read or
+/// samples that cannot be drawn have no description: [`all`] reports
+/// them as failing cases.
+pub fn descriptions() -> Vec<describe::Described> {
+    if let Some((_, described)) = CASES_FILE.get() {
+        return described.clone();
+    }
+    let mut cases = fixed_descriptions();
+    if let Ok(kept) = crate::explore::report::read_kept(&crate::home::Home::get().fixtures_dir()) {
+        cases.extend(kept.iter().map(|k| k.description.described("kept")));
+    }
+    if let Some((n, seed)) = explore_samples() {
+        if let Ok(samples) = crate::explore::samples(seed, n) {
+            cases.extend(samples.iter().map(|d| d.described("explore")));
+        }
+    }
+    cases
+}
+
+/// Every registered case, in report order: each built from its
+/// description alone.
+pub fn all() -> Vec<Case> {
+    if let Some((_, described)) = CASES_FILE.get() {
+        return described.iter().map(describe::build_or_failing).collect();
+    }
+    let mut cases: Vec<Case> = fixed_descriptions()
+        .iter()
+        .map(describe::build_or_failing)
+        .collect();
     cases.extend(kept::cases());
     if let Some((n, seed)) = explore_samples() {
         match crate::explore::samples(seed, n) {

@@ -13,6 +13,7 @@
 use layers::checkpoint::SafetensorsFile;
 use oracle::HostTensor;
 
+use super::describe::{described, Described, Params};
 use super::support::{bytes_tensor, port};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
 use crate::reference;
@@ -28,18 +29,39 @@ const FORMS: &[&str] = &[
     "python-safetensors-metadata",
 ];
 
-pub fn cases() -> Vec<Case> {
+/// One fixture file, by its writer (one of [`FORMS`]).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SafetensorsCase {
+    pub form: String,
+}
+
+impl Params for SafetensorsCase {
+    const BUILDER: &'static str = FAMILY;
+    fn build(self, name: String) -> Case {
+        Case::must_equal(name, FAMILY, REFERENCE, move |ctx| read(ctx, &self.form))
+    }
+}
+
+pub fn descriptions() -> Vec<Described> {
     FORMS
         .iter()
         .map(|&form| {
-            Case::must_equal(format!("{FAMILY}/{form}"), FAMILY, REFERENCE, move |ctx| {
-                read(ctx, form)
-            })
+            described(
+                format!("{FAMILY}/{form}"),
+                &SafetensorsCase { form: form.into() },
+            )
         })
         .collect()
 }
 
 fn read(ctx: &Ctx, form: &str) -> Result<CaseOutput, CaseError> {
+    if !FORMS.contains(&form) {
+        return Err(CaseError::Harness(format!(
+            "form `{form}` is none of the fixture files ({})",
+            FORMS.join(", ")
+        )));
+    }
     let path = crate::home::Home::get()
         .fixtures_dir()
         .join("checkpoints/safetensors-forms")

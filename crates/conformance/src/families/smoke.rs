@@ -4,17 +4,39 @@
 
 use oracle::{DType, HostTensor};
 
+use super::describe::{described, Described, Params};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
 use crate::reference;
 
 const REFERENCE: &str = "mlx.core.quantized_matmul (mlx 0.32.2)";
 
-pub fn cases() -> Vec<Case> {
-    vec![Case::must_equal(
+/// The smoke case's parameters: `x [M, K] @ W[N, K]^T`, affine 4-bit,
+/// group 64, bf16.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SmokeCase {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+}
+
+impl Params for SmokeCase {
+    const BUILDER: &'static str = "smoke";
+    fn build(self, name: String) -> Case {
+        Case::must_equal(name, "smoke", REFERENCE, move |ctx| {
+            run(ctx, self.m, self.k, self.n)
+        })
+    }
+}
+
+pub fn descriptions() -> Vec<Described> {
+    vec![described(
         "smoke/quantized-matmul/affine-4b-gs64/bf16/M8",
-        "smoke",
-        REFERENCE,
-        |ctx| run(ctx, 8, 256, 128),
+        &SmokeCase {
+            m: 8,
+            k: 256,
+            n: 128,
+        },
     )]
 }
 

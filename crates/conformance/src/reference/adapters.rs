@@ -11,7 +11,8 @@ use super::{fixed, list, tensor, Fields, Param};
 use crate::case::{CaseError, Ctx, Expected};
 
 /// Which library writes and loads the directory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Library {
     /// mlx-lm 0.32.2.
     MlxLm,

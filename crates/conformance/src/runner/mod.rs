@@ -240,7 +240,8 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
         options.seed.wrapping_add(case.seed),
         &case.name,
         options.perturb,
-    );
+    )
+    .with_run_seed(options.seed);
     let start = Instant::now();
     // A case's first port call must not get an earlier case's freed result.
     crate::poison::poison();

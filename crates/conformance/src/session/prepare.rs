@@ -184,6 +184,14 @@ fn select(cli: &Cli) -> Result<(Vec<Case>, std::collections::BTreeSet<String>), 
         }
         families::register_explore_samples(n as usize, cli.explore_seed);
     }
+    if let Some(file) = &cli.cases {
+        if !cli.no_snapshots && !cli.describe {
+            return Err(fail(
+                "--cases: described cases may differ from the registered ones of their names; add --no-snapshots",
+            ));
+        }
+        families::register_cases_file(file).map_err(fail)?;
+    }
     let cases = families::all();
     if let Err(dup) = unique_names(&cases) {
         return Err(fail(format!(
@@ -191,6 +199,20 @@ fn select(cli: &Cli) -> Result<(Vec<Case>, std::collections::BTreeSet<String>), 
         )));
     }
     let selected = runner::select(&cases, cli.filter.as_deref()).map_err(fail)?;
+    if cli.describe {
+        let chosen: std::collections::BTreeSet<&str> =
+            selected.iter().map(|c| c.name.as_str()).collect();
+        for d in families::descriptions()
+            .iter()
+            .filter(|d| chosen.contains(d.name.as_str()))
+        {
+            match serde_json::to_string(d) {
+                Ok(line) => outln!("{line}"),
+                Err(e) => return Err(fail(format!("--describe `{}`: {e}", d.name))),
+            }
+        }
+        return Err(Exit(std::process::ExitCode::SUCCESS));
+    }
     if cli.list {
         for c in selected {
             outln!(

@@ -34,7 +34,8 @@ use layers::position::{RegimeTable, MAX_APPEND_CHUNK};
 use oracle::{DType, HostTensor};
 use serde_json::json;
 
-use crate::case::{seed_of, Backend, Case, CaseError, CaseOutput, Ctx};
+use crate::case::{Backend, Case, CaseError, CaseOutput, Ctx};
+use crate::families::describe::{described, Described, Params};
 use crate::reference;
 use finder::{default_candidates, find_boundaries, AppendProbe};
 use scenario::{reset_memo as reset_scenarios, scenario, Scenario, OUTPUTS};
@@ -57,67 +58,145 @@ const REFERENCE_APPEND: &str =
 const REFERENCE_FINDER: &str =
     "port chunked append vs port M=1, boundary search (mlx.core.fast.scaled_dot_product_attention, mlx 0.32.2)";
 
-pub fn cases() -> Vec<Case> {
+/// An `attention/*` decode-graph case as data. The graph is the one
+/// [`GRAPH`] names (Qwen3.5-like GQA attention, affine 4-bit projections,
+/// bf16); a description gives the KV window `[start, end)` its tokens are
+/// decoded over (the prefix prefilled in one update).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AttentionCase {
+    /// Must-equal: the port decoding the window one token per call.
+    DecodeM1 { start: usize, end: usize },
+    /// Finding (on `backend` only): its shipped append regime table over
+    /// the window.
+    AppendPolicy {
+        #[serde(with = "backend_name")]
+        backend: Backend,
+        start: usize,
+        end: usize,
+    },
+    /// Finding: chunked append against M = 1 across the window.
+    AppendCrossing { start: usize, end: usize },
+    /// Finding: the append boundary search.
+    BoundaryFinder,
+}
+
+/// `Backend` as its name (`cpu`, `metal`, `cuda`).
+mod backend_name {
+    use crate::case::Backend;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(b: &Backend, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(b.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Backend, D::Error> {
+        let text = String::deserialize(d)?;
+        [Backend::Cpu, Backend::Metal, Backend::Cuda]
+            .into_iter()
+            .find(|b| b.as_str() == text)
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!("backend `{text}`: cpu, metal or cuda"))
+            })
+    }
+}
+
+/// Why a window cannot run, if so: `start < end`, at most 64 decoded
+/// tokens, the cache at most 2^17 tokens.
+fn check_window(start: usize, end: usize) -> Result<(), CaseError> {
+    if start == 0 || start >= end || end - start > 64 || end > 1 << 17 {
+        return Err(CaseError::Harness(format!(
+            "window cache{start}-{end}: needs 0 < start < end, end - start <= 64, end <= 2^17"
+        )));
+    }
+    Ok(())
+}
+
+impl Params for AttentionCase {
+    const BUILDER: &'static str = "attention";
+    fn build(self, name: String) -> Case {
+        match self {
+            AttentionCase::DecodeM1 { start, end } => {
+                Case::must_equal(name, "attention/decode", REFERENCE_M1, move |ctx| {
+                    check_window(start, end)?;
+                    run_m1(ctx, start, end)
+                })
+                .glue_composed(&[
+                    "mlx_lm.models.glm4.Glm4Attention.__call__ with nn.QuantizedLinear projections",
+                    "mlx_lm.models.cache.KVCache, prefilled in one update",
+                    "mlx_lm.models.base.create_attention_mask",
+                    "one token per call, as a decode loop drives the layer",
+                ])
+            }
+            // One policy case per backend: its shipped regime table, checked
+            // only where that table applies.
+            AttentionCase::AppendPolicy {
+                backend,
+                start,
+                end,
+            } => {
+                let (backends, reason): (&'static [Backend], &'static str) = match backend {
+                    Backend::Cpu => (
+                        &[Backend::Cpu],
+                        "the measured CPU regime table applies to the CPU backend only",
+                    ),
+                    Backend::Metal => (
+                        &[Backend::Metal],
+                        "the origin's Metal regime table applies to the Metal backend only",
+                    ),
+                    Backend::Cuda => (
+                        &[Backend::Cuda],
+                        "the measured CUDA regime table applies to the CUDA backend only",
+                    ),
+                };
+                Case::finding(name, "attention/append", REFERENCE_APPEND, move |ctx| {
+                    check_window(start, end)?;
+                    run_policy(ctx, start, end, shipped_table(backend))
+                })
+                .only_on(backends, reason)
+            }
+            AttentionCase::AppendCrossing { start, end } => {
+                Case::finding(name, "attention/append", REFERENCE_APPEND, move |ctx| {
+                    check_window(start, end)?;
+                    run_crossing(ctx, start, end)
+                })
+            }
+            AttentionCase::BoundaryFinder => Case::finding(
+                name,
+                "attention/boundary-finder",
+                REFERENCE_FINDER,
+                run_finder,
+            ),
+        }
+    }
+}
+
+pub fn descriptions() -> Vec<Described> {
     let mut cases = Vec::new();
     for (start, end) in WINDOWS {
         let window = format!("cache{start}-{end}");
-        cases.push(
-            Case::must_equal(
-                format!("attention/decode/{GRAPH}/M1/{window}"),
-                "attention/decode",
-                REFERENCE_M1,
-                move |ctx| run_m1(ctx, start, end),
-            )
-            .glue_composed(&[
-                "mlx_lm.models.glm4.Glm4Attention.__call__ with nn.QuantizedLinear projections",
-                "mlx_lm.models.cache.KVCache, prefilled in one update",
-                "mlx_lm.models.base.create_attention_mask",
-                "one token per call, as a decode loop drives the layer",
-            ]),
-        );
-        // One policy case per backend: its shipped regime table, checked
-        // only where that table applies.
-        for (backend, reason) in [
-            (
-                Backend::Cpu,
-                "the measured CPU regime table applies to the CPU backend only",
-            ),
-            (
-                Backend::Metal,
-                "the origin's Metal regime table applies to the Metal backend only",
-            ),
-            (
-                Backend::Cuda,
-                "the measured CUDA regime table applies to the CUDA backend only",
-            ),
-        ] {
-            let backends: &'static [Backend] = match backend {
-                Backend::Cpu => &[Backend::Cpu],
-                Backend::Metal => &[Backend::Metal],
-                Backend::Cuda => &[Backend::Cuda],
-            };
-            cases.push(
-                Case::finding(
-                    format!("attention/append/{GRAPH}/policy-{backend}/{window}"),
-                    "attention/append",
-                    REFERENCE_APPEND,
-                    move |ctx| run_policy(ctx, start, end, shipped_table(backend)),
-                )
-                .only_on(backends, reason),
-            );
+        cases.push(described(
+            format!("attention/decode/{GRAPH}/M1/{window}"),
+            &AttentionCase::DecodeM1 { start, end },
+        ));
+        for backend in [Backend::Cpu, Backend::Metal, Backend::Cuda] {
+            cases.push(described(
+                format!("attention/append/{GRAPH}/policy-{backend}/{window}"),
+                &AttentionCase::AppendPolicy {
+                    backend,
+                    start,
+                    end,
+                },
+            ));
         }
-        cases.push(Case::finding(
+        cases.push(described(
             format!("attention/append/{GRAPH}/crossing/{window}"),
-            "attention/append",
-            REFERENCE_APPEND,
-            move |ctx| run_crossing(ctx, start, end),
+            &AttentionCase::AppendCrossing { start, end },
         ));
     }
-    cases.push(Case::finding(
+    cases.push(described(
         format!("attention/boundary-finder/{GRAPH}/chunk{MAX_APPEND_CHUNK}"),
-        "attention/boundary-finder",
-        REFERENCE_FINDER,
-        run_finder,
+        &AttentionCase::BoundaryFinder,
     ));
     cases
 }
@@ -131,7 +210,7 @@ pub fn reset_memo() {
 /// The run's base seed (every case adds its own offset to it; scenarios
 /// shared between cases must not depend on the case).
 fn run_seed(ctx: &Ctx) -> u64 {
-    ctx.seed().wrapping_sub(seed_of(ctx.case()))
+    ctx.run_seed()
 }
 
 fn window_scenario(ctx: &Ctx, start: usize, end: usize) -> Result<Arc<Scenario>, CaseError> {

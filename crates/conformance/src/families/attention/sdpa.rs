@@ -159,6 +159,13 @@ impl SdpaShape {
 
     /// The must-equal case of this shape under `name`.
     pub fn case_named(self, name: String) -> Case {
+        <Self as crate::families::describe::Params>::build(self, name)
+    }
+}
+
+impl crate::families::describe::Params for SdpaShape {
+    const BUILDER: &'static str = FAMILY;
+    fn build(self, name: String) -> Case {
         Case::must_equal(name, FAMILY, REFERENCE, move |ctx| run(ctx, &self)).glue_composed(&[
             "mlx_lm.models.cache.KVCache, prefilled with the first L - M keys in one update",
             "mlx_lm.models.base.create_attention_mask for the M query rows",
@@ -166,7 +173,9 @@ impl SdpaShape {
             "mlx_lm.models.base.scaled_dot_product_attention",
         ])
     }
+}
 
+impl SdpaShape {
     /// The port's step: `[B, H, M, D]`, evaluated.
     pub fn port(
         &self,

@@ -7,8 +7,12 @@ use layers::config::Gemma4VisionConfig;
 use layers::position::apply_multidimensional_rope;
 use oracle::DType;
 
-use super::{case_shape, f64_bits, int64, models, read_text, register};
+use super::{
+    case_shape, f64_bits, int64, models, read_text, register, ConfigCase, ConfigCheck,
+    LOAD_MODEL_STEPS,
+};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::families::describe::Described;
 use crate::families::support::{host, int32_tensor, port};
 use crate::reference;
 
@@ -22,19 +26,50 @@ const ROPE_REFERENCE: &str =
 const GRID: (usize, usize) = (6, 8);
 const PADDING: usize = 4;
 
-pub(super) fn cases() -> Vec<Case> {
+pub(super) fn descriptions() -> Vec<Described> {
     let mut cases = Vec::new();
-    for (model, path) in models("gemma4") {
-        register(
-            &mut cases,
-            FAMILY,
-            &model,
-            path,
-            (READ_REFERENCE, run_read),
-            ("rope2d", ROPE_REFERENCE, run_rope2d),
-        );
+    for (model, _) in models("gemma4") {
+        let config = ConfigCase {
+            dir: "gemma4".into(),
+            model: model.clone(),
+            variant: None,
+            check: ConfigCheck::Read,
+        };
+        register(&mut cases, FAMILY, &model, &config, "rope2d");
     }
     cases
+}
+
+/// The case of a Gemma 4 config at `path`.
+pub(super) fn build(
+    name: String,
+    path: PathBuf,
+    variant: Option<String>,
+    check: ConfigCheck,
+) -> Case {
+    if let Some(v) = variant {
+        return super::failing(
+            name,
+            format!("variant `{v}`: Gemma 4 configs have no variants"),
+        );
+    }
+    let case = match check {
+        ConfigCheck::Read => Case::must_equal(name, FAMILY, READ_REFERENCE, move |ctx| {
+            run_read(ctx, &path)
+        }),
+        ConfigCheck::Apply { dtype } => {
+            Case::must_equal(name, FAMILY, ROPE_REFERENCE, move |ctx| {
+                run_rope2d(ctx, &path, dtype)
+            })
+        }
+        other => {
+            return super::failing(
+                name,
+                format!("{other:?} is not a Gemma 4 config check (read, apply)"),
+            )
+        }
+    };
+    case.glue_composed(LOAD_MODEL_STEPS)
 }
 
 fn parse(path: &PathBuf) -> Result<Gemma4VisionConfig, CaseError> {

@@ -22,10 +22,11 @@ use std::path::PathBuf;
 use oracle::DType;
 
 use super::support::dtype_tag;
-use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::case::{Case, CaseError};
+use crate::families::describe::{described, Described, Params};
 
-mod gemma4;
-mod qwen3_5;
+pub mod gemma4;
+pub mod qwen3_5;
 
 /// The pieces the glue repeats from `mlx_vlm.utils` (which imports
 /// transformers, absent from the reference environment).
@@ -35,11 +36,84 @@ const LOAD_MODEL_STEPS: &[&str] = &[
     "mlx_vlm.utils.update_module_configs",
 ];
 
-pub fn cases() -> Vec<Case> {
+pub fn descriptions() -> Vec<Described> {
     let mut cases = Vec::new();
-    cases.extend(qwen3_5::cases());
-    cases.extend(gemma4::cases());
+    cases.extend(qwen3_5::descriptions());
+    cases.extend(gemma4::descriptions());
     cases
+}
+
+/// A config case as data: the file `fixtures/configs/<dir>/<model>/config.json`
+/// (optionally edited by a named variant) and what is checked on it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigCase {
+    /// The folder under `fixtures/configs`: `qwen3_5` or `quantized`
+    /// (Qwen3.5 configs), `gemma4`.
+    pub dir: String,
+    /// The model's folder name.
+    pub model: String,
+    /// A named edit of the file (`configs/qwen3_5`'s variants).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
+    pub check: ConfigCheck,
+}
+
+/// What a config case checks.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ConfigCheck {
+    /// Must-equal: the config as read.
+    Read,
+    /// Must-equal: the model's position encoding (Qwen3.5: rope index and
+    /// mRoPE; Gemma 4: vision 2D RoPE) at its dims, in `dtype`.
+    Apply { dtype: DType },
+    /// Finding (Qwen3.5): mlx-lm against mlx-vlm on the same file.
+    MlxLmVsMlxVlm,
+    /// Finding (quantized Qwen3.5): the quantization keys each library reads.
+    QuantizationKeys,
+}
+
+impl Params for ConfigCase {
+    const BUILDER: &'static str = "configs";
+    fn build(self, name: String) -> Case {
+        let path = match config_path(&self.dir, &self.model) {
+            Ok(path) => path,
+            Err(e) => return failing(name, e),
+        };
+        match self.dir.as_str() {
+            "gemma4" => gemma4::build(name, path, self.variant, self.check),
+            _ => qwen3_5::build(name, path, self.variant, self.check),
+        }
+    }
+}
+
+/// A case that reports why its description cannot be built.
+fn failing(name: String, why: String) -> Case {
+    Case::must_equal(name, "configs", "fixtures/configs", move |_| {
+        Err(CaseError::Harness(why.clone()))
+    })
+}
+
+/// `fixtures/configs/<dir>/<model>/config.json`, for a known `dir` and a
+/// `model` that is one folder name (a description is data).
+fn config_path(dir: &str, model: &str) -> Result<PathBuf, String> {
+    if !["qwen3_5", "quantized", "gemma4"].contains(&dir) {
+        return Err(format!(
+            "config folder `{dir}`: one of qwen3_5, quantized, gemma4"
+        ));
+    }
+    if model.is_empty() || model == "." || model == ".." || model.contains(['/', '\\']) {
+        return Err(format!(
+            "model `{model}`: one folder name under fixtures/configs/{dir}"
+        ));
+    }
+    Ok(crate::home::Home::get()
+        .fixtures_dir()
+        .join("configs")
+        .join(dir)
+        .join(model)
+        .join("config.json"))
 }
 
 /// `fixtures/configs/<family>/<model>/config.json` for every model
@@ -68,45 +142,30 @@ fn models(family: &str) -> Vec<(String, PathBuf)> {
     found
 }
 
-/// A read case's run function.
-type ReadRun<S> = fn(&Ctx, &S) -> Result<CaseOutput, CaseError>;
-/// An apply case's run function (one per dtype).
-type ApplyRun<S> = fn(&Ctx, &S, DType) -> Result<CaseOutput, CaseError>;
-
-/// The cases of one config: `<family>/<model>/read` and
-/// `<family>/<model>/<apply>/<dtype>` for bf16 and f32, all labelled with
-/// the glue's repeated `load_model` steps.
-fn register<S: Clone + Send + Sync + 'static>(
-    cases: &mut Vec<Case>,
-    family: &'static str,
-    model: &str,
-    source: S,
-    read: (&'static str, ReadRun<S>),
-    apply: (&'static str, &'static str, ApplyRun<S>),
+/// The descriptions of one config: `<family>/<name>/read` and
+/// `<family>/<name>/<apply>/<dtype>` for bf16 and f32.
+fn register(
+    cases: &mut Vec<Described>,
+    family: &str,
+    name: &str,
+    config: &ConfigCase,
+    apply_name: &str,
 ) {
-    let (read_reference, read_run) = read;
-    let s = source.clone();
-    cases.push(
-        Case::must_equal(
-            format!("{family}/{model}/read"),
-            family,
-            read_reference,
-            move |ctx| read_run(ctx, &s),
-        )
-        .glue_composed(LOAD_MODEL_STEPS),
-    );
-    let (apply_name, apply_reference, apply_run) = apply;
+    cases.push(described(
+        format!("{family}/{name}/read"),
+        &ConfigCase {
+            check: ConfigCheck::Read,
+            ..config.clone()
+        },
+    ));
     for dtype in [DType::Bfloat16, DType::Float32] {
-        let s = source.clone();
-        cases.push(
-            Case::must_equal(
-                format!("{family}/{model}/{apply_name}/{}", dtype_tag(dtype)),
-                family,
-                apply_reference,
-                move |ctx| apply_run(ctx, &s, dtype),
-            )
-            .glue_composed(LOAD_MODEL_STEPS),
-        );
+        cases.push(described(
+            format!("{family}/{name}/{apply_name}/{}", dtype_tag(dtype)),
+            &ConfigCase {
+                check: ConfigCheck::Apply { dtype },
+                ..config.clone()
+            },
+        ));
     }
 }
 

@@ -9,8 +9,12 @@ use layers::position::{rope_index, GridThw, Mrope, RopeIndexInput};
 use oracle::DType;
 use serde_json::Value as Json;
 
-use super::{case_shape, f64_bits, int64, models, read_text, register};
+use super::{
+    case_shape, f64_bits, int64, models, read_text, register, ConfigCase, ConfigCheck,
+    LOAD_MODEL_STEPS,
+};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::families::describe::{described, Described};
 use crate::families::position::{build_prompt_for, mrope_path, widen_expected, widen_i64, Piece};
 use crate::families::support::{host, int32_tensor, port};
 use crate::reference;
@@ -117,61 +121,96 @@ fn quantized_models() -> Vec<(String, PathBuf)> {
         .collect()
 }
 
-pub(super) fn cases() -> Vec<Case> {
-    let mut sources: Vec<(String, Source)> = Vec::new();
+pub(super) fn descriptions() -> Vec<Described> {
+    // (case stem, folder, model, variant), sorted by stem.
+    let mut sources: Vec<(String, &str, String, Option<&str>)> = Vec::new();
     let quantized = quantized_models();
-    for (model, path) in models("qwen3_5").into_iter().chain(quantized.clone()) {
+    let folders = models("qwen3_5")
+        .into_iter()
+        .map(|m| ("qwen3_5", m))
+        .chain(quantized.iter().cloned().map(|m| ("quantized", m)));
+    for (dir, (model, _)) in folders {
         if model == VARIANT_BASE {
-            for (variant, edit) in VARIANTS {
+            for (variant, _) in VARIANTS {
                 sources.push((
                     format!("{model}+{variant}"),
-                    Source {
-                        path: path.clone(),
-                        edit: Some(edit),
-                    },
+                    dir,
+                    model.clone(),
+                    Some(variant),
                 ));
             }
         }
-        sources.push((model, Source { path, edit: None }));
+        sources.push((model.clone(), dir, model, None));
     }
     sources.sort_by(|a, b| a.0.cmp(&b.0));
     let mut cases = Vec::new();
-    for (model, source) in sources {
-        register(
-            &mut cases,
-            FAMILY,
-            &model,
-            source.clone(),
-            (READ_REFERENCE, run_read),
-            ("mrope", MROPE_REFERENCE, run_mrope),
-        );
-        let finding = |what: &str, reference: &'static str, run: ReadRun| {
-            let s = source.clone();
-            Case::finding(
-                format!("{FAMILY}/{model}/{what}"),
-                FAMILY,
-                reference,
-                move |ctx| run(ctx, &s),
-            )
+    for (stem, dir, model, variant) in sources {
+        let config = ConfigCase {
+            dir: dir.into(),
+            model,
+            variant: variant.map(str::to_owned),
+            check: ConfigCheck::Read,
         };
-        cases.push(finding(
-            "mlx-lm-vs-mlx-vlm",
-            LIBRARIES_REFERENCE,
-            run_libraries,
+        register(&mut cases, FAMILY, &stem, &config, "mrope");
+        cases.push(described(
+            format!("{FAMILY}/{stem}/mlx-lm-vs-mlx-vlm"),
+            &ConfigCase {
+                check: ConfigCheck::MlxLmVsMlxVlm,
+                ..config.clone()
+            },
         ));
-        if quantized.iter().any(|(m, _)| *m == model) {
-            cases.push(finding(
-                "quantization-keys",
-                KEYS_REFERENCE,
-                run_quantization_keys,
+        if dir == "quantized" {
+            cases.push(described(
+                format!("{FAMILY}/{stem}/quantization-keys"),
+                &ConfigCase {
+                    check: ConfigCheck::QuantizationKeys,
+                    ..config
+                },
             ));
         }
     }
     cases
 }
 
-/// A finding's run function.
-type ReadRun = fn(&Ctx, &Source) -> Result<CaseOutput, CaseError>;
+/// The case of a Qwen3.5 config at `path`, edited by `variant`.
+pub(super) fn build(
+    name: String,
+    path: PathBuf,
+    variant: Option<String>,
+    check: ConfigCheck,
+) -> Case {
+    let edit = match variant.as_deref() {
+        None => None,
+        Some(v) => match VARIANTS.iter().find(|(name, _)| *name == v) {
+            Some((_, edit)) => Some(*edit),
+            None => {
+                let known: Vec<&str> = VARIANTS.iter().map(|(n, _)| *n).collect();
+                return super::failing(name, format!("variant `{v}`: one of {}", known.join(", ")));
+            }
+        },
+    };
+    let s = Source { path, edit };
+    match check {
+        ConfigCheck::Read => {
+            Case::must_equal(name, FAMILY, READ_REFERENCE, move |ctx| run_read(ctx, &s))
+                .glue_composed(LOAD_MODEL_STEPS)
+        }
+        ConfigCheck::Apply { dtype } => {
+            Case::must_equal(name, FAMILY, MROPE_REFERENCE, move |ctx| {
+                run_mrope(ctx, &s, dtype)
+            })
+            .glue_composed(LOAD_MODEL_STEPS)
+        }
+        ConfigCheck::MlxLmVsMlxVlm => {
+            Case::finding(name, FAMILY, LIBRARIES_REFERENCE, move |ctx| {
+                run_libraries(ctx, &s)
+            })
+        }
+        ConfigCheck::QuantizationKeys => Case::finding(name, FAMILY, KEYS_REFERENCE, move |ctx| {
+            run_quantization_keys(ctx, &s)
+        }),
+    }
+}
 
 const LIBRARIES_REFERENCE: &str = "mlx_vlm.models.qwen3_5 TextConfig (mlx-vlm 0.7.6) vs mlx_lm.models.qwen3_5 TextModelArgs (mlx-lm 0.32.2) on the same config.json";
 const KEYS_REFERENCE: &str = "mlx_lm.utils.load_model reads config[\"quantization\"] as written (mlx-lm 0.32.2); mlx_vlm.utils.load_model takes ModelConfig.quantization, renamed by qwen3_5.config.sanitize_quantization_config (mlx-vlm 0.7.6)";

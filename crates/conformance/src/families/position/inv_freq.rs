@@ -14,6 +14,7 @@ use serde_json::json;
 use super::{host, port};
 use crate::case::Expected;
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::families::describe::{described, Described, Params};
 use crate::reference;
 use crate::relation::Relation;
 
@@ -35,19 +36,42 @@ fn dims() -> Vec<usize> {
     (2..=512).step_by(2).collect()
 }
 
-pub fn cases() -> Vec<Case> {
-    let mut cases: Vec<Case> = THETAS
+/// A `position/inv-freq` case as data.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum InvFreqCase {
+    /// Must-equal: inv_freq on the device for rope_theta, every even dim
+    /// 2 to 512.
+    Device { rope_theta: f64 },
+    /// Finding: the host emulation of the reference's float32 arithmetic.
+    HostEmulation,
+}
+
+impl Params for InvFreqCase {
+    const BUILDER: &'static str = FAMILY;
+    fn build(self, name: String) -> Case {
+        match self {
+            InvFreqCase::Device { rope_theta } => {
+                Case::must_equal(name, FAMILY, REFERENCE, move |ctx| {
+                    run_device(ctx, rope_theta)
+                })
+            }
+            InvFreqCase::HostEmulation => Case::finding(name, FAMILY, REFERENCE, run_host),
+        }
+    }
+}
+
+pub fn descriptions() -> Vec<Described> {
+    let mut cases: Vec<Described> = THETAS
         .into_iter()
-        .map(|(tag, theta)| {
+        .map(|(tag, rope_theta)| {
             let name = format!("{FAMILY}/device/theta-{tag}/dims-2-to-512-even");
-            Case::must_equal(name, FAMILY, REFERENCE, move |ctx| run_device(ctx, theta))
+            described(name, &InvFreqCase::Device { rope_theta })
         })
         .collect();
-    cases.push(Case::finding(
+    cases.push(described(
         format!("{FAMILY}/host-emulation/dims-2-to-512-even"),
-        FAMILY,
-        REFERENCE,
-        run_host,
+        &InvFreqCase::HostEmulation,
     ));
     cases
 }

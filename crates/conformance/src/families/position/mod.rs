@@ -14,22 +14,22 @@ use layers::position::{GridThw, MropePath, VisionTokens};
 use oracle::{DType, HostTensor};
 
 use super::support::{bytes_tensor, dtype_tag, host, int32_tensor, port};
-use crate::case::{Backend, Case, CaseError, Ctx, Expected};
+use crate::case::{Backend, CaseError, Ctx, Expected};
 use crate::inputs::Inputs;
 
-mod inv_freq;
+pub mod inv_freq;
 pub mod mrope;
-mod rope2d;
-mod rope_index;
-mod vs_rope;
+pub mod rope2d;
+pub mod rope_index;
+pub mod vs_rope;
 
-pub fn cases() -> Vec<Case> {
+pub fn descriptions() -> Vec<crate::families::describe::Described> {
     let mut cases = Vec::new();
-    cases.extend(mrope::cases());
-    cases.extend(vs_rope::cases());
-    cases.extend(inv_freq::cases());
-    cases.extend(rope_index::cases());
-    cases.extend(rope2d::cases());
+    cases.extend(mrope::descriptions());
+    cases.extend(vs_rope::descriptions());
+    cases.extend(inv_freq::descriptions());
+    cases.extend(rope_index::descriptions());
+    cases.extend(rope2d::descriptions());
     cases
 }
 

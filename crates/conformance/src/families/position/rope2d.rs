@@ -9,6 +9,7 @@ use oracle::DType;
 
 use super::{dtype_tag, host, int32_tensor, port};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::families::describe::{described, Described, Params};
 use crate::reference;
 
 const FAMILY: &str = "position/rope2d";
@@ -19,11 +20,13 @@ const BASE_FREQUENCY: f64 = 100.0;
 
 /// A batch of patch sequences: `grid` (rows, columns) patches then
 /// `padding` padding patches per row; odd rows use the transposed grid.
-#[derive(Debug, Clone, Copy)]
-struct Shape {
-    tag: &'static str,
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Shape {
     batch: usize,
+    /// (rows, columns) of patches.
     grid: (usize, usize),
+    /// Padding patches after the grid, per row.
     padding: usize,
     heads: usize,
 }
@@ -32,18 +35,39 @@ impl Shape {
     fn len(&self) -> usize {
         self.grid.0 * self.grid.1 + self.padding
     }
+
+    /// `B<batch>-L<len>-N<heads>`.
+    fn tag(&self) -> String {
+        format!("B{}-L{}-N{}", self.batch, self.len(), self.heads)
+    }
+
+    /// Why the shape cannot run, if so (checked before any length is
+    /// computed: a description is data).
+    fn check(&self) -> Result<(), String> {
+        let elements = self
+            .grid
+            .0
+            .checked_mul(self.grid.1)
+            .and_then(|g| g.checked_add(self.padding))
+            .and_then(|len| len.checked_mul(self.batch))
+            .and_then(|e| e.checked_mul(self.heads));
+        match elements {
+            Some(e) if e > 0 && e <= 1 << 24 => Ok(()),
+            _ => Err(
+                "batch, heads and patches must be positive, with at most 2^24 vectors in x".into(),
+            ),
+        }
+    }
 }
 
 const SHAPES: [Shape; 2] = [
     Shape {
-        tag: "B1-L256-N4",
         batch: 1,
         grid: (16, 16),
         padding: 0,
         heads: 4,
     },
     Shape {
-        tag: "B2-L100-N3",
         batch: 2,
         grid: (9, 10),
         padding: 10,
@@ -51,7 +75,36 @@ const SHAPES: [Shape; 2] = [
     },
 ];
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A `position/rope2d` case as data.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rope2dCase {
+    form: Form,
+    head_dim: usize,
+    dtype: DType,
+    shape: Shape,
+}
+
+impl Params for Rope2dCase {
+    const BUILDER: &'static str = FAMILY;
+    fn build(self, name: String) -> Case {
+        Case::must_equal(name, FAMILY, REFERENCE, move |ctx| {
+            self.shape
+                .check()
+                .map_err(|e| CaseError::harness("shape", e))?;
+            if self.head_dim == 0 || self.head_dim > 4096 {
+                return Err(CaseError::Harness(format!(
+                    "head_dim {} outside 1..=4096",
+                    self.head_dim
+                )));
+            }
+            run(ctx, self.form, self.head_dim, self.dtype, self.shape)
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 enum Form {
     /// positions `[B, L, 2]`.
     TwoAxes,
@@ -59,7 +112,7 @@ enum Form {
     OneAxis,
 }
 
-pub fn cases() -> Vec<Case> {
+pub fn descriptions() -> Vec<Described> {
     let mut cases = Vec::new();
     for (form, form_tag) in [(Form::TwoAxes, "2d"), (Form::OneAxis, "1d")] {
         for head_dim in [64, 72, 70] {
@@ -68,11 +121,17 @@ pub fn cases() -> Vec<Case> {
                     let name = format!(
                         "{FAMILY}/{form_tag}/hd{head_dim}/{}/{}",
                         dtype_tag(dtype),
-                        shape.tag
+                        shape.tag()
                     );
-                    cases.push(Case::must_equal(name, FAMILY, REFERENCE, move |ctx| {
-                        run(ctx, form, head_dim, dtype, shape)
-                    }));
+                    cases.push(described(
+                        name,
+                        &Rope2dCase {
+                            form,
+                            head_dim,
+                            dtype,
+                            shape,
+                        },
+                    ));
                 }
             }
         }

@@ -13,9 +13,11 @@ use layers::position::{
     rope_index, GridThw, PositionLayout, RopeIndex, RopeIndexInput, VisionTokens,
 };
 
+use super::mrope::shape::{check_pieces, PromptPiece};
 use super::widen_expected;
 use super::{build_prompt, int32_tensor, port, widen_i64, Piece, Prompt};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::families::describe::{described, Described, Params};
 use crate::reference;
 
 const FAMILY: &str = "position/rope-index";
@@ -132,7 +134,37 @@ fn row_len(pieces: &[Piece]) -> usize {
         .sum()
 }
 
-pub fn cases() -> Vec<Case> {
+/// A `position/rope-index` case as data: prompt rows (left-padded to the
+/// longest) and, for a decode case, `(extra, len)`: `len` positions at
+/// cache offset `prompt_len + extra`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RopeIndexCase {
+    pub rows: Vec<Vec<PromptPiece>>,
+    pub decode: Option<(usize, usize)>,
+}
+
+impl Params for RopeIndexCase {
+    const BUILDER: &'static str = FAMILY;
+    fn build(self, name: String) -> Case {
+        let reference = if self.decode.is_some() {
+            DECODE_REFERENCE
+        } else {
+            REFERENCE
+        };
+        Case::must_equal(name, FAMILY, reference, move |ctx| {
+            check_pieces(&self.rows).map_err(|e| CaseError::harness("rows", e))?;
+            let rows: Vec<Vec<Piece>> = self
+                .rows
+                .iter()
+                .map(|r| r.iter().map(|p| p.piece()).collect())
+                .collect();
+            run(ctx, &rows, self.decode)
+        })
+    }
+}
+
+pub fn descriptions() -> Vec<Described> {
     SCENARIOS
         .into_iter()
         .map(|(tag, rows, decode)| {
@@ -141,12 +173,11 @@ pub fn cases() -> Vec<Case> {
                 Some((extra, n)) => format!("{FAMILY}/{tag}/offset{}-L{n}", len + extra),
                 None => format!("{FAMILY}/{tag}/L{len}"),
             };
-            let reference = if decode.is_some() {
-                DECODE_REFERENCE
-            } else {
-                REFERENCE
-            };
-            Case::must_equal(name, FAMILY, reference, move |ctx| run(ctx, rows, decode))
+            let rows = rows
+                .iter()
+                .map(|r| r.iter().map(|p| PromptPiece::of(*p)).collect())
+                .collect();
+            described(name, &RopeIndexCase { rows, decode })
         })
         .collect()
 }
@@ -166,7 +197,7 @@ fn pad_rows(prompts: &[Prompt]) -> (Vec<i32>, Vec<bool>, usize) {
     (ids, mask, len)
 }
 
-fn run(ctx: &Ctx, rows: Rows, decode: Decode) -> Result<CaseOutput, CaseError> {
+fn run(ctx: &Ctx, rows: &[Vec<Piece>], decode: Decode) -> Result<CaseOutput, CaseError> {
     let mut inputs = ctx.inputs();
     let prompts: Vec<Prompt> = rows.iter().map(|r| build_prompt(r, &mut inputs)).collect();
     let (ids, mask, len) = pad_rows(&prompts);

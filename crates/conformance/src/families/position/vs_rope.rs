@@ -22,6 +22,7 @@ use super::mrope::Model;
 use super::mrope::QWEN3_5;
 use super::{dtype_tag, host, int32_tensor, mlx_dtype, mrope_path, port};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::families::describe::{described, Described, Params};
 use crate::reference;
 use crate::relation::Relation;
 
@@ -40,7 +41,26 @@ const QWEN3_5_ROTATED: Model = Model {
     ..QWEN3_5
 };
 
-pub fn cases() -> Vec<Case> {
+/// A `vs-plain-rope` finding as data (Qwen3.5's rotary, positions 0 to
+/// 4096 on three equal streams).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VsRopeCase {
+    pub dtype: DType,
+}
+
+impl Params for VsRopeCase {
+    const BUILDER: &'static str = "position/mrope/vs-plain-rope";
+    fn build(self, name: String) -> Case {
+        let dtype = self.dtype;
+        Case::finding(name, FAMILY, REFERENCE, move |ctx| run(ctx, dtype)).glue_composed(&[
+            "mlx_vlm.models.rope_utils.MRoPERotaryEmbedding.apply_rotary (three equal position streams)",
+            "mlx.core.fast.rope",
+        ])
+    }
+}
+
+pub fn descriptions() -> Vec<Described> {
     [DType::Bfloat16, DType::Float32]
         .into_iter()
         .map(|dtype| {
@@ -49,10 +69,7 @@ pub fn cases() -> Vec<Case> {
                 QWEN3_5.name,
                 dtype_tag(dtype)
             );
-            Case::finding(name, FAMILY, REFERENCE, move |ctx| run(ctx, dtype)).glue_composed(&[
-                "mlx_vlm.models.rope_utils.MRoPERotaryEmbedding.apply_rotary (three equal position streams)",
-                "mlx.core.fast.rope",
-            ])
+            described(name, &VsRopeCase { dtype })
         })
         .collect()
 }

@@ -32,6 +32,7 @@ use oracle::{DType, HostTensor};
 use super::{affine, dtype_tag, host, mode_default, port, quantized_weight};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
 use crate::exactness::quantized as q;
+use crate::families::describe::{described, Described, Params};
 use crate::inputs::Inputs;
 use crate::reference;
 use crate::reference::adapters::{Applied, BaseLayers, Library, TinyModel, Trained};
@@ -55,7 +56,53 @@ const VLM_ALPHA: f64 = 0.3;
 /// mlx-lm converts the last `num_layers` blocks.
 const LM_NUM_LAYERS: usize = 1;
 
-pub(super) fn cases() -> Vec<Case> {
+/// A `quantized/adapters` case as data.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AdapterCase {
+    /// Must-equal: an adapter directory written, loaded and applied (and
+    /// fused) by `library`.
+    Load {
+        library: Library,
+        #[serde(with = "crate::families::describe::spec")]
+        spec: QuantSpec,
+        dtype: DType,
+    },
+    /// Finding: the legacy mlx-vlm fuse.
+    LegacyFuse {
+        #[serde(with = "crate::families::describe::spec")]
+        spec: QuantSpec,
+    },
+    /// Finding: alpha / rank in Python floats.
+    ScaleConvention,
+}
+
+impl Params for AdapterCase {
+    const BUILDER: &'static str = FAMILY;
+    fn build(self, name: String) -> Case {
+        match self {
+            AdapterCase::Load { library, spec, dtype } => {
+                let reference = match library {
+                    Library::MlxLm => LM_REFERENCE,
+                    Library::MlxVlm => VLM_REFERENCE,
+                    Library::MlxVlmLegacy => LEGACY_REFERENCE,
+                };
+                Case::must_equal(name, FAMILY, reference, move |ctx| run(ctx, library, spec, dtype))
+            }
+            AdapterCase::LegacyFuse { spec } => {
+                Case::finding(name, FAMILY, LEGACY_REFERENCE, move |ctx| legacy_fuse(ctx, spec))
+            }
+            AdapterCase::ScaleConvention => Case::finding(
+                name,
+                FAMILY,
+                "mlx_vlm.trainer.utils._lora_scale and trainer.lora.LoRaLayer: alpha / rank in Python floats (mlx-vlm 0.7.6)",
+                scale_convention,
+            ),
+        }
+    }
+}
+
+pub(super) fn descriptions() -> Vec<Described> {
     let mut cases = Vec::new();
     for library in [Library::MlxLm, Library::MlxVlm, Library::MlxVlmLegacy] {
         for (spec, dtype) in [
@@ -67,28 +114,24 @@ pub(super) fn cases() -> Vec<Case> {
             ),
         ] {
             let name = format!("{FAMILY}/{}/{spec}/{}", library.as_str(), dtype_tag(dtype));
-            let reference = match library {
-                Library::MlxLm => LM_REFERENCE,
-                Library::MlxVlm => VLM_REFERENCE,
-                Library::MlxVlmLegacy => LEGACY_REFERENCE,
-            };
-            cases.push(Case::must_equal(name, FAMILY, reference, move |ctx| {
-                run(ctx, library, spec, dtype)
-            }));
+            cases.push(described(
+                name,
+                &AdapterCase::Load {
+                    library,
+                    spec,
+                    dtype,
+                },
+            ));
         }
     }
     let spec = affine(4, 64);
-    cases.push(Case::finding(
+    cases.push(described(
         format!("{FAMILY}/mlx-vlm-legacy/{spec}/legacy-fuse"),
-        FAMILY,
-        LEGACY_REFERENCE,
-        move |ctx| legacy_fuse(ctx, spec),
+        &AdapterCase::LegacyFuse { spec },
     ));
-    cases.push(Case::finding(
+    cases.push(described(
         format!("{FAMILY}/scale-convention"),
-        FAMILY,
-        "mlx_vlm.trainer.utils._lora_scale and trainer.lora.LoRaLayer: alpha / rank in Python floats (mlx-vlm 0.7.6)",
-        scale_convention,
+        &AdapterCase::ScaleConvention,
     ));
     cases
 }

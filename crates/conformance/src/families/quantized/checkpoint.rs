@@ -34,6 +34,7 @@ use super::switch::{expert_indices, port_apply};
 use super::{activation, fixture_dir, host, port};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
 use crate::exactness::Sent;
+use crate::families::describe::{described, Described, Params};
 use crate::reference;
 use oracle::Arg;
 
@@ -48,7 +49,7 @@ const REFERENCE: &str =
 /// paths; `tiny-nvfp4-global-scale`: nvfp4 with mlx-lm's per-expert global
 /// scale (its switch output is the loaded global scale: the pinned MLX
 /// cannot call the layer) and a quantized embedding.
-const FIXTURES: [&str; 6] = [
+pub(super) const FIXTURES: [&str; 6] = [
     "tiny-mixed",
     "tiny-mixed-sharded",
     "real-Qwen3.5-9B-MLX-8bit",
@@ -104,30 +105,58 @@ pub(super) fn layer_infos(
     Ok(infos)
 }
 
-pub(super) fn cases() -> Vec<Case> {
+/// A `quantized/checkpoint` case as data: a fixture of [`FIXTURES`].
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum CheckpointCase {
+    /// Must-equal: every conformance layer of the fixture, loaded by both.
+    Load { fixture: String },
+    /// Finding: which rule decides each path's spec.
+    SpecSources { fixture: String },
+}
+
+impl Params for CheckpointCase {
+    const BUILDER: &'static str = FAMILY;
+    fn build(self, name: String) -> Case {
+        match self {
+            CheckpointCase::Load { fixture } => {
+                // Only a fixture with switch modules drives one SwitchGLU projection.
+                let switch = has_switch(&fixture);
+                let case = Case::must_equal(name, FAMILY, REFERENCE, move |ctx| load(ctx, &fixture));
+                if switch {
+                    case.glue_composed(super::switch::SWITCH_GLU_STEP)
+                } else {
+                    case
+                }
+            }
+            CheckpointCase::SpecSources { fixture } => Case::finding(
+                name,
+                FAMILY,
+                "mlx_lm.utils.load_model (mlx-lm 0.32.2) class_predicate: which rule decides each path",
+                move |_ctx| spec_sources(&fixture),
+            ),
+        }
+    }
+}
+
+pub(super) fn descriptions() -> Vec<Described> {
     let mut cases = Vec::new();
     for fixture in FIXTURES {
-        let case = Case::must_equal(
+        cases.push(described(
             format!("{FAMILY}/{fixture}/load"),
-            FAMILY,
-            REFERENCE,
-            move |ctx| load(ctx, fixture),
-        );
-        // Only a fixture with switch modules drives one SwitchGLU projection.
-        cases.push(if has_switch(fixture) {
-            case.glue_composed(super::switch::SWITCH_GLU_STEP)
-        } else {
-            case
-        });
+            &CheckpointCase::Load {
+                fixture: fixture.into(),
+            },
+        ));
     }
     // Which rule decides each path: the made-up mix, and a real block
     // whose per-path entries no module path matches.
     for fixture in [FIXTURES[0], FIXTURES[3]] {
-        cases.push(Case::finding(
+        cases.push(described(
             format!("{FAMILY}/{fixture}/spec-sources"),
-            FAMILY,
-            "mlx_lm.utils.load_model (mlx-lm 0.32.2) class_predicate: which rule decides each path",
-            move |_ctx| spec_sources(fixture),
+            &CheckpointCase::SpecSources {
+                fixture: fixture.into(),
+            },
         ));
     }
     cases
@@ -137,8 +166,9 @@ pub(super) fn cases() -> Vec<Case> {
 /// kind "switch"); an unreadable config counts as having one (the case
 /// then errors with the reason).
 fn has_switch(fixture: &str) -> bool {
-    std::fs::read_to_string(fixture_dir(fixture).join("config.json"))
+    fixture_dir(fixture)
         .ok()
+        .and_then(|dir| std::fs::read_to_string(dir.join("config.json")).ok())
         .and_then(|t| serde_json::from_str::<Json>(&t).ok())
         .and_then(|c| {
             c["conformance_layers"]
@@ -158,7 +188,7 @@ fn mode_id(mode: Mode) -> i32 {
 }
 
 fn load(ctx: &Ctx, fixture: &str) -> Result<CaseOutput, CaseError> {
-    let dir = fixture_dir(fixture);
+    let dir = fixture_dir(fixture)?;
     let checkpoint = Checkpoint::open(&dir).map_err(port)?;
     let infos = layer_infos(&checkpoint)?;
     let width = infos.values().map(|i| i.in_features).max().unwrap_or(1);
@@ -325,7 +355,7 @@ pub(super) fn module_exact(
 
 /// Where the port's spec of each path comes from.
 fn spec_sources(fixture: &str) -> Result<CaseOutput, CaseError> {
-    let checkpoint = Checkpoint::open(fixture_dir(fixture)).map_err(port)?;
+    let checkpoint = Checkpoint::open(fixture_dir(fixture)?).map_err(port)?;
     let mut map = serde_json::Map::new();
     for (path, info) in layer_infos(&checkpoint)? {
         let resolution = checkpoint

@@ -10,6 +10,7 @@ use super::{
     activation, base_k, dtype_tag, host, layer_tensors, mode_specs, port, quantized_weight,
 };
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::families::describe::{described, Described, Params};
 use crate::reference;
 
 const FAMILY: &str = "quantized/embedding";
@@ -18,14 +19,30 @@ const REFERENCE: &str = "mlx.nn.QuantizedEmbedding.__call__ and .as_linear (mlx 
 /// proof) stays in range.
 const ROWS: usize = 50;
 
-pub(super) fn cases() -> Vec<Case> {
+/// A `quantized/embedding` case as data (50 rows looked up).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmbeddingCase {
+    #[serde(with = "crate::families::describe::spec")]
+    pub spec: QuantSpec,
+    pub dtype: DType,
+}
+
+impl Params for EmbeddingCase {
+    const BUILDER: &'static str = FAMILY;
+    fn build(self, name: String) -> Case {
+        Case::must_equal(name, FAMILY, REFERENCE, move |ctx| {
+            run(ctx, self.spec, self.dtype)
+        })
+    }
+}
+
+pub(super) fn descriptions() -> Vec<Described> {
     let mut cases = Vec::new();
     for spec in mode_specs() {
         for dtype in [DType::Bfloat16, DType::Float32] {
             let name = format!("{FAMILY}/{spec}/{}/rows{ROWS}", dtype_tag(dtype));
-            cases.push(Case::must_equal(name, FAMILY, REFERENCE, move |ctx| {
-                run(ctx, spec, dtype)
-            }));
+            cases.push(described(name, &EmbeddingCase { spec, dtype }));
         }
     }
     cases

@@ -16,6 +16,7 @@ use oracle::DType;
 use super::switch::{expert_indices, gather_sort, scatter_unsort};
 use super::{activation, dtype_tag, fixture_dir, host, port};
 use crate::case::{Backend, Case, CaseError, CaseOutput, Ctx, GPU_BACKENDS};
+use crate::families::describe::{described, Described, Params};
 use crate::reference;
 
 const SWITCH_REFERENCE: &str = "mlx_lm.models.switch_layers.SwitchLinear.__call__ (mlx-lm 0.32.2), driven as SwitchGLU.__call__";
@@ -26,7 +27,59 @@ const GATHER_MM_CPU: &str =
 const IN: usize = 96;
 const OUT: usize = 48;
 
-pub(super) fn cases() -> Vec<Case> {
+/// A `float/*` case as data.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum FloatCase {
+    /// Must-equal: `nn.Linear` (K = 96, N = 64).
+    Linear { dtype: DType, bias: bool, m: usize },
+    /// Must-equal: the float `SwitchLinear` (E = 4, top 2, B = 2, L = 5).
+    Switch {
+        dtype: DType,
+        bias: bool,
+        sorted: bool,
+    },
+    /// Finding (CPU only): which dtypes the CPU `GatherMM` takes.
+    CpuGatherMm,
+    /// Must-equal: a checkpoint's module left an `nn.Linear`.
+    Checkpoint { fixture: String, path: String },
+}
+
+impl Params for FloatCase {
+    const BUILDER: &'static str = "float";
+    fn build(self, name: String) -> Case {
+        match self {
+            FloatCase::Linear { dtype, bias, m } => Case::must_equal(
+                name,
+                "float/linear",
+                "mlx.nn.Linear.__call__ (mlx 0.32.2)",
+                move |ctx| linear(ctx, dtype, bias, m),
+            ),
+            FloatCase::Switch { dtype, bias, sorted } => {
+                let case = Case::must_equal(name, "float/switch", SWITCH_REFERENCE, move |ctx| {
+                    switch(ctx, dtype, bias, sorted)
+                })
+                .glue_composed(super::switch::SWITCH_GLU_STEP);
+                // MLX's CPU GatherMM takes float32 only: neither side runs there.
+                if dtype == DType::Float32 {
+                    case
+                } else {
+                    case.only_on(GPU_BACKENDS, GATHER_MM_CPU)
+                }
+            }
+            FloatCase::CpuGatherMm => Case::finding(name, "float/switch", SWITCH_REFERENCE, cpu_support)
+                .only_on(&[Backend::Cpu], "a CPU-only measurement"),
+            FloatCase::Checkpoint { fixture, path } => Case::must_equal(
+                name,
+                "float/checkpoint",
+                "mlx_lm.utils.load_model (mlx-lm 0.32.2) leaving the module an nn.Linear, then its __call__",
+                move |ctx| checkpoint(ctx, &fixture, &path),
+            ),
+        }
+    }
+}
+
+pub(super) fn descriptions() -> Vec<Described> {
     let mut cases = Vec::new();
     for dtype in [DType::Bfloat16, DType::Float16, DType::Float32] {
         for bias in [false, true] {
@@ -36,12 +89,7 @@ pub(super) fn cases() -> Vec<Case> {
                     dtype_tag(dtype),
                     if bias { "/bias" } else { "" }
                 );
-                cases.push(Case::must_equal(
-                    name,
-                    "float/linear",
-                    "mlx.nn.Linear.__call__ (mlx 0.32.2)",
-                    move |ctx| linear(ctx, dtype, bias, m),
-                ));
+                cases.push(described(name, &FloatCase::Linear { dtype, bias, m }));
             }
         }
     }
@@ -57,32 +105,26 @@ pub(super) fn cases() -> Vec<Case> {
             if sorted { "sorted" } else { "unsorted" },
             if bias { "/bias" } else { "" }
         );
-        let case = Case::must_equal(name, "float/switch", SWITCH_REFERENCE, move |ctx| {
-            switch(ctx, dtype, bias, sorted)
-        })
-        .glue_composed(super::switch::SWITCH_GLU_STEP);
-        // MLX's CPU GatherMM takes float32 only: neither side runs there.
-        cases.push(if dtype == DType::Float32 {
-            case
-        } else {
-            case.only_on(GPU_BACKENDS, GATHER_MM_CPU)
-        });
+        cases.push(described(
+            name,
+            &FloatCase::Switch {
+                dtype,
+                bias,
+                sorted,
+            },
+        ));
     }
-    cases.push(
-        Case::finding(
-            "float/switch/bf16/E4-top2/B2-L5/unsorted/bias/cpu-gather-mm",
-            "float/switch",
-            SWITCH_REFERENCE,
-            cpu_support,
-        )
-        .only_on(&[Backend::Cpu], "a CPU-only measurement"),
-    );
+    cases.push(described(
+        "float/switch/bf16/E4-top2/B2-L5/unsorted/bias/cpu-gather-mm",
+        &FloatCase::CpuGatherMm,
+    ));
     for path in ["lm_head", "model.layers.1.mlp.proj_96"] {
-        cases.push(Case::must_equal(
+        cases.push(described(
             format!("float/checkpoint/tiny-mixed/{path}"),
-            "float/checkpoint",
-            "mlx_lm.utils.load_model (mlx-lm 0.32.2) leaving the module an nn.Linear, then its __call__",
-            move |ctx| checkpoint(ctx, "tiny-mixed", path),
+            &FloatCase::Checkpoint {
+                fixture: "tiny-mixed".into(),
+                path: path.into(),
+            },
         ));
     }
     cases
@@ -130,7 +172,7 @@ fn switch(ctx: &Ctx, dtype: DType, bias: bool, sorted: bool) -> Result<CaseOutpu
 }
 
 fn checkpoint(ctx: &Ctx, fixture: &str, path: &str) -> Result<CaseOutput, CaseError> {
-    let dir = fixture_dir(fixture);
+    let dir = fixture_dir(fixture)?;
     let checkpoint = Checkpoint::open(&dir).map_err(port)?;
     let layer = Linear::from_checkpoint(&checkpoint, path).map_err(port)?;
     let width = layer.in_features() as usize;

@@ -24,6 +24,7 @@ use oracle::{DType, HostTensor};
 
 use super::{activation, dtype_tag, host, port};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::families::describe::{described, Described, Params};
 use crate::inputs::Inputs;
 use crate::reference;
 
@@ -39,34 +40,67 @@ fn nvfp4() -> QuantSpec {
     QuantSpec::defaults(Mode::Nvfp4)
 }
 
-pub(super) fn cases() -> Vec<Case> {
+/// A `quantized/global-scale` case as data (nvfp4, out 64, in 96, 4
+/// experts).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum GlobalScaleCase {
+    /// Must-equal: a linear weight quantized and dequantized with a global scale.
+    Linear { dtype: DType },
+    /// Must-equal: a switch stack's per-expert global scales.
+    Switch { dtype: DType },
+    /// Finding: the reference refuses the linear forward.
+    LinearForwardRefused,
+    /// Finding: the reference refuses the switch forward.
+    SwitchForwardRefused,
+}
+
+impl Params for GlobalScaleCase {
+    const BUILDER: &'static str = FAMILY;
+    fn build(self, name: String) -> Case {
+        match self {
+            GlobalScaleCase::Linear { dtype } => {
+                Case::must_equal(name, FAMILY, LINEAR_REFERENCE, move |ctx| linear(ctx, dtype))
+            }
+            GlobalScaleCase::Switch { dtype } => {
+                Case::must_equal(name, FAMILY, SWITCH_REFERENCE, move |ctx| switch(ctx, dtype))
+            }
+            GlobalScaleCase::LinearForwardRefused => Case::finding(
+                name,
+                FAMILY,
+                "mlx.core.quantized_matmul (mlx 0.32.2: no global_scale)",
+                linear_forward,
+            ),
+            GlobalScaleCase::SwitchForwardRefused => Case::finding(
+                name,
+                FAMILY,
+                "mlx_lm.models.switch_layers.QuantizedSwitchLinear.__call__ → mlx.core.gather_qmm (mlx 0.32.2: no global_scale)",
+                switch_forward,
+            ),
+        }
+    }
+}
+
+pub(super) fn descriptions() -> Vec<Described> {
     let mut cases = Vec::new();
     for dtype in [DType::Bfloat16, DType::Float32] {
         let tag = dtype_tag(dtype);
-        cases.push(Case::must_equal(
+        cases.push(described(
             format!("{FAMILY}/linear/{tag}/out{OUT}-in{IN}"),
-            FAMILY,
-            LINEAR_REFERENCE,
-            move |ctx| linear(ctx, dtype),
+            &GlobalScaleCase::Linear { dtype },
         ));
-        cases.push(Case::must_equal(
+        cases.push(described(
             format!("{FAMILY}/switch/{tag}/E{EXPERTS}-out{OUT}-in{IN}"),
-            FAMILY,
-            SWITCH_REFERENCE,
-            move |ctx| switch(ctx, dtype),
+            &GlobalScaleCase::Switch { dtype },
         ));
     }
-    cases.push(Case::finding(
+    cases.push(described(
         format!("{FAMILY}/linear/forward-refused"),
-        FAMILY,
-        "mlx.core.quantized_matmul (mlx 0.32.2: no global_scale)",
-        linear_forward,
+        &GlobalScaleCase::LinearForwardRefused,
     ));
-    cases.push(Case::finding(
+    cases.push(described(
         format!("{FAMILY}/switch/forward-refused"),
-        FAMILY,
-        "mlx_lm.models.switch_layers.QuantizedSwitchLinear.__call__ → mlx.core.gather_qmm (mlx 0.32.2: no global_scale)",
-        switch_forward,
+        &GlobalScaleCase::SwitchForwardRefused,
     ));
     cases
 }

@@ -23,6 +23,7 @@ use super::{
     FLOAT_DTYPES, QUANTIZED_LINEAR,
 };
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::families::describe::{described, Described, Params};
 use crate::reference;
 
 const FAMILY: &str = "quantized/linear";
@@ -173,7 +174,38 @@ impl LinearShape {
     }
 }
 
-pub(super) fn cases() -> Vec<Case> {
+/// A `quantized/linear` case as data.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum LinearCase {
+    /// Must-equal: port and reference on one shape.
+    Shape(LinearShape),
+    /// Finding: rows of one group against the exact oracle (affine, bf16,
+    /// N = 64).
+    SingleGroup {
+        #[serde(with = "crate::families::describe::spec")]
+        spec: QuantSpec,
+        m: usize,
+        k: usize,
+    },
+}
+
+impl Params for LinearCase {
+    const BUILDER: &'static str = FAMILY;
+    fn build(self, name: String) -> Case {
+        match self {
+            LinearCase::Shape(shape) => shape.case_named(name),
+            LinearCase::SingleGroup { spec, m, k } => Case::finding(
+                name,
+                FAMILY,
+                "mlx.nn.QuantizedLinear.__call__ (mlx 0.32.2) against the exact oracle",
+                move |ctx| single_group(ctx, spec, m, k),
+            ),
+        }
+    }
+}
+
+pub(super) fn descriptions() -> Vec<Described> {
     let bf16 = DType::Bfloat16;
     let mut shapes = Vec::new();
     // Every spec once.
@@ -237,7 +269,10 @@ pub(super) fn cases() -> Vec<Case> {
         scales_dtype: Some(DType::Float32),
         ..LinearShape::new(affine(6, 32), bf16, 4)
     });
-    let mut cases: Vec<Case> = shapes.into_iter().map(LinearShape::case).collect();
+    let mut cases: Vec<Described> = shapes
+        .into_iter()
+        .map(|s| described(s.name(), &LinearCase::Shape(s)))
+        .collect();
     cases.extend(single_group_cases());
     cases
 }
@@ -266,18 +301,14 @@ const SINGLE_GROUP: [(i32, usize, usize); 9] = [
 /// each side is classified by the exact oracle (float64 definition and its
 /// derived bound, see `exact::matmul`); with the buffer cache poisoned, an
 /// unwritten output holds NaN and is always outside.
-fn single_group_cases() -> Vec<Case> {
+fn single_group_cases() -> Vec<Described> {
     SINGLE_GROUP
         .into_iter()
         .map(|(group_size, k, m)| {
-            Case::finding(
-                format!(
-                    "{FAMILY}/single-group/{}/bf16/M{m}-K{k}",
-                    affine(4, group_size)
-                ),
-                FAMILY,
-                "mlx.nn.QuantizedLinear.__call__ (mlx 0.32.2) against the exact oracle",
-                move |ctx| single_group(ctx, affine(4, group_size), m, k),
+            let spec = affine(4, group_size);
+            described(
+                format!("{FAMILY}/single-group/{spec}/bf16/M{m}-K{k}"),
+                &LinearCase::SingleGroup { spec, m, k },
             )
         })
         .collect()

@@ -23,6 +23,7 @@ use oracle::{DType, HostTensor};
 use super::layer_tensors;
 use super::{activation, affine, base_k, dtype_tag, host, mode_default, port, quantized_weight};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::families::describe::{described, Described, Params};
 use crate::inputs::Inputs;
 use crate::reference;
 use crate::reference::quantized::Adapter as ReferenceAdapter;
@@ -33,8 +34,10 @@ const REFERENCE: &str =
 const N: usize = 64;
 
 /// One adapter: rank, scale, parameter dtype.
-#[derive(Debug, Clone, Copy)]
-struct Adapter {
+/// One adapter: rank, scale and the dtype of its A and B.
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Adapter {
     r: usize,
     scale: f64,
     dtype: DType,
@@ -56,8 +59,12 @@ const A16_BF16: Adapter = Adapter {
     dtype: DType::Bfloat16,
 };
 
-#[derive(Debug, Clone)]
-struct Shape {
+/// A `quantized/lora` case as data: `LoRALinear` over a quantized linear
+/// (N = 64, K = three groups of the spec), adapters applied in order.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraCase {
+    #[serde(with = "crate::families::describe::spec")]
     spec: QuantSpec,
     dtype: DType,
     batch: Vec<usize>,
@@ -65,8 +72,19 @@ struct Shape {
     bias: bool,
     adapters: Vec<Adapter>,
     /// Built on this spec first, then exchanged to `spec`.
+    #[serde(with = "crate::families::describe::spec_opt")]
     exchanged_from: Option<QuantSpec>,
-    tag: &'static str,
+    /// The adapters' label in the name (`1-adapter`, …).
+    tag: String,
+}
+
+type Shape = LoraCase;
+
+impl Params for LoraCase {
+    const BUILDER: &'static str = FAMILY;
+    fn build(self, name: String) -> Case {
+        self.case_named(name)
+    }
 }
 
 impl Shape {
@@ -79,7 +97,7 @@ impl Shape {
             bias: false,
             adapters: adapters.to_vec(),
             exchanged_from: None,
-            tag,
+            tag: tag.to_owned(),
         }
     }
 
@@ -103,9 +121,9 @@ impl Shape {
         name
     }
 
-    fn case(self) -> Case {
+    fn case_named(self, name: String) -> Case {
         let stacked = self.adapters.len() > 1;
-        let case = Case::must_equal(self.name(), FAMILY, REFERENCE, move |ctx| run(ctx, &self));
+        let case = Case::must_equal(name, FAMILY, REFERENCE, move |ctx| run(ctx, &self));
         if stacked {
             // mlx-lm attaches one LoRALinear per module; stacking several is
             // the glue's composition of that class.
@@ -116,7 +134,7 @@ impl Shape {
     }
 }
 
-pub(super) fn cases() -> Vec<Case> {
+pub(super) fn descriptions() -> Vec<Described> {
     let specs = [
         affine(4, 64),
         affine(3, 32),
@@ -190,7 +208,10 @@ pub(super) fn cases() -> Vec<Case> {
             ..Shape::new(to, adapters, tag)
         });
     }
-    shapes.into_iter().map(Shape::case).collect()
+    shapes
+        .into_iter()
+        .map(|s| described(s.name(), &s))
+        .collect()
 }
 
 fn adapter_tensors(

@@ -28,34 +28,34 @@ use layers::quantized::{Mode, QuantSpec, QuantizedPayload};
 use oracle::{DType, HostTensor};
 
 use super::support::{dtype_tag, host, port};
-use crate::case::{Case, CaseError};
+use crate::case::CaseError;
 use crate::inputs::Inputs;
 use crate::reference::quantized::QuantizedTensors;
 use crate::relation::Relation;
 
-mod adapters;
-mod checkpoint;
-mod embedding;
+pub mod adapters;
+pub mod checkpoint;
+pub mod embedding;
 #[cfg(test)]
 mod exact_faults;
-mod float;
-mod global_scale;
+pub mod float;
+pub mod global_scale;
 pub mod linear;
-mod lora;
-mod rows;
+pub mod lora;
+pub mod rows;
 pub mod switch;
 
-pub fn cases() -> Vec<Case> {
+pub fn descriptions() -> Vec<crate::families::describe::Described> {
     let mut cases = Vec::new();
-    cases.extend(linear::cases());
-    cases.extend(lora::cases());
-    cases.extend(rows::cases());
-    cases.extend(switch::cases());
-    cases.extend(checkpoint::cases());
-    cases.extend(float::cases());
-    cases.extend(embedding::cases());
-    cases.extend(global_scale::cases());
-    cases.extend(adapters::cases());
+    cases.extend(linear::descriptions());
+    cases.extend(lora::descriptions());
+    cases.extend(rows::descriptions());
+    cases.extend(switch::descriptions());
+    cases.extend(checkpoint::descriptions());
+    cases.extend(float::descriptions());
+    cases.extend(embedding::descriptions());
+    cases.extend(global_scale::descriptions());
+    cases.extend(adapters::descriptions());
     cases
 }
 
@@ -164,9 +164,17 @@ fn relation(a: &HostTensor, b: &HostTensor) -> serde_json::Value {
 
 /// The checkpoint fixtures written by `fixtures/checkpoints/write_fixture.py`
 /// (under the workspace's or the bundle's `fixtures/`, see `crate::home`).
-fn fixture_dir(name: &str) -> PathBuf {
-    crate::home::Home::get()
+/// The directory of checkpoint fixture `name` (one of
+/// `checkpoint::FIXTURES`: a description names it as data).
+fn fixture_dir(name: &str) -> Result<PathBuf, crate::case::CaseError> {
+    if !checkpoint::FIXTURES.contains(&name) {
+        return Err(crate::case::CaseError::Harness(format!(
+            "checkpoint fixture `{name}` is none of {}",
+            checkpoint::FIXTURES.join(", ")
+        )));
+    }
+    Ok(crate::home::Home::get()
         .fixtures_dir()
         .join("checkpoints")
-        .join(name)
+        .join(name))
 }

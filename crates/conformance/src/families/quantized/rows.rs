@@ -18,6 +18,7 @@ use super::{
     relation,
 };
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::families::describe::{described, Described, Params};
 use crate::reference;
 use crate::reference::quantized::{Adapter, QuantizedTensors};
 
@@ -28,8 +29,11 @@ const REFERENCE_FINDING: &str =
     "mlx.nn.QuantizedLinear.__call__ (mlx 0.32.2): one batched call versus one call per row";
 const N: usize = 64;
 
-#[derive(Debug, Clone)]
-struct Shape {
+/// The layer and x of a `quantized/rows` case (N = 64, K = three groups).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Shape {
+    #[serde(with = "crate::families::describe::spec")]
     spec: QuantSpec,
     dtype: DType,
     batch: Vec<usize>,
@@ -63,7 +67,36 @@ impl Shape {
     }
 }
 
-pub(super) fn cases() -> Vec<Case> {
+/// A `quantized/rows` case as data.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum RowsCase {
+    /// Must-equal: the port's rows-independent forward against one
+    /// reference call per row.
+    RowsIndependent(Shape),
+    /// Finding: the reference's batched call against its calls per row.
+    BatchedVsRows(Shape),
+}
+
+impl Params for RowsCase {
+    const BUILDER: &'static str = FAMILY;
+    fn build(self, name: String) -> Case {
+        match self {
+            RowsCase::RowsIndependent(s) => Case::must_equal(name, FAMILY, REFERENCE_ROWS, move |ctx| {
+                rows_vs_reference(ctx, &s)
+            })
+            .glue_composed(&[
+                "mlx.nn.QuantizedLinear.__call__ (LoRA-wrapped by mlx_lm.tuner.lora.LoRALinear where the case has an adapter)",
+                "one call per row of x (M = 1), rows concatenated: how a rows-independent engine calls the layer",
+            ]),
+            RowsCase::BatchedVsRows(s) => Case::finding(name, FAMILY, REFERENCE_FINDING, move |ctx| {
+                batched_vs_rows(ctx, &s)
+            }),
+        }
+    }
+}
+
+pub(super) fn descriptions() -> Vec<Described> {
     let bf16 = DType::Bfloat16;
     let mut cases = Vec::new();
     let mut must = Vec::new();
@@ -85,16 +118,10 @@ pub(super) fn cases() -> Vec<Case> {
         ..Shape::new(affine(4, 64), DType::Float32, 2)
     });
     for s in must {
-        cases.push(Case::must_equal(
+        cases.push(described(
             s.name("rows-independent"),
-            FAMILY,
-            REFERENCE_ROWS,
-            move |ctx| rows_vs_reference(ctx, &s),
-        )
-        .glue_composed(&[
-            "mlx.nn.QuantizedLinear.__call__ (LoRA-wrapped by mlx_lm.tuner.lora.LoRALinear where the case has an adapter)",
-            "one call per row of x (M = 1), rows concatenated: how a rows-independent engine calls the layer",
-        ]));
+            &RowsCase::RowsIndependent(s),
+        ));
     }
     let mut findings = Vec::new();
     for spec in mode_specs() {
@@ -110,11 +137,9 @@ pub(super) fn cases() -> Vec<Case> {
         ..Shape::new(affine(4, 64), bf16, 16)
     });
     for s in findings {
-        cases.push(Case::finding(
+        cases.push(described(
             s.name("batched-vs-rows"),
-            FAMILY,
-            REFERENCE_FINDING,
-            move |ctx| batched_vs_rows(ctx, &s),
+            &RowsCase::BatchedVsRows(s),
         ));
     }
     cases

@@ -38,6 +38,7 @@ use super::{
 };
 use crate::case::Expected;
 use crate::case::{Backend, Case, CaseError, CaseOutput, Ctx};
+use crate::families::describe::{described, Described, Params};
 use crate::inputs::Inputs;
 use crate::reference;
 use crate::reference::quantized::AsPinned;
@@ -237,7 +238,75 @@ impl SwitchShape {
     }
 }
 
-pub(super) fn cases() -> Vec<Case> {
+/// A `quantized/switch` case as data.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SwitchCase {
+    /// Must-equal: port and reference on one shape (the SwitchGLU step).
+    Shape(SwitchShape),
+    /// Finding: the reference as the pinned mlx-lm runs it.
+    AsPinned(SwitchShape),
+    /// Must-equal: the port on a broadcast (stride-0) expert stack.
+    BroadcastWeight(SwitchShape),
+    /// Finding: the reference on a broadcast stack against a contiguous one.
+    BroadcastReferenceVsContiguous(SwitchShape),
+    /// Finding: one call against the tokens in chunks of `chunk`.
+    OneShotVsChunks { shape: SwitchShape, chunk: usize },
+    /// Finding: sorted against unsorted routing.
+    SortedVsUnsorted(SwitchShape),
+    /// Must-equal: a checkpoint's switch projection with its experts
+    /// offloaded (memory-mapped) against resident.
+    OffloadedVsResident { checkpoint: String, path: String },
+}
+
+impl Params for SwitchCase {
+    const BUILDER: &'static str = FAMILY;
+    fn build(self, name: String) -> Case {
+        match self {
+            SwitchCase::Shape(s) => {
+                let empty = s.batch == 0;
+                let case = s.case_named(name);
+                if empty {
+                    case.only_on(&[Backend::Cpu, Backend::Metal], EMPTY_ON_CUDA)
+                } else {
+                    case
+                }
+            }
+            SwitchCase::AsPinned(s) => {
+                Case::finding(name, FAMILY, REFERENCE_AS_PINNED, move |ctx| {
+                    as_pinned(ctx, &s)
+                })
+                .glue_composed(SWITCH_GLU_STEP)
+            }
+            SwitchCase::BroadcastWeight(s) => {
+                Case::must_equal(name, FAMILY, REFERENCE, move |ctx| broadcast(ctx, &s))
+                    .glue_composed(SWITCH_GLU_STEP)
+            }
+            SwitchCase::BroadcastReferenceVsContiguous(s) => {
+                Case::finding(name, FAMILY, REFERENCE, move |ctx| {
+                    broadcast_reference(ctx, &s)
+                })
+                .glue_composed(SWITCH_GLU_STEP)
+            }
+            SwitchCase::OneShotVsChunks { shape, chunk } => {
+                Case::finding(name, FAMILY, REFERENCE, move |ctx| {
+                    chunks(ctx, &shape, chunk)
+                })
+            }
+            SwitchCase::SortedVsUnsorted(s) => Case::finding(name, FAMILY, REFERENCE, move |ctx| {
+                sorted_vs_unsorted(ctx, &s)
+            }),
+            SwitchCase::OffloadedVsResident { checkpoint, path } => {
+                Case::must_equal(name, FAMILY, REFERENCE_LOAD, move |ctx| {
+                    offload(ctx, &checkpoint, &path)
+                })
+                .glue_composed(SWITCH_GLU_STEP)
+            }
+        }
+    }
+}
+
+pub(super) fn descriptions() -> Vec<Described> {
     let a4 = affine(4, 64);
     let (mxfp4, mxfp8, nvfp4) = (
         mode_default(Mode::Mxfp4),
@@ -304,54 +373,33 @@ pub(super) fn cases() -> Vec<Case> {
         ..Shape::new(a4, 5, true)
     });
 
-    let mut cases: Vec<Case> = shapes
+    let mut cases: Vec<Described> = shapes
         .into_iter()
-        .map(|s| {
-            let empty = s.batch == 0;
-            let case = Case::must_equal(s.name(), FAMILY, REFERENCE, move |ctx| {
-                port_vs_reference(ctx, &s)
-            })
-            .glue_composed(SWITCH_GLU_STEP);
-            if empty {
-                case.only_on(&[Backend::Cpu, Backend::Metal], EMPTY_ON_CUDA)
-            } else {
-                case
-            }
-        })
+        .map(|s| described(s.name(), &SwitchCase::Shape(s)))
         .collect();
 
     let pinned = Shape {
         bias: true,
         ..Shape::new(a4, 4, false)
     };
-    cases.push(
-        Case::finding(
-            format!("{}/as-pinned", pinned.stem()),
-            FAMILY,
-            REFERENCE_AS_PINNED,
-            move |ctx| as_pinned(ctx, &pinned),
-        )
-        .glue_composed(SWITCH_GLU_STEP),
-    );
+    cases.push(described(
+        format!("{}/as-pinned", pinned.stem()),
+        &SwitchCase::AsPinned(pinned),
+    ));
 
     for spec in [a4, mxfp4] {
         let s = Shape {
             bias: true,
             ..Shape::new(spec, 4, false)
         };
-        let name = format!("{}/broadcast-weight", s.stem());
-        let t = s.clone();
-        cases.push(
-            Case::must_equal(name, FAMILY, REFERENCE, move |ctx| broadcast(ctx, &t))
-                .glue_composed(SWITCH_GLU_STEP),
-        );
-        let name = format!("{}/broadcast-reference-vs-contiguous", s.stem());
-        cases.push(
-            Case::finding(name, FAMILY, REFERENCE, move |ctx| {
-                broadcast_reference(ctx, &s)
-            })
-            .glue_composed(SWITCH_GLU_STEP),
-        );
+        cases.push(described(
+            format!("{}/broadcast-weight", s.stem()),
+            &SwitchCase::BroadcastWeight(s.clone()),
+        ));
+        cases.push(described(
+            format!("{}/broadcast-reference-vs-contiguous", s.stem()),
+            &SwitchCase::BroadcastReferenceVsContiguous(s),
+        ));
     }
 
     for (spec, sorted) in [(a4, false), (a4, true), (mxfp4, false), (nvfp4, false)] {
@@ -360,9 +408,10 @@ pub(super) fn cases() -> Vec<Case> {
             ..Shape::new(spec, 8, sorted)
         };
         let name = format!("{}/one-shot-vs-chunks-of-5", s.name());
-        cases.push(Case::finding(name, FAMILY, REFERENCE, move |ctx| {
-            chunks(ctx, &s, 5)
-        }));
+        cases.push(described(
+            name,
+            &SwitchCase::OneShotVsChunks { shape: s, chunk: 5 },
+        ));
     }
     for spec in [a4, nvfp4] {
         let s = Shape {
@@ -370,10 +419,10 @@ pub(super) fn cases() -> Vec<Case> {
             len: 40,
             ..Shape::new(spec, 8, false)
         };
-        let name = format!("{}/sorted-vs-unsorted", s.stem());
-        cases.push(Case::finding(name, FAMILY, REFERENCE, move |ctx| {
-            sorted_vs_unsorted(ctx, &s)
-        }));
+        cases.push(described(
+            format!("{}/sorted-vs-unsorted", s.stem()),
+            &SwitchCase::SortedVsUnsorted(s),
+        ));
     }
 
     for path in [
@@ -381,12 +430,13 @@ pub(super) fn cases() -> Vec<Case> {
         "model.layers.1.mlp.switch_mlp.down_proj",
     ] {
         let name = format!("{FAMILY}/checkpoint/tiny-mixed/{path}/offloaded-vs-resident");
-        cases.push(
-            Case::must_equal(name, FAMILY, REFERENCE_LOAD, move |ctx| {
-                offload(ctx, "tiny-mixed", path)
-            })
-            .glue_composed(SWITCH_GLU_STEP),
-        );
+        cases.push(described(
+            name,
+            &SwitchCase::OffloadedVsResident {
+                checkpoint: "tiny-mixed".into(),
+                path: path.into(),
+            },
+        ));
     }
     cases
 }
@@ -734,7 +784,7 @@ impl Drop for TempFile {
 /// served from a page-aligned map; both against the reference's
 /// `load_model` of the same directory.
 fn offload(ctx: &Ctx, fixture: &str, path: &str) -> Result<CaseOutput, CaseError> {
-    let dir = fixture_dir(fixture);
+    let dir = fixture_dir(fixture)?;
     let checkpoint = Checkpoint::open(&dir).map_err(port)?;
     let info: LayerInfo = layer_infos(&checkpoint)?.remove(path).ok_or_else(|| {
         CaseError::Harness(format!("{path} is not in the fixture's conformance_layers"))

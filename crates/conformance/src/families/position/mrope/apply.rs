@@ -6,7 +6,7 @@ use layers::position::{
 };
 use oracle::{DType, HostTensor};
 
-use super::super::{build_prompt, host, int32_tensor, mrope_path, port, Piece, Prompt};
+use super::super::{build_prompt, host, int32_tensor, port, Piece, Prompt};
 use super::Model;
 use crate::case::{CaseError, CaseOutput, Ctx};
 use crate::reference;
@@ -137,25 +137,6 @@ fn port_positions(
         .flat_map(|axis| windows.iter().flat_map(move |w| w[axis].iter().copied()))
         .collect();
     Ok(int32_tensor(&values, &[3, batch, len]))
-}
-
-pub(super) fn run_apply(
-    ctx: &Ctx,
-    model: Model,
-    dtype: DType,
-    scenario: Scenario,
-    forced: Option<MropePath>,
-) -> Result<CaseOutput, CaseError> {
-    let path = match forced {
-        Some(path) => path,
-        None => mrope_path(ctx)?,
-    };
-    let (rows, decode): (Vec<&[Piece]>, Option<(usize, usize)>) = match scenario {
-        Scenario::Text { prompt } => (vec![prompt], None),
-        Scenario::Prompt { rows } => (rows.to_vec(), None),
-        Scenario::Decode { prompt, extra, len } => (vec![prompt], Some((extra, len))),
-    };
-    run_rows(ctx, model, dtype, &rows, decode, forced, path)
 }
 
 /// A step's port inputs: prompts, the rotated window's q / k and its

@@ -18,8 +18,9 @@ use oracle::DType;
 
 use super::{dtype_tag, FLOAT_DTYPES};
 use crate::case::{Backend, Case};
+use crate::families::describe::{described, Described, Params};
 use crate::reference;
-use apply::{run_apply, SCENARIOS};
+use apply::SCENARIOS;
 use kernel::{run_kernel_launch, run_kernel_source};
 use selector::run_selector_sweep;
 
@@ -108,15 +109,97 @@ const APPLY_PIECES: &[&str] = &[
     "mlx_vlm.models.rope_utils.MRoPERotaryEmbedding.apply_rotary",
 ];
 
-pub fn cases() -> Vec<Case> {
+/// A `position/mrope` case as data.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum MropeCase {
+    /// Must-equal: the port's apply against the reference's, on the path
+    /// the backend takes.
+    Apply(shape::MropeShape),
+    /// Must-equal (Metal only): the fused kernel against the reference's.
+    MetalKernel(shape::MropeShape),
+    /// Must-equal: the interleaved position selector over a sweep.
+    SelectorSweep,
+    /// Must-equal: the kernel source and arguments the reference builds.
+    KernelSource {
+        #[serde(with = "pairing")]
+        pairing: Pairing,
+        rotary_dim: usize,
+        position_ndim: usize,
+    },
+    /// Must-equal: one launch of the reference's kernel, `[B, Hq, Hk, L, D]`.
+    KernelLaunch {
+        dtype: DType,
+        shape: [usize; 5],
+        rotary_dim: usize,
+        position_ndim: usize,
+    },
+}
+
+/// `Pairing` as its reference spelling (`half_split`, `even_odd`).
+mod pairing {
+    use layers::position::Pairing;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(p: &Pairing, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(p.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Pairing, D::Error> {
+        let text = String::deserialize(d)?;
+        [Pairing::HalfSplit, Pairing::EvenOdd]
+            .into_iter()
+            .find(|p| p.as_str() == text)
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!("pairing `{text}`: half_split or even_odd"))
+            })
+    }
+}
+
+impl Params for MropeCase {
+    const BUILDER: &'static str = FAMILY;
+    fn build(self, name: String) -> Case {
+        match self {
+            MropeCase::Apply(shape) => shape.case_named(name),
+            MropeCase::MetalKernel(shape) => shape
+                .case_forced(name, MropePath::MetalKernel)
+                .glue_composed(APPLY_PIECES)
+                .only_on(
+                    &[Backend::Metal],
+                    "the fused mRoPE kernel runs only on Metal",
+                ),
+            MropeCase::SelectorSweep => {
+                Case::must_equal(name, FAMILY, SELECTOR_REFERENCE, run_selector_sweep)
+            }
+            MropeCase::KernelSource {
+                pairing,
+                rotary_dim,
+                position_ndim,
+            } => Case::must_equal(name, FAMILY, KERNEL_REFERENCE, move |ctx| {
+                run_kernel_source(ctx, pairing, rotary_dim, position_ndim)
+            }),
+            MropeCase::KernelLaunch {
+                dtype,
+                shape,
+                rotary_dim,
+                position_ndim,
+            } => Case::must_equal(name, FAMILY, LAUNCH_REFERENCE, move |ctx| {
+                run_kernel_launch(ctx, dtype, shape, rotary_dim, position_ndim)
+            }),
+        }
+    }
+}
+
+pub fn descriptions() -> Vec<Described> {
     let mut cases = Vec::new();
-    // Built from descriptions (`shape::MropeShape`, the explorer's data),
-    // under the fixed names.
+    // The apply cases: `MropeShape`s (the explorer's data) under their
+    // fixed names.
     for model in MODELS {
         for dtype in FLOAT_DTYPES {
             for (tag, scenario) in SCENARIOS {
                 let name = format!("{FAMILY}/{}/{}/{tag}", model.name, dtype_tag(dtype));
-                cases.push(shape::MropeShape::fixed(&model, dtype, scenario).case_named(name));
+                let shape = shape::MropeShape::fixed(&model, dtype, scenario);
+                cases.push(described(name, &MropeCase::Apply(shape)));
             }
         }
     }
@@ -128,23 +211,13 @@ pub fn cases() -> Vec<Case> {
                 QWEN3_5.name,
                 dtype_tag(dtype)
             );
-            cases.push(
-                Case::must_equal(name, FAMILY, APPLY_REFERENCE, move |ctx| {
-                    run_apply(ctx, QWEN3_5, dtype, scenario, Some(MropePath::MetalKernel))
-                })
-                .glue_composed(APPLY_PIECES)
-                .only_on(
-                    &[Backend::Metal],
-                    "the fused mRoPE kernel runs only on Metal",
-                ),
-            );
+            let shape = shape::MropeShape::fixed(&QWEN3_5, dtype, scenario);
+            cases.push(described(name, &MropeCase::MetalKernel(shape)));
         }
     }
-    cases.push(Case::must_equal(
+    cases.push(described(
         format!("{FAMILY}/selector/sweep"),
-        FAMILY,
-        SELECTOR_REFERENCE,
-        run_selector_sweep,
+        &MropeCase::SelectorSweep,
     ));
     for pairing in [Pairing::HalfSplit, Pairing::EvenOdd] {
         for rotary_dim in [64, 128, 32] {
@@ -153,11 +226,13 @@ pub fn cases() -> Vec<Case> {
                     "{FAMILY}/kernel-source/{}/rot{rotary_dim}/{position_ndim}d",
                     pairing.as_str()
                 );
-                cases.push(Case::must_equal(
+                cases.push(described(
                     name,
-                    FAMILY,
-                    KERNEL_REFERENCE,
-                    move |ctx| run_kernel_source(ctx, pairing, rotary_dim, position_ndim),
+                    &MropeCase::KernelSource {
+                        pairing,
+                        rotary_dim,
+                        position_ndim,
+                    },
                 ));
             }
         }
@@ -170,11 +245,14 @@ pub fn cases() -> Vec<Case> {
         let [b, hq, hk, l, d] = shape;
         let name =
             format!("{FAMILY}/kernel-launch/{}/B{b}-Hq{hq}-Hk{hk}-L{l}-D{d}/rot{rotary_dim}/{position_ndim}d", dtype_tag(dtype));
-        cases.push(Case::must_equal(
+        cases.push(described(
             name,
-            FAMILY,
-            LAUNCH_REFERENCE,
-            move |ctx| run_kernel_launch(ctx, dtype, shape, rotary_dim, position_ndim),
+            &MropeCase::KernelLaunch {
+                dtype,
+                shape,
+                rotary_dim,
+                position_ndim,
+            },
         ));
     }
     cases

@@ -38,7 +38,7 @@ pub enum PromptPiece {
 }
 
 impl PromptPiece {
-    fn of(p: Piece) -> Self {
+    pub(crate) fn of(p: Piece) -> Self {
         match p {
             Piece::Text(tokens) => PromptPiece::Text { tokens },
             Piece::Image(g) => PromptPiece::Image {
@@ -54,7 +54,7 @@ impl PromptPiece {
         }
     }
 
-    fn piece(self) -> Piece {
+    pub(crate) fn piece(self) -> Piece {
         match self {
             PromptPiece::Text { tokens } => Piece::Text(tokens),
             PromptPiece::Image { t, h, w } => Piece::Image(GridThw::new(t, h, w)),
@@ -75,6 +75,25 @@ impl PromptPiece {
             }
         }
     }
+}
+
+/// Why prompt rows cannot be laid out, if so: every vision grid needs t
+/// positive and h, w positive multiples of the merge size 2; at most 2^20
+/// tokens a row.
+pub(crate) fn check_pieces(rows: &[Vec<PromptPiece>]) -> Result<(), String> {
+    for p in rows.iter().flatten() {
+        if let PromptPiece::Image { t, h, w } | PromptPiece::Video { t, h, w } = *p {
+            if t == 0 || h == 0 || w == 0 || h % 2 != 0 || w % 2 != 0 {
+                return Err(format!(
+                    "grid ({t}, {h}, {w}): t positive, h and w positive multiples of 2"
+                ));
+            }
+        }
+    }
+    if let Some(len) = rows.iter().map(|r| row_len(r)).find(|&l| l > 1 << 20) {
+        return Err(format!("a prompt of {len} tokens (more than 2^20)"));
+    }
+    Ok(())
 }
 
 /// A prompt row's tokens (saturating).
@@ -163,15 +182,7 @@ impl MropeShape {
         if len > 1 << 20 {
             return Err(format!("a prompt of {len} tokens (more than 2^20)"));
         }
-        for p in self.rows.iter().flatten() {
-            if let PromptPiece::Image { t, h, w } | PromptPiece::Video { t, h, w } = *p {
-                if t == 0 || h == 0 || w == 0 || h % 2 != 0 || w % 2 != 0 {
-                    return Err(format!(
-                        "grid ({t}, {h}, {w}): t positive, h and w positive multiples of 2"
-                    ));
-                }
-            }
-        }
+        check_pieces(&self.rows)?;
         if self.rotary_dim == 0 || self.rotary_dim % 2 != 0 || self.rotary_dim > self.head_dim {
             return Err(format!(
                 "rotary_dim {} must be even, positive and at most head_dim {}",
@@ -256,6 +267,25 @@ impl MropeShape {
             )
         })
         .glue_composed(APPLY_PIECES)
+    }
+
+    /// The must-equal case of this shape with the port and the reference
+    /// both forced onto `path` (the fused Metal kernel).
+    pub fn case_forced(self, name: String, path: layers::position::MropePath) -> Case {
+        Case::must_equal(name, FAMILY, APPLY_REFERENCE, move |ctx| {
+            self.check().map_err(|e| CaseError::harness("shape", e))?;
+            let pieces = self.pieces();
+            let rows: Vec<&[Piece]> = pieces.iter().map(Vec::as_slice).collect();
+            run_rows(
+                ctx,
+                self.model(),
+                self.dtype,
+                &rows,
+                self.decode,
+                Some(path),
+                path,
+            )
+        })
     }
 
     /// The window's seeded `q`, `k` and the port's `position_ids` (for
