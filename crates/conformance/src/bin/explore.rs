@@ -65,6 +65,12 @@ struct Cli {
     /// (internal) Observe this one description (JSON) in this fresh
     /// process and print the observation as JSON: how a search reruns a
     /// violation alone.
+    /// Print samples per second per family (`--family` chooses; default
+    /// all): the search as it runs, and its small shapes alone, `--samples`
+    /// (default 200) each for seeds 1 and 2; writes no report. The
+    /// benchmark of a bundle (no Rust needed).
+    #[arg(long, conflicts_with_all = ["merge", "keep"])]
+    bench: bool,
     #[arg(long, hide = true, value_name = "DESCRIPTION_JSON")]
     observe_alone: Option<String>,
 }
@@ -108,7 +114,7 @@ fn main() -> ExitCode {
     // The reports' directory is made (and found unwritable) before any
     // sample runs, and a previous run's reports are removed: an
     // interrupted or failed search never leaves an older report standing.
-    if cli.merge.is_empty() && cli.observe_alone.is_none() {
+    if cli.merge.is_empty() && cli.observe_alone.is_none() && !cli.bench {
         if cli.budget.is_zero() {
             return fail(
                 "--budget 0s: a search of no time checks nothing; give a budget such as 60s or 10m",
@@ -211,6 +217,19 @@ fn main() -> ExitCode {
             serde_json::to_string(&explore::observe(&oracle, backend, &d)).expect("json")
         );
         return ExitCode::SUCCESS;
+    }
+    if cli.bench {
+        let samples = cli.samples.unwrap_or(200);
+        return match explore::rate::print_rates(
+            &oracle,
+            backend,
+            &cli.families,
+            samples,
+            &mut |l| outln!("{l}"),
+        ) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(e),
+        };
     }
     conformance::runner::catch_interrupts();
     let config = Config {

@@ -25,6 +25,7 @@
 //! serde data its fixed cases are built from (`families::describe`).
 
 pub mod plant;
+pub mod rate;
 pub mod report;
 pub mod strategy;
 
@@ -175,6 +176,37 @@ impl Description {
     pub fn case(&self, prefix: &str) -> Case {
         let d = self.described(prefix);
         describe::build_or_failing(&d)
+    }
+
+    /// The multiply-adds of one forward (saturating): M·K·N for the
+    /// quantized families (switch: routed rows), B·H·L·M·D for SDPA (twice:
+    /// scores and values), B·L·(Hq + Hk)·rotary_dim for mRoPE. What the
+    /// explore bench calls a small shape.
+    pub fn work(&self) -> usize {
+        let product = |dims: &[usize]| dims.iter().fold(1usize, |a, d| a.saturating_mul(*d));
+        match self {
+            Description::AttentionSdpa { shape, .. } => product(&[
+                2,
+                shape.batch,
+                shape.n_heads,
+                shape.kv_len,
+                shape.m,
+                shape.head_dim,
+            ]),
+            Description::PositionMrope { shape, .. } => {
+                let window = shape.decode.map_or(shape.prompt_len(), |(_, l)| l);
+                product(&[
+                    shape.rows.len(),
+                    window,
+                    shape.q_heads + shape.k_heads,
+                    shape.rotary_dim,
+                ])
+            }
+            _ => {
+                let (m, k, n) = self.mkn();
+                product(&[m, k, n])
+            }
+        }
     }
 
     /// The sample's point in the regime map: (M, K, N) for the quantized
