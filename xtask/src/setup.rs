@@ -110,7 +110,11 @@ pub fn build(root: &Path, layout: &Layout, force: bool, base_python: Option<&Pat
     println!("setup: {} via `{}`", uv.version, uv.describe());
 
     // From here on the environment is being rebuilt: it must not look ready.
+    // The old fingerprint's text and time are kept: a rebuild that ends
+    // with the same fingerprint restores its time, so build scripts that
+    // watch it (mlx-sys) rerun on a changed environment, not on a rewrite.
     std::fs::create_dir_all(root.join(layout.dir))?;
+    let previous = previous_fingerprint(&fingerprint_path);
     remove_if_exists(&fingerprint_path)?;
 
     let venv = root.join(layout.venv());
@@ -209,10 +213,17 @@ pub fn build(root: &Path, layout: &Layout, force: bool, base_python: Option<&Pat
     } else {
         None
     };
-    write_atomically(
-        &fingerprint_path,
-        &(serde_json::to_string_pretty(&fingerprint)? + "\n"),
-    )?;
+    let text = serde_json::to_string_pretty(&fingerprint)? + "\n";
+    write_atomically(&fingerprint_path, &text)?;
+    match previous {
+        Some((old, modified)) if old == text => {
+            set_modified(&fingerprint_path, modified)?;
+            println!(
+                "setup: the fingerprint is unchanged (its time kept: nothing rebuilds for it)"
+            );
+        }
+        _ => {}
+    }
     println!(
         "setup: {backend} reference environment ready ({}) in {:.1} s",
         fingerprint_path.display(),
@@ -620,6 +631,22 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The fingerprint's text and modification time before a rebuild, if it
+/// was there.
+fn previous_fingerprint(path: &Path) -> Option<(String, std::time::SystemTime)> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let modified = std::fs::metadata(path).ok()?.modified().ok()?;
+    Some((text, modified))
+}
+
+fn set_modified(path: &Path, time: std::time::SystemTime) -> Result<()> {
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.set_modified(time))
+        .with_context(|| format!("restoring the time of {}", path.display()))
 }
 
 fn write_atomically(path: &Path, contents: &str) -> Result<()> {

@@ -137,6 +137,17 @@ pub fn device_key(backend: crate::case::Backend, architecture: &str, device_name
     }
 }
 
+/// The device key of the CPU set a GPU run's findings are compared with:
+/// the GPU run's declared key when it declared one (a CI runner family
+/// records both its CPU and its GPU set under that key), else the CPU's
+/// derived key (`<os>-<arch>`).
+pub fn cpu_key_beside(declared: Option<&str>) -> String {
+    match declared {
+        Some(key) => key.to_owned(),
+        None => device_key(crate::case::Backend::Cpu, "", ""),
+    }
+}
+
 /// Lower-case ASCII letters, digits and `_`; everything else becomes one
 /// `-` (never leading or trailing). Empty input gives `unknown`.
 pub fn slug(text: &str) -> String {
@@ -220,17 +231,65 @@ impl SetCommands {
     }
 }
 
+/// Whether this process runs under CI (`CI=true` or `CI=1`, as GitHub
+/// Actions and most CI services set it): snapshots are never written, and
+/// a missing set fails the run.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// Where a run happens, for what a missing set means and who records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunPlace {
+    /// A user's machine: a missing set leaves the verdicts standing (exit
+    /// 0 when they pass); the line names the accept command.
+    Local,
+    /// CI on macOS: the set is recorded by the apple-silicon workflow's
+    /// bootstrap dispatch (CI refuses the accept command).
+    CiMacos,
+    /// CI elsewhere: the set is recorded outside CI on a machine of the
+    /// runner's kind, and committed.
+    Ci,
+}
+
+impl RunPlace {
+    /// This process's place.
+    pub fn here() -> Self {
+        match (in_ci(), cfg!(target_os = "macos")) {
+            (false, _) => RunPlace::Local,
+            (true, true) => RunPlace::CiMacos,
+            (true, false) => RunPlace::Ci,
+        }
+    }
+
+    /// Whether a missing set fails the run (exit 2): under CI only, as
+    /// insta treats a new snapshot. A user's first run on a device no set
+    /// was recorded for still exits 0 when every must-equal case passes.
+    pub fn requires_set(self) -> bool {
+        self != RunPlace::Local
+    }
+}
+
 /// The one-line diagnosis of a missing set: its name, where it is looked
-/// for, and the command that records it.
-pub fn missing_set_line(dir: &Path, commands: &SetCommands) -> String {
+/// for, what that means here and how it gets recorded.
+pub fn missing_set_line(dir: &Path, commands: &SetCommands, place: RunPlace) -> String {
     let name = dir
         .file_name()
         .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-    format!(
-        "snapshot set {name} is missing: no .snap files in {}; record it on this device with `{}` (README: \"Snapshot sets\")",
-        dir.display(),
-        commands.accept
-    )
+    let dir = dir.display();
+    match place {
+        RunPlace::Local => format!(
+            "bits are not pinned on this device: snapshot set {name} is missing (no .snap files in {dir}), so the verdicts are port vs reference only; record the set with `{}` (README: \"Snapshot sets\")",
+            commands.accept
+        ),
+        RunPlace::CiMacos => format!(
+            "snapshot set {name} is missing: no .snap files in {dir}; CI never writes snapshots: record it with the bootstrap run of the apple-silicon workflow (Actions → apple-silicon → Run workflow, input `bootstrap` ticked) and commit the sets from its artifact (README: \"Apple Silicon CI\")"
+        ),
+        RunPlace::Ci => format!(
+            "snapshot set {name} is missing: no .snap files in {dir}; CI never writes snapshots: record it outside CI on a machine of this runner's kind with `{}` and commit it (README: \"Snapshot sets\")",
+            commands.accept
+        ),
+    }
 }
 
 /// The file name of a case's snapshot.
@@ -947,10 +1006,30 @@ mod tests {
         record(&dir, &result("a/b"));
         assert!(set_exists(&dir).unwrap());
         let commands = SetCommands::new("", "--device gpu");
-        let line = missing_set_line(&dir.join("metal-x-mlx0"), &commands);
-        assert!(!line.contains('\n'));
-        assert!(line.contains("metal-x-mlx0"));
-        assert!(line.contains("cargo xtask fixtures accept --device gpu"));
+        for place in [RunPlace::Local, RunPlace::CiMacos, RunPlace::Ci] {
+            let line = missing_set_line(&dir.join("metal-x-mlx0"), &commands, place);
+            assert!(!line.contains('\n'));
+            assert!(line.contains("metal-x-mlx0"), "{line}");
+            // Under CI on macOS the accept command is refused: the line
+            // names the bootstrap dispatch instead.
+            assert_eq!(
+                line.contains("cargo xtask fixtures accept --device gpu"),
+                place != RunPlace::CiMacos,
+                "{line}"
+            );
+            assert_eq!(
+                line.contains("bootstrap"),
+                place == RunPlace::CiMacos,
+                "{line}"
+            );
+            assert_eq!(
+                line.starts_with("bits are not pinned on this device"),
+                place == RunPlace::Local,
+                "{line}"
+            );
+        }
+        assert!(!RunPlace::Local.requires_set());
+        assert!(RunPlace::Ci.requires_set() && RunPlace::CiMacos.requires_set());
     }
 
     #[test]

@@ -400,3 +400,42 @@ fn a_described_case_runs_from_its_description_and_its_seed_is_data() {
     assert!(text(&refused).contains("line 2"), "{}", text(&refused));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Outside CI, a device no set was recorded for still gets every verdict:
+/// exit 0 when they pass, and one line saying the bits are not pinned and
+/// how to record them (under CI the same run exits 2, test above).
+#[test]
+fn outside_ci_a_missing_set_is_one_line_and_the_verdicts_decide_the_exit() {
+    let out_dir = scratch("missing-local");
+    let out = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args([
+            "--device",
+            "cpu",
+            "--filter",
+            SMOKE,
+            "--device-family",
+            "no-such-runner",
+            "--out",
+        ])
+        .arg(&out_dir)
+        .env_remove("MLX_CONFORMANCE_DEVICE_FAMILY")
+        .env_remove("CI")
+        .output()
+        .expect("the conformance binary starts");
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout
+        .lines()
+        .filter(|l| l.contains("not pinned"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{all}");
+    assert!(
+        lines[0]
+            .contains("cargo xtask fixtures accept --device cpu --device-family no-such-runner"),
+        "{}",
+        lines[0]
+    );
+    assert!(stdout.contains("1 passed, 0 findings, 0 failed"), "{all}");
+    let _ = std::fs::remove_dir_all(&out_dir);
+}

@@ -100,7 +100,20 @@ pub fn summary(report: &Report) -> String {
     for (row, output, e) in super::exact_outside(&report.cases) {
         out.push_str(&format!("  !! {} {}\n", row.result.name, e.line(output)));
     }
-    let bad = notable + s.orphaned_snapshots.len() + usize::from(s.missing_snapshot_set.is_some());
+    if let Some(p) = &s.proof {
+        out.push_str(&format!(
+            "proof (--perturb): {} must-equal outputs differ, {} derived, {} UNDETECTED\n",
+            p.outputs_differ,
+            p.derived,
+            p.undetected.len()
+        ));
+        for u in &p.undetected {
+            out.push_str(&format!("  !! undetected: {u}\n"));
+        }
+    }
+    let bad = notable
+        + s.orphaned_snapshots.len()
+        + usize::from(s.missing_snapshot_set.is_some() && s.missing_set_fails);
     let (passed, findings) = (count("pass"), count("finding"));
     out.push_str(&format!(
         "snapshot set {} · MLX {} · {} ({}, {})\n",

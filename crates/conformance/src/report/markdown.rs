@@ -38,6 +38,20 @@ pub fn render(report: &Report) -> String {
             md,
             "> proof run (`--perturb`): the reference received perturbed inputs, so every must-equal case is meant to FAIL with each output differing (except \"Derived outputs\")\n"
         );
+        if let Some(p) = &s.proof {
+            let _ = writeln!(
+                md,
+                "> proof: {} must-equal outputs differ, {} derived, **{} undetected**{}\n",
+                p.outputs_differ,
+                p.derived,
+                p.undetected.len(),
+                if p.undetected.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", p.undetected.join("; "))
+                }
+            );
+        }
     }
     if let Some(f) = &e.filter {
         let _ = writeln!(md, "> filtered: only cases whose name contains `{f}`\n");
@@ -224,6 +238,13 @@ pub fn render(report: &Report) -> String {
                 let _ = writeln!(md, "| `{}` | {field} | `{cpu}` | `{now}` |", d.case);
             }
         }
+    }
+    if let Some(set) = &report.vs_cpu_missing {
+        let _ = writeln!(
+            md,
+            "\n## Findings that differ between CPU and {} ({})\n\nNot compared: the CPU set `{set}` (the CPU set of this run's device key) is not recorded. Record it on the same machine with `--device cpu` under the same `--device-family`.\n",
+            e.backend, e.device_name
+        );
     }
     let _ = writeln!(md, "\n## All cases\n\n| case | verdict | path | first diff | max ulp | ms |\n|---|---|---|---|---:|---:|");
     for row in &report.cases {

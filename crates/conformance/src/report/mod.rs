@@ -88,10 +88,58 @@ pub struct Summary {
     /// cases are then not gated one by one).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub missing_snapshot_set: Option<String>,
+    /// Whether the missing set fails the run (under CI); a user's own run
+    /// reports it and keeps the verdicts' exit code.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub missing_set_fails: bool,
     pub wall_ms: f64,
     pub exit_code: i32,
     /// The exact oracle over every output in its scope.
     pub exact: ExactSummary,
+    /// A proof run (`--perturb`) only: whether every must-equal output can
+    /// fail. It decides the run's exit code.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proof: Option<Proof>,
+}
+
+/// The proof run's verdict: with every perturbable argument perturbed,
+/// every must-equal case that ran must FAIL, each output differing unless
+/// declared derived.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Proof {
+    /// Must-equal outputs that differ, as they must.
+    pub outputs_differ: usize,
+    /// Outputs no perturbable argument reaches (listed in report.md).
+    pub derived: usize,
+    /// What the perturbation did not reach: `case · output`, or a
+    /// must-equal case that did not FAIL with its verdict.
+    pub undetected: Vec<String>,
+}
+
+impl Proof {
+    fn of(rows: &[Row]) -> Self {
+        let mut p = Proof::default();
+        for r in rows
+            .iter()
+            .map(|r| &r.result)
+            .filter(|r| r.expect == crate::case::Expect::MustEqual && r.verdict != Verdict::Skip)
+        {
+            if r.verdict != Verdict::Fail {
+                p.undetected.push(format!("{}: {:?}", r.name, r.verdict));
+                continue;
+            }
+            for o in r.output.iter().flat_map(|out| &out.outputs) {
+                match &o.derived {
+                    Some(_) => p.derived += 1,
+                    None if o.comparison.is_equal() => {
+                        p.undetected.push(format!("{} · {}", r.name, o.name))
+                    }
+                    None => p.outputs_differ += 1,
+                }
+            }
+        }
+        p
+    }
 }
 
 /// What the exact oracle found over the run.
@@ -213,6 +261,9 @@ pub struct Report {
     /// On a GPU backend: findings side by side with the recorded CPU set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub vs_cpu: Option<VsCpu>,
+    /// On a GPU backend with no CPU set to compare with: the set looked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vs_cpu_missing: Option<String>,
     pub cases: Vec<Row>,
 }
 
@@ -259,7 +310,20 @@ impl Report {
         s.exact = ExactSummary::of(&rows);
         // Precedence: a broken verdict first, then a run that could not
         // evaluate everything, then drift.
-        s.exit_code = if s.failed > 0 {
+        if environment.perturb {
+            s.proof = Some(Proof::of(&rows));
+        }
+        s.exit_code = if let Some(proof) = &s.proof {
+            // The proof run: its cases are meant to fail; exit 1 when the
+            // perturbation went undetected anywhere.
+            if !proof.undetected.is_empty() {
+                exit::MUST_EQUAL_FAILURE
+            } else if s.errors > 0 {
+                exit::ENVIRONMENT
+            } else {
+                exit::PASS
+            }
+        } else if s.failed > 0 {
             exit::MUST_EQUAL_FAILURE
         } else if s.errors > 0 {
             exit::ENVIRONMENT
@@ -275,18 +339,45 @@ impl Report {
             summary: s,
             families,
             vs_cpu: None,
+            vs_cpu_missing: None,
             cases: rows,
         }
     }
 }
 
 impl Report {
+    /// A GPU run's findings beside the CPU set of the same device key
+    /// ([`crate::snapshots::cpu_key_beside`]: the declared runner family,
+    /// else the CPU's own key) and MLX version, under `fixtures`; when that
+    /// set is not recorded, `vs_cpu_missing` names it.
+    pub fn compare_with_cpu_set(&mut self, fixtures: &Path) {
+        let e = &self.environment;
+        let declared = e.device_family_declared.then_some(e.device_family.as_str());
+        let cpu_dir = crate::snapshots::set_dir(
+            fixtures,
+            crate::case::Backend::Cpu.as_str(),
+            &crate::snapshots::cpu_key_beside(declared),
+            &e.mlx_version,
+        );
+        if crate::snapshots::set_exists(&cpu_dir).unwrap_or(false) {
+            self.vs_cpu = Some(VsCpu::compare(&cpu_dir, &self.cases));
+            self.vs_cpu_missing = None;
+        } else {
+            self.vs_cpu = None;
+            self.vs_cpu_missing = cpu_dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned());
+        }
+    }
+
     /// Marks the run's snapshot set as missing (`line` says which, where
-    /// and how to record it): exit code 2 unless a failure or error
-    /// already decides it.
-    pub fn with_missing_set(mut self, line: String) -> Self {
+    /// and how to record it). With `required` (under CI): exit code 2
+    /// unless a failure or error already decides it; otherwise the
+    /// verdicts decide alone.
+    pub fn with_missing_set(mut self, line: String, required: bool) -> Self {
         self.summary.missing_snapshot_set = Some(line);
-        if self.summary.exit_code == exit::PASS {
+        self.summary.missing_set_fails = required;
+        if required && self.summary.exit_code == exit::PASS {
             self.summary.exit_code = exit::DRIFT;
         }
         self
@@ -495,5 +586,175 @@ pub fn verdict_word(row: &Row) -> &'static str {
         (Verdict::Finding, _) => "finding",
         (Verdict::Skip, _) => "skip",
         (Verdict::Error, _) => "ERROR",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::case::{CaseOutput, Expect};
+    use crate::snapshots::{self, Mode, Provenance, Status};
+
+    fn finding(name: &str) -> CaseResult {
+        CaseResult {
+            name: name.into(),
+            family: "f".into(),
+            reference: "r".into(),
+            glue_composed: Vec::new(),
+            expect: Expect::Finding,
+            verdict: Verdict::Finding,
+            output: Some(CaseOutput::new("p").with_finding(serde_json::json!({"parts": 3}))),
+            message: None,
+            time_ms: 1.0,
+        }
+    }
+
+    fn environment(backend: &str, family: &str, declared: bool) -> Environment {
+        Environment {
+            mlx_version: "0.32.2".into(),
+            backend: backend.into(),
+            device: "gpu".into(),
+            device_name: "Apple M1 (Virtual)".into(),
+            architecture: "air64_v26".into(),
+            host: BTreeMap::new(),
+            device_family: family.into(),
+            device_family_declared: declared,
+            snapshot_set: format!("{backend}-{family}-mlx0.32.2"),
+            set_commands: snapshots::SetCommands::new("", "--device gpu"),
+            lock_sha256: "l".into(),
+            libmlx: "x".into(),
+            seed: 0,
+            filter: None,
+            perturb: false,
+            snapshots_checked: true,
+            poison: true,
+        }
+    }
+
+    /// A Metal run that declares its runner family (`gha-macos-14`, as the
+    /// apple-silicon workflow does) reads the CPU set recorded under that
+    /// family, not the CPU's derived key; a run with no such CPU set says
+    /// so in report.md instead of leaving the section out.
+    #[test]
+    fn the_metal_vs_cpu_section_reads_the_cpu_set_of_the_declared_family() {
+        let fixtures =
+            std::env::temp_dir().join(format!("conformance-vs-cpu-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&fixtures);
+        let cpu_set = fixtures
+            .join("snapshots")
+            .join("cpu-gha-macos-14-mlx0.32.2");
+        std::fs::create_dir_all(&cpu_set).unwrap();
+        let provenance = Provenance {
+            mlx_version: "0.32.2".into(),
+            backend: "cpu".into(),
+            device: "gha-macos-14".into(),
+            device_name: String::new(),
+            architecture: String::new(),
+            host: BTreeMap::new(),
+            lock_sha256: "l".into(),
+            date: "2026-12-02".into(),
+        };
+        let g = snapshots::gate(&cpu_set, &[finding("f/a")], Mode::Accept, &provenance, None);
+        assert!(g.write_errors.is_empty(), "{:?}", g.write_errors);
+        let rows = || {
+            vec![Row {
+                result: finding("f/a"),
+                snapshot: Status::Match,
+            }]
+        };
+
+        let mut declared =
+            Report::new(environment("metal", "gha-macos-14", true), rows(), &[], 1.0);
+        declared.compare_with_cpu_set(&fixtures);
+        let vs = declared
+            .vs_cpu
+            .as_ref()
+            .expect("the declared family's CPU set is read");
+        assert_eq!(vs.cpu_set, "cpu-gha-macos-14-mlx0.32.2");
+        assert_eq!((vs.same, vs.no_cpu_record), (1, 0));
+        assert!(markdown::render(&declared)
+            .contains("CPU values from the recorded set `cpu-gha-macos-14-mlx0.32.2`"));
+
+        let mut derived = Report::new(environment("metal", "air64_v26", false), rows(), &[], 1.0);
+        derived.compare_with_cpu_set(&fixtures);
+        assert!(derived.vs_cpu.is_none());
+        let looked_for = format!(
+            "cpu-{}-{}-mlx0.32.2",
+            std::env::consts::OS,
+            std::env::consts::ARCH
+        );
+        assert_eq!(derived.vs_cpu_missing.as_deref(), Some(looked_for.as_str()));
+        let md = markdown::render(&derived);
+        assert!(
+            md.contains(&format!("Not compared: the CPU set `{looked_for}`")),
+            "{md}"
+        );
+        let _ = std::fs::remove_dir_all(&fixtures);
+    }
+
+    /// A missing set fails a CI run (exit 2) and leaves a user's run to its
+    /// verdicts (exit 0 when they pass), counted apart in the closing line.
+    #[test]
+    fn a_missing_set_fails_under_ci_only() {
+        // With the whole set missing, cases are not gated one by one.
+        let rows = || {
+            vec![Row {
+                result: finding("f/a"),
+                snapshot: Status::NotChecked,
+            }]
+        };
+        let ci = Report::new(environment("metal", "k", false), rows(), &[], 1.0)
+            .with_missing_set("line".into(), true);
+        assert_eq!(ci.summary.exit_code, exit::DRIFT);
+        assert!(
+            human::summary(&ci).contains("1 failed"),
+            "{}",
+            human::summary(&ci)
+        );
+        let local = Report::new(environment("metal", "k", false), rows(), &[], 1.0)
+            .with_missing_set("line".into(), false);
+        assert_eq!(local.summary.exit_code, exit::PASS);
+        assert!(
+            human::summary(&local).contains("0 failed"),
+            "{}",
+            human::summary(&local)
+        );
+    }
+
+    /// Under `--perturb` the proof decides the exit: 0 when every
+    /// must-equal case FAILs with each output differing, 1 naming any
+    /// output (or case) the perturbation did not reach.
+    #[test]
+    fn the_proof_run_exits_on_what_the_perturbation_reached() {
+        let mut e = environment("cpu", "k", false);
+        e.perturb = true;
+        let must = |verdict: Verdict, equal: bool| {
+            let mut out = CaseOutput::new("p");
+            let t = oracle::HostTensor::new(oracle::DType::Uint8, vec![1], vec![1]).unwrap();
+            let other = oracle::HostTensor::new(oracle::DType::Uint8, vec![1], vec![2]).unwrap();
+            let reference =
+                crate::case::Expected::from_reference(if equal { t.clone() } else { other });
+            out.compare("y", &t, &reference);
+            Row {
+                result: CaseResult {
+                    expect: Expect::MustEqual,
+                    verdict,
+                    output: Some(out),
+                    ..finding("m/a")
+                },
+                snapshot: Status::NotChecked,
+            }
+        };
+        let held = Report::new(e.clone(), vec![must(Verdict::Fail, false)], &[], 1.0);
+        let proof = held.summary.proof.as_ref().unwrap();
+        assert_eq!((proof.outputs_differ, proof.undetected.len()), (1, 0));
+        assert_eq!(held.summary.exit_code, exit::PASS);
+        let missed = Report::new(e, vec![must(Verdict::Pass, true)], &[], 1.0);
+        assert_eq!(
+            missed.summary.proof.as_ref().unwrap().undetected,
+            vec!["m/a: Pass".to_owned()]
+        );
+        assert_eq!(missed.summary.exit_code, exit::MUST_EQUAL_FAILURE);
+        assert!(human::summary(&missed).contains("1 UNDETECTED"));
     }
 }

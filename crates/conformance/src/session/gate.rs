@@ -1,7 +1,6 @@
 //! Step 3: the snapshot gate (or why it is skipped) and the report object.
 
-use conformance::case::Backend;
-use conformance::report::{self, Report, Row};
+use conformance::report::{Report, Row};
 use conformance::runner::{self, Verdict};
 use conformance::snapshots::{self, Mode, Provenance};
 
@@ -84,7 +83,13 @@ impl Session {
         let missing_set = (mode != Mode::Accept
             && cli.snapshots_checked()
             && !snapshots::set_exists(&self.set_dir).unwrap_or(false))
-        .then(|| snapshots::missing_set_line(&self.set_dir, &environment.set_commands));
+        .then(|| {
+            snapshots::missing_set_line(
+                &self.set_dir,
+                &environment.set_commands,
+                snapshots::RunPlace::here(),
+            )
+        });
         let mut gated = (cli.snapshots_checked() && missing_set.is_none() && refusal.is_none())
             .then(|| snapshots::gate(&self.set_dir, &results, mode, &provenance, registered));
         let statuses = match &mut gated {
@@ -107,18 +112,10 @@ impl Session {
             started.elapsed().as_secs_f64() * 1e3,
         );
         if let Some(line) = missing_set {
-            report = report.with_missing_set(line);
+            report = report.with_missing_set(line, snapshots::RunPlace::here().requires_set());
         }
         if self.backend.is_gpu() {
-            let cpu_dir = snapshots::set_dir(
-                &self.home.fixtures_dir(),
-                Backend::Cpu.as_str(),
-                &snapshots::device_key(Backend::Cpu, "", ""),
-                &report.environment.mlx_version,
-            );
-            if snapshots::set_exists(&cpu_dir).unwrap_or(false) {
-                report.vs_cpu = Some(report::VsCpu::compare(&cpu_dir, &report.cases));
-            }
+            report.compare_with_cpu_set(&self.home.fixtures_dir());
         }
         Gated {
             report,

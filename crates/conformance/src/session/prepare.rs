@@ -98,7 +98,7 @@ impl Session {
         if mode != Mode::Accept && cli.snapshots_checked() && !set_recorded {
             errln!(
                 "note: {}",
-                snapshots::missing_set_line(&set_dir, &set_commands)
+                snapshots::missing_set_line(&set_dir, &set_commands, snapshots::RunPlace::here())
             );
         }
         let environment = Environment {
@@ -147,7 +147,7 @@ impl Session {
 
 /// `--fixtures` as the gate's mode; refuses accept under CI.
 fn gate_mode(cli: &Cli) -> Result<Mode, Exit> {
-    let ci = std::env::var("CI").is_ok_and(|v| v == "true" || v == "1");
+    let ci = snapshots::in_ci();
     let mode = match cli.fixtures {
         GateMode::Check => Mode::Check,
         GateMode::Review => Mode::Review,

@@ -160,6 +160,24 @@ def device_info(backend):
            "architecture": str(info.get("architecture", "unknown"))}
     if backend == "cuda":
         out.update(_nvidia_versions())
+    if backend == "metal":
+        out.update(_macos_versions())
+    return out
+
+
+def _macos_versions():
+    """What can change Metal bits between macOS versions: the macOS
+    release and the mlx-metal wheel the lock installed for it (one wheel
+    per minimum macOS: 14, 15, 26), by its WHEEL tags."""
+    import platform
+    from importlib import metadata
+    out = {"macos": platform.mac_ver()[0] or "unknown"}
+    try:
+        wheel = metadata.distribution("mlx-metal").read_text("WHEEL") or ""
+        tags = [l.split(":", 1)[1].strip() for l in wheel.splitlines() if l.startswith("Tag:")]
+        out["mlx_metal_wheel"] = " ".join(tags) or "unknown"
+    except metadata.PackageNotFoundError:
+        out["mlx_metal_wheel"] = "not installed"
     return out
 
 
