@@ -142,7 +142,9 @@ fn main() -> ExitCode {
         let gated = session.gate(ran);
         session.report(gated)
     };
-    steps().unwrap_or_else(|Exit(code)| code)
+    let code = steps().unwrap_or_else(|Exit(code)| code);
+    families::remove_worker_copy();
+    code
 }
 
 /// The flags. `--help` and `--version` print and exit 0.

@@ -385,6 +385,42 @@ fn a_described_case_runs_from_its_description_and_its_seed_is_data() {
         "the seed moves the inputs"
     );
 
+    // From a pipe, with worker processes (they read the runner's own copy).
+    let mut piped = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args([
+            "--cases",
+            "/dev/stdin",
+            "--no-snapshots",
+            "--device",
+            "cpu",
+            "--jobs",
+            "2",
+            "--out",
+        ])
+        .arg(dir.join("piped"))
+        .env("CI", "true")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        piped
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(line.as_bytes())
+            .unwrap();
+    }
+    let piped = piped.wait_with_output().unwrap();
+    assert_eq!(piped.status.code(), Some(0), "{}", text(&piped));
+    assert!(
+        String::from_utf8_lossy(&piped.stdout).contains("1 passed"),
+        "{}",
+        text(&piped)
+    );
+
     let file = dir.join("same.jsonl");
     let refused = conformance(&["--cases", file.to_str().unwrap(), "--device", "cpu"]);
     assert_eq!(refused.status.code(), Some(3), "{}", text(&refused));

@@ -62,15 +62,15 @@ struct Cli {
     /// Where explore.json, explore.md and repro/ go.
     #[arg(long, default_value = "target/explore")]
     out: PathBuf,
-    /// (internal) Observe this one description (JSON) in this fresh
-    /// process and print the observation as JSON: how a search reruns a
-    /// violation alone.
     /// Print samples per second per family (`--family` chooses; default
     /// all): the search as it runs, and its small shapes alone, `--samples`
     /// (default 200) each for seeds 1 and 2; writes no report. The
     /// benchmark of a bundle (no Rust needed).
-    #[arg(long, conflicts_with_all = ["merge", "keep"])]
+    #[arg(long, conflicts_with_all = ["merge", "keep", "seed", "shard", "budget"])]
     bench: bool,
+    /// (internal) Observe this one description (JSON) in this fresh
+    /// process and print the observation as JSON: how a search reruns a
+    /// violation alone.
     #[arg(long, hide = true, value_name = "DESCRIPTION_JSON")]
     observe_alone: Option<String>,
 }
@@ -220,6 +220,11 @@ fn main() -> ExitCode {
     }
     if cli.bench {
         let samples = cli.samples.unwrap_or(200);
+        if samples == 0 {
+            return fail(
+                "--bench --samples 0: a rate of no samples measures nothing; give at least 1",
+            );
+        }
         return match explore::rate::print_rates(
             &oracle,
             backend,

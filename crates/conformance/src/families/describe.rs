@@ -57,10 +57,126 @@ pub fn described<P: Params>(name: impl Into<String>, params: &P) -> Described {
 
 type BuildFn = fn(String, serde_json::Value) -> Result<Case, String>;
 
+/// Why dimensions cannot make a case, if so: each named one must be
+/// positive, and their product (the work of one forward, about) at most
+/// `max`. For the builders whose parameters are data.
+pub fn dims(named: &[(&str, usize)], max: usize) -> Result<(), crate::case::CaseError> {
+    let zero: Vec<&str> = named
+        .iter()
+        .filter(|(_, d)| *d == 0)
+        .map(|(n, _)| *n)
+        .collect();
+    if !zero.is_empty() {
+        return Err(crate::case::CaseError::Harness(format!(
+            "parameters {} must be positive",
+            zero.join(", ")
+        )));
+    }
+    let product = named.iter().try_fold(1usize, |a, (_, d)| a.checked_mul(*d));
+    if product.is_none_or(|p| p > max) {
+        let names: Vec<&str> = named.iter().map(|(n, _)| *n).collect();
+        return Err(crate::case::CaseError::Harness(format!(
+            "parameters {} multiply past {max}: a case this size is refused (shrink them)",
+            names.join(" × ")
+        )));
+    }
+    Ok(())
+}
+
+/// The largest integer a description's parameters may hold (a dimension,
+/// a count, an offset): larger ones are refused before anything is
+/// allocated. The fixed cases stay far below it (65 600 at most).
+pub const MAX_PARAM_INTEGER: u64 = 1 << 20;
+
 fn build_as<P: Params>(name: String, params: serde_json::Value) -> Result<Case, String> {
-    serde_json::from_value::<P>(params)
-        .map(|p| p.build(name))
-        .map_err(|e| e.to_string())
+    let typed = serde_json::from_value::<P>(params.clone()).map_err(|e| e.to_string())?;
+    // serde ignores fields a type does not have (and a unit variant takes
+    // any): the typed value written back must hold every field given.
+    let written = serde_json::to_value(&typed).map_err(|e| e.to_string())?;
+    // Checked as typed (a float field given as an integer is a float).
+    check_values(&written, "params")?;
+    let mut unknown = Vec::new();
+    unknown_fields(&params, &written, "params", &mut unknown);
+    if !unknown.is_empty() {
+        return Err(format!(
+            "unknown or misplaced field{} {} (a typo? `--describe` prints the fields this builder reads)",
+            if unknown.len() == 1 { "" } else { "s" },
+            unknown.join(", ")
+        ));
+    }
+    Ok(typed.build(name))
+}
+
+/// Integers at most [`MAX_PARAM_INTEGER`], and every `dtype` (or
+/// `…_dtype`) a float dtype: the activations, weights and adapters of
+/// every family are float.
+fn check_values(v: &serde_json::Value, path: &str) -> Result<(), String> {
+    use serde_json::Value;
+    match v {
+        Value::Number(n) if n.is_u64() || n.is_i64() => {
+            let too_big = n.as_u64().is_none_or(|u| u > MAX_PARAM_INTEGER);
+            let negative = n.as_i64().is_some_and(|i| i < 0);
+            if negative || too_big {
+                return Err(format!(
+                    "`{path}` = {n}: integers here are 0 to 2^20 (dimensions, counts, offsets)"
+                ));
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                check_values(item, &format!("{path}[{i}]"))?;
+            }
+        }
+        Value::Object(map) => {
+            for (key, item) in map {
+                let at = format!("{path}.{key}");
+                if key == "dtype" || key.ends_with("_dtype") {
+                    if let Value::String(d) = item {
+                        if !["bfloat16", "float16", "float32"].contains(&d.as_str()) {
+                            return Err(format!(
+                                "`{at}` = \"{d}\": a float dtype (bfloat16, float16 or float32)"
+                            ));
+                        }
+                    }
+                }
+                check_values(item, &at)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Fields of `given` that `written` (the typed value serialized back)
+/// lacks: unknown names, or a value of the wrong shape (a list where an
+/// object is read). A `null` given for an absent optional field is fine.
+fn unknown_fields(
+    given: &serde_json::Value,
+    written: &serde_json::Value,
+    path: &str,
+    out: &mut Vec<String>,
+) {
+    use serde_json::Value;
+    match (given, written) {
+        (Value::Object(g), Value::Object(w)) => {
+            for (key, value) in g {
+                match w.get(key) {
+                    Some(wv) => unknown_fields(value, wv, &format!("{path}.{key}"), out),
+                    None if value.is_null() => {}
+                    None => out.push(format!("`{path}.{key}`")),
+                }
+            }
+        }
+        (Value::Array(g), Value::Array(w)) if g.len() == w.len() => {
+            for (i, (gv, wv)) in g.iter().zip(w).enumerate() {
+                unknown_fields(gv, wv, &format!("{path}[{i}]"), out);
+            }
+        }
+        (Value::Array(_), Value::Object(_)) => {
+            out.push(format!("`{path}` (an object of named fields, not a list)"))
+        }
+        _ => {}
+    }
 }
 
 macro_rules! builders {
@@ -129,11 +245,28 @@ const MAX_CASES_FILE: u64 = 64 << 20;
 /// line (what `conformance --describe` prints). Errors name the file, the
 /// entry and what is wrong.
 pub fn read_file(path: &std::path::Path) -> Result<Vec<Described>, String> {
-    let bytes = crate::snapshots::store::read_limited(path, MAX_CASES_FILE)
-        .map_err(|e| format!("--cases {}: {e}", path.display()))?
-        .ok_or_else(|| format!("--cases {}: no such file", path.display()))?;
-    let text = std::str::from_utf8(&bytes)
-        .map_err(|e| format!("--cases {}: not UTF-8 ({e})", path.display()))?;
+    use std::io::Read;
+    let at = || format!("--cases {}", path.display());
+    // Any readable file: a link, a pipe (`/dev/stdin`, `<(…)`) included.
+    let file = std::fs::File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => format!("{}: no such file", at()),
+        _ => format!("{}: {e}", at()),
+    })?;
+    if file.metadata().is_ok_and(|m| m.is_dir()) {
+        return Err(format!("{}: a directory, not a file of descriptions", at()));
+    }
+    let mut bytes = Vec::new();
+    file.take(MAX_CASES_FILE + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("{}: {e}", at()))?;
+    if bytes.len() as u64 > MAX_CASES_FILE {
+        return Err(format!(
+            "{}: more than 64 MiB of descriptions; split it",
+            at()
+        ));
+    }
+    let text = std::str::from_utf8(&bytes).map_err(|e| format!("{}: not UTF-8 ({e})", at()))?;
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let described: Vec<Described> = if text.trim_start().starts_with('[') {
         serde_json::from_str(text).map_err(|e| format!("--cases {}: {e}", path.display()))?
     } else {
@@ -148,6 +281,28 @@ pub fn read_file(path: &std::path::Path) -> Result<Vec<Described>, String> {
     };
     if described.is_empty() {
         return Err(format!("--cases {}: no descriptions", path.display()));
+    }
+    // Names become report lines, snapshot and `--keep-outputs` file names.
+    let mut files = std::collections::BTreeMap::new();
+    for (i, d) in described.iter().enumerate() {
+        if d.name.is_empty() || d.name.len() > 300 || d.name.chars().any(char::is_control) {
+            return Err(format!(
+                "--cases {} entry {}: name {:?}: 1 to 300 characters, no control characters",
+                path.display(),
+                i + 1,
+                d.name
+            ));
+        }
+        if let Some(j) = files.insert(crate::snapshots::file_name(&d.name), i) {
+            return Err(format!(
+                "--cases {}: entries {} and {} (`{}`, `{}`) name the same case file; rename one",
+                path.display(),
+                j + 1,
+                i + 1,
+                described[j].name,
+                d.name
+            ));
+        }
     }
     Ok(described)
 }
@@ -275,6 +430,57 @@ mod tests {
         assert_eq!(build_or_failing(&bad).name, d.name);
     }
 
+    /// Hand-edited parameters: a misspelt or extra field, a list for an
+    /// object, an integer past 2^20 and an integer dtype are refused,
+    /// naming the field, before anything is built.
+    #[test]
+    fn parameters_are_checked_as_data() {
+        let fixed = crate::families::fixed_descriptions();
+        let linear = fixed
+            .iter()
+            .find(|d| d.name == "quantized/linear/affine-4b-gs64/bf16/M8")
+            .unwrap();
+        let refused = |edit: &dyn Fn(&mut serde_json::Value), needle: &str| {
+            let mut d = linear.clone();
+            edit(&mut d.params);
+            let e = build(&d).err().unwrap_or_else(|| panic!("{needle}: built"));
+            assert!(e.contains(needle), "{needle}: {e}");
+        };
+        refused(
+            &|p| p["x_veiw"] = serde_json::json!("sliced"),
+            "`params.x_veiw`",
+        );
+        refused(
+            &|p| p["m"] = serde_json::json!(1u64 << 40),
+            "`params.m` = 1099511627776",
+        );
+        refused(
+            &|p| p["dtype"] = serde_json::json!("int32"),
+            "`params.dtype` = \"int32\"",
+        );
+        let unit = fixed
+            .iter()
+            .find(|d| d.name.ends_with("/scale-convention"))
+            .unwrap();
+        let mut d = unit.clone();
+        d.params["zz"] = serde_json::json!(1);
+        assert!(build(&d).err().unwrap().contains("`params.zz`"));
+        let smoke = &fixed[0];
+        let d = Described {
+            params: serde_json::json!([8, 256, 128]),
+            ..smoke.clone()
+        };
+        assert!(build(&d).err().unwrap().contains("not a list"));
+        // A float field written as an integer is a float.
+        let theta = fixed
+            .iter()
+            .find(|d| d.name.contains("inv-freq/device/theta-1e7"))
+            .unwrap();
+        let mut d = theta.clone();
+        d.params["rope_theta"] = serde_json::json!(10_000_000u64);
+        assert!(build(&d).is_ok());
+    }
+
     #[test]
     fn a_cases_file_is_lines_or_an_array_and_errors_name_the_line() {
         let dir = std::env::temp_dir().join(format!("describe-read-{}", std::process::id()));
@@ -295,6 +501,36 @@ mod tests {
         let err = read_file(&c).unwrap_err();
         assert!(err.contains("line 4"), "{err}");
         assert!(read_file(&e).unwrap_err().contains("no descriptions"));
+        // With a byte-order mark; names that cannot be report lines or
+        // file names; two names of one case file.
+        std::fs::write(&e, format!("\u{feff}{lines}")).unwrap();
+        assert_eq!(read_file(&e).unwrap(), two);
+        for bad in ["", "a\nb"] {
+            let d = Described {
+                name: bad.into(),
+                ..two[0].clone()
+            };
+            std::fs::write(&e, serde_json::to_string(&[d]).unwrap()).unwrap();
+            assert!(
+                read_file(&e).unwrap_err().contains("no control characters"),
+                "{bad:?}"
+            );
+        }
+        let (x, y) = (
+            Described {
+                name: "a/b".into(),
+                ..two[0].clone()
+            },
+            Described {
+                name: "a__b".into(),
+                ..two[1].clone()
+            },
+        );
+        std::fs::write(&e, serde_json::to_string(&[x, y]).unwrap()).unwrap();
+        assert!(read_file(&e)
+            .unwrap_err()
+            .contains("name the same case file"));
+        assert!(read_file(&dir).unwrap_err().contains("a directory"));
         assert!(read_file(&dir.join("missing"))
             .unwrap_err()
             .contains("no such file"));

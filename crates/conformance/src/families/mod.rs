@@ -28,6 +28,10 @@ pub fn register_explore_samples(n: usize, seed: u64) {
 static CASES_FILE: std::sync::OnceLock<(std::path::PathBuf, Vec<describe::Described>)> =
     std::sync::OnceLock::new();
 
+/// The runner's own copy of the descriptions it read, for its workers.
+static WORKER_COPY: std::sync::OnceLock<Result<std::path::PathBuf, String>> =
+    std::sync::OnceLock::new();
+
 /// Makes the registry the descriptions of `path` alone (`--cases FILE`),
 /// instead of the fixed cases. Set once, before [`all`]; the error names
 /// the file and what is wrong.
@@ -37,9 +41,31 @@ pub fn register_cases_file(path: &std::path::Path) -> Result<(), String> {
     Ok(())
 }
 
-/// The file registered by [`register_cases_file`].
-pub fn cases_file() -> Option<&'static std::path::Path> {
-    CASES_FILE.get().map(|(p, _)| p.as_path())
+/// The file workers read the registered descriptions from: a private copy
+/// of what this runner read (written once, removed by
+/// [`remove_worker_copy`]), so a file edited, replaced or deleted during
+/// the run (or a pipe) changes nothing.
+pub fn cases_file() -> Option<Result<&'static std::path::Path, String>> {
+    let (_, described) = CASES_FILE.get()?;
+    let copy = WORKER_COPY.get_or_init(|| {
+        let path =
+            std::env::temp_dir().join(format!("conformance-cases-{}.jsonl", std::process::id()));
+        let text: String = described
+            .iter()
+            .map(|d| serde_json::to_string(d).map(|l| l + "\n"))
+            .collect::<Result<_, _>>()
+            .map_err(|e| e.to_string())?;
+        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(path)
+    });
+    Some(copy.as_ref().map(|p| p.as_path()).map_err(Clone::clone))
+}
+
+/// Removes the workers' copy of the descriptions, if one was written.
+pub fn remove_worker_copy() {
+    if let Some(Ok(path)) = WORKER_COPY.get() {
+        let _ = std::fs::remove_file(path);
+    }
 }
 
 /// The `(n, seed)` registered by [`register_explore_samples`].

@@ -24,6 +24,13 @@ impl Params for SmokeCase {
     const BUILDER: &'static str = "smoke";
     fn build(self, name: String) -> Case {
         Case::must_equal(name, "smoke", REFERENCE, move |ctx| {
+            super::describe::dims(&[("m", self.m), ("k", self.k), ("n", self.n)], 1 << 30)?;
+            if self.k % 64 != 0 {
+                return Err(CaseError::Harness(format!(
+                    "k {} is not a multiple of group_size 64",
+                    self.k
+                )));
+            }
             run(ctx, self.m, self.k, self.n)
         })
     }

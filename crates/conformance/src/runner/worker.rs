@@ -191,9 +191,8 @@ impl WorkerCommand {
             args.push(dir.as_os_str().to_owned());
         }
         if let Some(file) = crate::families::cases_file() {
-            // Absolute: a worker's directory is the runner's, but say so.
-            let file = std::path::absolute(file)?;
-            args.extend(["--cases".into(), file.into_os_string()]);
+            let file = file.map_err(std::io::Error::other)?;
+            args.extend(["--cases".into(), file.as_os_str().to_owned()]);
         }
         if let Some((n, seed)) = crate::families::explore_samples() {
             args.extend(["--explore-samples".into(), n.to_string().into()]);

@@ -185,7 +185,7 @@ fn select(cli: &Cli) -> Result<(Vec<Case>, std::collections::BTreeSet<String>), 
         families::register_explore_samples(n as usize, cli.explore_seed);
     }
     if let Some(file) = &cli.cases {
-        if !cli.no_snapshots && !cli.describe {
+        if !cli.no_snapshots && !cli.describe && !cli.list {
             return Err(fail(
                 "--cases: described cases may differ from the registered ones of their names; add --no-snapshots",
             ));
@@ -202,7 +202,23 @@ fn select(cli: &Cli) -> Result<(Vec<Case>, std::collections::BTreeSet<String>), 
     if cli.describe {
         let chosen: std::collections::BTreeSet<&str> =
             selected.iter().map(|c| c.name.as_str()).collect();
-        for d in families::descriptions()
+        let described = families::descriptions();
+        let have: std::collections::BTreeSet<&str> =
+            described.iter().map(|d| d.name.as_str()).collect();
+        let without: Vec<&str> = chosen
+            .iter()
+            .copied()
+            .filter(|n| !have.contains(n))
+            .collect();
+        if !without.is_empty() {
+            // Never a silent gap between --describe and the registry.
+            return Err(fail(format!(
+                "--describe: {} selected case(s) have no description: {} (an unreadable fixtures/explore/kept.json, or explorer samples that cannot be drawn; run them to see why)",
+                without.len(),
+                without.join(", ")
+            )));
+        }
+        for d in described
             .iter()
             .filter(|d| chosen.contains(d.name.as_str()))
         {

@@ -108,12 +108,19 @@ fn config_path(dir: &str, model: &str) -> Result<PathBuf, String> {
             "model `{model}`: one folder name under fixtures/configs/{dir}"
         ));
     }
-    Ok(crate::home::Home::get()
+    let path = crate::home::Home::get()
         .fixtures_dir()
         .join("configs")
         .join(dir)
         .join(model)
-        .join("config.json"))
+        .join("config.json");
+    if !path.is_file() {
+        return Err(format!(
+            "no config `{model}` in fixtures/configs/{dir} ({} is not a file)",
+            path.display()
+        ));
+    }
+    Ok(path)
 }
 
 /// `fixtures/configs/<family>/<model>/config.json` for every model

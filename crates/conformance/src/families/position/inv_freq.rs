@@ -53,6 +53,11 @@ impl Params for InvFreqCase {
         match self {
             InvFreqCase::Device { rope_theta } => {
                 Case::must_equal(name, FAMILY, REFERENCE, move |ctx| {
+                    if !(rope_theta.is_finite() && rope_theta > 0.0) {
+                        return Err(CaseError::Harness(format!(
+                            "rope_theta {rope_theta}: a finite positive base"
+                        )));
+                    }
                     run_device(ctx, rope_theta)
                 })
             }

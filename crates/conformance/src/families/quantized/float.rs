@@ -53,7 +53,10 @@ impl Params for FloatCase {
                 name,
                 "float/linear",
                 "mlx.nn.Linear.__call__ (mlx 0.32.2)",
-                move |ctx| linear(ctx, dtype, bias, m),
+                move |ctx| {
+                    crate::families::describe::dims(&[("m", m)], 1 << 20)?;
+                    linear(ctx, dtype, bias, m)
+                },
             ),
             FloatCase::Switch { dtype, bias, sorted } => {
                 let case = Case::must_equal(name, "float/switch", SWITCH_REFERENCE, move |ctx| {

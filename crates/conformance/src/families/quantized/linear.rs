@@ -199,7 +199,16 @@ impl Params for LinearCase {
                 name,
                 FAMILY,
                 "mlx.nn.QuantizedLinear.__call__ (mlx 0.32.2) against the exact oracle",
-                move |ctx| single_group(ctx, spec, m, k),
+                move |ctx| {
+                    crate::families::describe::dims(&[("m", m), ("k", k), ("N", N)], 1 << 30)?;
+                    if k % spec.group_size as usize != 0 {
+                        return Err(CaseError::Harness(format!(
+                            "k {k} is not a multiple of group_size {}",
+                            spec.group_size
+                        )));
+                    }
+                    single_group(ctx, spec, m, k)
+                },
             ),
         }
     }

@@ -121,9 +121,31 @@ impl Shape {
         name
     }
 
+    /// Why the description cannot run, if so: positive M, batch
+    /// dimensions and ranks, an adapter unless exchanged, finite scales,
+    /// a bounded size.
+    fn check(&self) -> Result<(), CaseError> {
+        let mut named: Vec<(&str, usize)> = vec![("m", self.m), ("K", base_k(self.spec)), ("N", N)];
+        named.extend(self.batch.iter().map(|b| ("batch", *b)));
+        named.extend(self.adapters.iter().map(|a| ("adapter r", a.r)));
+        crate::families::describe::dims(&named, 1 << 34)?;
+        if self.adapters.is_empty() && self.exchanged_from.is_none() {
+            return Err(CaseError::Harness(
+                "a LoRA case needs at least one adapter".into(),
+            ));
+        }
+        if self.adapters.iter().any(|a| !a.scale.is_finite()) {
+            return Err(CaseError::Harness("adapter scales must be finite".into()));
+        }
+        Ok(())
+    }
+
     fn case_named(self, name: String) -> Case {
         let stacked = self.adapters.len() > 1;
-        let case = Case::must_equal(name, FAMILY, REFERENCE, move |ctx| run(ctx, &self));
+        let case = Case::must_equal(name, FAMILY, REFERENCE, move |ctx| {
+            self.check()?;
+            run(ctx, &self)
+        });
         if stacked {
             // mlx-lm attaches one LoRALinear per module; stacking several is
             // the glue's composition of that class.

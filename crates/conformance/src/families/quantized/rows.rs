@@ -43,6 +43,13 @@ pub struct Shape {
 }
 
 impl Shape {
+    /// Why the description cannot run, if so (positive, bounded dims).
+    fn check(&self) -> Result<(), CaseError> {
+        let mut named: Vec<(&str, usize)> = vec![("m", self.m), ("K", base_k(self.spec)), ("N", N)];
+        named.extend(self.batch.iter().map(|b| ("batch", *b)));
+        crate::families::describe::dims(&named, 1 << 30)
+    }
+
     fn new(spec: QuantSpec, dtype: DType, m: usize) -> Self {
         Shape {
             spec,
@@ -83,6 +90,7 @@ impl Params for RowsCase {
     fn build(self, name: String) -> Case {
         match self {
             RowsCase::RowsIndependent(s) => Case::must_equal(name, FAMILY, REFERENCE_ROWS, move |ctx| {
+                s.check()?;
                 rows_vs_reference(ctx, &s)
             })
             .glue_composed(&[
@@ -90,6 +98,7 @@ impl Params for RowsCase {
                 "one call per row of x (M = 1), rows concatenated: how a rows-independent engine calls the layer",
             ]),
             RowsCase::BatchedVsRows(s) => Case::finding(name, FAMILY, REFERENCE_FINDING, move |ctx| {
+                s.check()?;
                 batched_vs_rows(ctx, &s)
             }),
         }

@@ -112,9 +112,10 @@ impl SwitchShape {
             || self.top > self.experts
             || self.n == 0
             || self.len == 0
-            || self.batch == 0
         {
-            return Err("experts, top (at most experts), n, len and batch must be positive".into());
+            // batch 0 is the empty batch (a fixed case: the reference returns
+            // an empty array of the broadcast shape).
+            return Err("experts, top (at most experts), n and len must be positive".into());
         }
         if !matches!(
             self.dtype,
@@ -140,6 +141,7 @@ impl SwitchShape {
     /// The must-equal case of this shape under `name` (kept explorer cases).
     pub fn case_named(self, name: String) -> Case {
         Case::must_equal(name, FAMILY, REFERENCE, move |ctx| {
+            self.check().map_err(|e| CaseError::harness("shape", e))?;
             port_vs_reference(ctx, &self)
         })
         .glue_composed(SWITCH_GLU_STEP)
@@ -274,26 +276,34 @@ impl Params for SwitchCase {
             }
             SwitchCase::AsPinned(s) => {
                 Case::finding(name, FAMILY, REFERENCE_AS_PINNED, move |ctx| {
+                    s.check().map_err(|e| CaseError::harness("shape", e))?;
                     as_pinned(ctx, &s)
                 })
                 .glue_composed(SWITCH_GLU_STEP)
             }
             SwitchCase::BroadcastWeight(s) => {
-                Case::must_equal(name, FAMILY, REFERENCE, move |ctx| broadcast(ctx, &s))
-                    .glue_composed(SWITCH_GLU_STEP)
+                Case::must_equal(name, FAMILY, REFERENCE, move |ctx| {
+                    s.check().map_err(|e| CaseError::harness("shape", e))?;
+                    broadcast(ctx, &s)
+                })
+                .glue_composed(SWITCH_GLU_STEP)
             }
             SwitchCase::BroadcastReferenceVsContiguous(s) => {
                 Case::finding(name, FAMILY, REFERENCE, move |ctx| {
+                    s.check().map_err(|e| CaseError::harness("shape", e))?;
                     broadcast_reference(ctx, &s)
                 })
                 .glue_composed(SWITCH_GLU_STEP)
             }
             SwitchCase::OneShotVsChunks { shape, chunk } => {
                 Case::finding(name, FAMILY, REFERENCE, move |ctx| {
+                    shape.check().map_err(|e| CaseError::harness("shape", e))?;
+                    crate::families::describe::dims(&[("chunk", chunk)], 1 << 20)?;
                     chunks(ctx, &shape, chunk)
                 })
             }
             SwitchCase::SortedVsUnsorted(s) => Case::finding(name, FAMILY, REFERENCE, move |ctx| {
+                s.check().map_err(|e| CaseError::harness("shape", e))?;
                 sorted_vs_unsorted(ctx, &s)
             }),
             SwitchCase::OffloadedVsResident { checkpoint, path } => {
