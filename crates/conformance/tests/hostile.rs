@@ -152,7 +152,8 @@ fn a_set_path_that_is_a_link_a_file_or_a_loop_is_refused_not_missing() {
     let (fixtures, set, _) = recorded("setpath");
     let elsewhere = fixtures.parent().unwrap().join("elsewhere");
     std::fs::rename(&set, &elsewhere).unwrap();
-    let cases: [(&str, Box<dyn Fn()>); 3] = [
+    type Make<'a> = (&'a str, Box<dyn Fn() + 'a>);
+    let cases: [Make; 3] = [
         (
             "symbolic link",
             Box::new(|| std::os::unix::fs::symlink(&elsewhere, &set).unwrap()),

@@ -25,7 +25,7 @@ impl Params for SmokeCase {
     fn build(self, name: String) -> Case {
         Case::must_equal(name, "smoke", REFERENCE, move |ctx| {
             super::describe::dims(&[("m", self.m), ("k", self.k), ("n", self.n)], 1 << 30)?;
-            if self.k % 64 != 0 {
+            if !self.k.is_multiple_of(64) {
                 return Err(CaseError::Harness(format!(
                     "k {} is not a multiple of group_size 64",
                     self.k

@@ -87,7 +87,7 @@ impl SdpaShape {
         {
             return Err("batch, n_heads, n_kv_heads, head_dim and m must be positive".into());
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(format!(
                 "n_heads {} is not a multiple of n_kv_heads {}",
                 self.n_heads, self.n_kv_heads

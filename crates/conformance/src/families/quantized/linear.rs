@@ -108,7 +108,7 @@ impl LinearShape {
     /// Why `mx.quantize` or the layer cannot take this shape, if so.
     pub fn check(&self) -> Result<(), String> {
         let g = self.spec.group_size as usize;
-        if self.k == 0 || self.k % g != 0 {
+        if self.k == 0 || !self.k.is_multiple_of(g) {
             return Err(format!(
                 "k {} is not a positive multiple of group_size {g}",
                 self.k

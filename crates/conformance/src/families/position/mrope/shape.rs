@@ -183,7 +183,10 @@ impl MropeShape {
             return Err(format!("a prompt of {len} tokens (more than 2^20)"));
         }
         check_pieces(&self.rows)?;
-        if self.rotary_dim == 0 || self.rotary_dim % 2 != 0 || self.rotary_dim > self.head_dim {
+        if self.rotary_dim == 0
+            || !self.rotary_dim.is_multiple_of(2)
+            || self.rotary_dim > self.head_dim
+        {
             return Err(format!(
                 "rotary_dim {} must be even, positive and at most head_dim {}",
                 self.rotary_dim, self.head_dim
