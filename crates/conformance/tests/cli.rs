@@ -325,6 +325,16 @@ fn an_unusable_keep_outputs_directory_is_a_usage_error() {
     assert!(!out.join("report.json").exists());
 }
 
+/// The first case's digest in `out_dir`'s report.json.
+fn first_case_digest(out_dir: &Path) -> String {
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("report.json")).unwrap()).unwrap();
+    report["cases"][0]["output"]["case_digest"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
 /// `--describe` prints a case as data; `--cases` runs that data. The same
 /// description runs to the same bits; an edited seed to other bits (the
 /// seed is the description's, not the name's); without `--no-snapshots`
@@ -354,23 +364,13 @@ fn a_described_case_runs_from_its_description_and_its_seed_is_data() {
             out_dir.to_str().unwrap(),
         ]);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-        let report: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(out_dir.join("report.json")).unwrap()).unwrap();
-        report["cases"][0]["output"]["case_digest"]
-            .as_str()
-            .unwrap()
-            .to_owned()
+        first_case_digest(&out_dir)
     };
     let registered = {
         let out_dir = dir.join("registered");
         let out = smoke(&out_dir, &[]);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
-        let report: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(out_dir.join("report.json")).unwrap()).unwrap();
-        report["cases"][0]["output"]["case_digest"]
-            .as_str()
-            .unwrap()
-            .to_owned()
+        first_case_digest(&out_dir)
     };
     assert_eq!(
         run("same", &line),

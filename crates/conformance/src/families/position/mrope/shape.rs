@@ -255,37 +255,32 @@ impl MropeShape {
     }
 
     pub fn case_named(self, name: String) -> Case {
-        Case::must_equal(name, FAMILY, APPLY_REFERENCE, move |ctx| {
-            self.check().map_err(|e| CaseError::harness("shape", e))?;
-            let pieces = self.pieces();
-            let rows: Vec<&[Piece]> = pieces.iter().map(Vec::as_slice).collect();
-            run_rows(
-                ctx,
-                self.model(),
-                self.dtype,
-                &rows,
-                self.decode,
-                None,
-                mrope_path(ctx)?,
-            )
-        })
-        .glue_composed(APPLY_PIECES)
+        self.case_on(name, None).glue_composed(APPLY_PIECES)
     }
 
     /// The must-equal case of this shape with the port and the reference
     /// both forced onto `path` (the fused Metal kernel).
     pub fn case_forced(self, name: String, path: layers::position::MropePath) -> Case {
+        self.case_on(name, Some(path))
+    }
+
+    /// The must-equal case: on `forced`, or on the path the backend takes.
+    fn case_on(self, name: String, forced: Option<layers::position::MropePath>) -> Case {
         Case::must_equal(name, FAMILY, APPLY_REFERENCE, move |ctx| {
             self.check().map_err(|e| CaseError::harness("shape", e))?;
             let pieces = self.pieces();
             let rows: Vec<&[Piece]> = pieces.iter().map(Vec::as_slice).collect();
+            let path = match forced {
+                Some(path) => path,
+                None => mrope_path(ctx)?,
+            };
             run_rows(
                 ctx,
                 self.model(),
                 self.dtype,
                 &rows,
                 self.decode,
-                Some(path),
+                forced,
                 path,
             )
         })
