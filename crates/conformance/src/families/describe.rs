@@ -268,7 +268,19 @@ pub fn read_file(path: &std::path::Path) -> Result<Vec<Described>, String> {
     let text = std::str::from_utf8(&bytes).map_err(|e| format!("{}: not UTF-8 ({e})", at()))?;
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let described: Vec<Described> = if text.trim_start().starts_with('[') {
-        serde_json::from_str(text).map_err(|e| format!("--cases {}: {e}", path.display()))?
+        let entries: Vec<serde_json::Value> =
+            serde_json::from_str(text).map_err(|e| format!("--cases {}: {e}", path.display()))?;
+        entries
+            .into_iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let name = v.get("name").and_then(|n| n.as_str()).map(str::to_owned);
+                serde_json::from_value(v).map_err(|e| {
+                    let which = name.map_or_else(String::new, |n| format!(" (`{n}`)"));
+                    format!("--cases {} entry {}{which}: {e}", path.display(), i + 1)
+                })
+            })
+            .collect::<Result<_, _>>()?
     } else {
         text.lines()
             .enumerate()
@@ -531,6 +543,15 @@ mod tests {
             .unwrap_err()
             .contains("name the same case file"));
         assert!(read_file(&dir).unwrap_err().contains("a directory"));
+        // An array's bad entry is named by its place and name.
+        let mut bad = serde_json::to_value(two).unwrap();
+        bad[1].as_object_mut().unwrap().remove("builder");
+        std::fs::write(&e, bad.to_string()).unwrap();
+        let err = read_file(&e).unwrap_err();
+        assert!(
+            err.contains("entry 2") && err.contains(&two[1].name) && err.contains("builder"),
+            "{err}"
+        );
         assert!(read_file(&dir.join("missing"))
             .unwrap_err()
             .contains("no such file"));
