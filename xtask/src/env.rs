@@ -291,7 +291,6 @@ impl Layout {
         root.join(self.venv()).join("bin/python")
     }
 
-    #[allow(dead_code)]
     /// Cargo's target dir for this env, absolute (`target/` for the default
     /// env unless `CARGO_TARGET_DIR` says otherwise).
     pub fn target_dir(&self, root: &Path) -> PathBuf {

@@ -4,8 +4,9 @@
 //!
 //! Steps, each of which must succeed before the next:
 //! 1. preflight: the backend can be built on this machine, the lock matches
-//!    its committed hash, a shared-libpython CPython 3.11 and `uv` are
-//!    available (nothing is modified yet);
+//!    its committed hash, a shared-libpython CPython 3.11, 3.12 or 3.13
+//!    ([`SUPPORTED_PYTHON`]; the one lock is universal across them) and
+//!    `uv` are available (nothing is modified yet);
 //! 2. the old fingerprint is deleted (an interrupted set-up never looks ready);
 //! 3. `<env>/venv` is (re)created and the lock installed with hashes,
 //!    without dependency closure (for CUDA: without the NVIDIA libraries,
@@ -52,7 +53,10 @@ pub struct Args {
     /// Rebuild the environment even if the fingerprint says it is up to date
     #[arg(long)]
     force: bool,
-    /// Base Python 3.11 interpreter to use (default: `python3.11`, then `python3`, from PATH)
+    /// Base CPython interpreter, 3.11 to 3.13 with a shared libpython
+    /// (default: the first suitable of `python3.11`, `python3.12`,
+    /// `python3.13`, `python3` on PATH). Naming one that differs from the
+    /// environment's rebuilds it
     #[arg(long, value_name = "PATH")]
     python: Option<PathBuf>,
 }
@@ -78,7 +82,12 @@ pub fn build(root: &Path, layout: &Layout, force: bool, base_python: Option<&Pat
     // The build's system packages (cheap file checks when present).
     crate::system::ensure()?;
     if !force {
-        match env::environment_status(root, &layout) {
+        match env::environment_status(root, &layout).and_then(|fingerprint| {
+            match base_python.map(|wanted| same_interpreter(wanted, &fingerprint)) {
+                Some(Err(reason)) => Err(reason),
+                _ => Ok(fingerprint),
+            }
+        }) {
             Ok(fingerprint) => {
                 println!(
                     "{}{backend} reference environment is up to date ({})",
@@ -222,7 +231,18 @@ pub fn build(root: &Path, layout: &Layout, force: bool, base_python: Option<&Pat
                 "setup: the fingerprint is unchanged (its time kept: nothing rebuilds for it)"
             );
         }
-        _ => {}
+        old => {
+            let old_python = old.and_then(|(text, _)| {
+                serde_json::from_str::<Fingerprint>(&text)
+                    .ok()
+                    .map(|f| (f.base_python, f.python_version))
+            });
+            if old_python.as_ref()
+                != Some(&(fingerprint.base_python.clone(), fingerprint.python_version.clone()))
+            {
+                forget_pyo3_config(root, &layout)?;
+            }
+        }
     }
     println!(
         "setup: {backend} reference environment ready ({}) in {:.1} s",
@@ -293,7 +313,13 @@ fn verify_lock_hash(root: &Path, layout: &Layout) -> Result<String> {
     Ok(actual)
 }
 
-/// A base interpreter fit for the lock (cp311) and for pyo3 (shared libpython).
+/// The CPython minors the reference runs on: the lock is universal
+/// (`--python-version 3.11` is its lower bound, and it holds the hashes of
+/// every wheel of each pin), and each of these was verified to set up and
+/// pass `cargo xtask test`.
+pub const SUPPORTED_PYTHON: [(u32, u32); 3] = [(3, 11), (3, 12), (3, 13)];
+
+/// A base interpreter fit for the lock and for pyo3 (shared libpython).
 struct BasePython {
     executable: PathBuf,
     version: String,
@@ -320,15 +346,20 @@ print(json.dumps({"version": "%d.%d.%d" % sys.version_info[:3],
     "libdir": c("LIBDIR"), "ldlibrary": c("LDLIBRARY")}))
 "#;
 
-const PYTHON_FIX: &str = "install CPython 3.11 built with a shared libpython \
-    (e.g. `PYTHON_CONFIGURE_OPTS=--enable-shared pyenv install 3.11`, or \
-    `apt install python3.11 python3.11-dev`), then run `cargo xtask setup`, \
-    or pass `--python /path/to/python3.11`";
+const PYTHON_FIX: &str = "install CPython 3.11, 3.12 or 3.13 built with a shared \
+    libpython (e.g. `PYTHON_CONFIGURE_OPTS=--enable-shared pyenv install 3.12`, \
+    `apt install python3.11 python3.11-dev` on Debian 12, `apt install python3.12 \
+    python3.12-dev` on Ubuntu 24.04, `brew install python@3.13`), then run \
+    `cargo xtask setup`, or pass `--python /path/to/python3`";
 
 fn find_python(explicit: Option<&Path>) -> Result<BasePython> {
     let candidates: Vec<OsString> = match explicit {
         Some(path) => vec![path.as_os_str().to_owned()],
-        None => vec!["python3.11".into(), "python3".into()],
+        None => SUPPORTED_PYTHON
+            .iter()
+            .map(|(major, minor)| format!("python{major}.{minor}").into())
+            .chain(["python3".into()])
+            .collect(),
     };
     let mut rejected = Vec::new();
     for candidate in &candidates {
@@ -339,7 +370,7 @@ fn find_python(explicit: Option<&Path>) -> Result<BasePython> {
         }
     }
     bail!(
-        "no suitable Python 3.11 ({}) — {PYTHON_FIX}",
+        "no suitable Python ({}) — {PYTHON_FIX}",
         rejected.join("; ")
     )
 }
@@ -359,9 +390,9 @@ fn probe_python(program: &std::ffi::OsStr) -> std::result::Result<BasePython, St
     }
     let info: PythonInfo = serde_json::from_slice(&output.stdout)
         .map_err(|e| format!("unexpected answer to the version query ({e})"))?;
-    if info.major_minor != (3, 11) {
+    if !SUPPORTED_PYTHON.contains(&info.major_minor) {
         return Err(format!(
-            "is Python {}, need 3.11 exactly (the lock is for cp311)",
+            "is Python {}, need 3.11, 3.12 or 3.13 (the versions the lock was verified on)",
             info.version
         ));
     }
@@ -635,6 +666,53 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
 
 /// The fingerprint's text and modification time before a rebuild, if it
 /// was there.
+/// Whether the environment was made from the interpreter `wanted` names
+/// (a path or a name on PATH, compared by what it runs as).
+fn same_interpreter(wanted: &Path, fingerprint: &Fingerprint) -> std::result::Result<(), String> {
+    let python = probe_python(wanted.as_os_str())
+        .map_err(|reason| format!("--python `{}`: {reason}", wanted.display()))?;
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    };
+    if python.version == fingerprint.python_version
+        && same(&python.executable, &fingerprint.base_python)
+    {
+        Ok(())
+    } else {
+        Err(format!(
+            "it was made from Python {} at {}, --python names {} at {}",
+            fingerprint.python_version,
+            fingerprint.base_python.display(),
+            python.version,
+            python.executable.display()
+        ))
+    }
+}
+
+/// pyo3 reads the interpreter once per target dir and reruns only when
+/// `PYO3_PYTHON`'s value changes, which it does not when the venv at the
+/// same path is remade from another Python: its cached configuration would
+/// link the old libpython. Cleaning pyo3-build-config makes it read again.
+fn forget_pyo3_config(root: &Path, layout: &Layout) -> Result<()> {
+    if !layout.target_dir(root).exists() {
+        return Ok(());
+    }
+    println!("setup: the interpreter changed: cleaning pyo3's cached interpreter configuration");
+    let output = util::output(
+        layout.cargo(root).args(["clean", "-q", "-p", "pyo3-build-config"]),
+        "cargo clean -p pyo3-build-config",
+    )?;
+    if !output.status.success() {
+        bail!(
+            "cargo clean -p pyo3-build-config failed (exit {}):\n{}",
+            util::exit_code(output.status),
+            util::tail(&output, 20)
+        );
+    }
+    Ok(())
+}
+
 fn previous_fingerprint(path: &Path) -> Option<(String, std::time::SystemTime)> {
     let text = std::fs::read_to_string(path).ok()?;
     let modified = std::fs::metadata(path).ok()?.modified().ok()?;

@@ -21,14 +21,15 @@ fn scratch(tag: &str) -> PathBuf {
     dir
 }
 
-/// Another CPython 3.11 installation, as the interpreter's prefix search
-/// sees one: `<dir>/bin/python3` (a script that fails if run) next to a
-/// `lib/python3.11/` whose `os.py` is the landmark of a standard library
+/// Another installation of the CPython minor the binary links (3.11, 3.12
+/// or 3.13), as the interpreter's prefix search sees one:
+/// `<dir>/bin/python3` (a script that fails if run) next to a
+/// `lib/python3.X/` whose `os.py` is the landmark of a standard library
 /// but whose modules raise. A distribution's `/usr/bin/python3` with
-/// `/usr/lib/python3.11` first on PATH has this shape.
+/// `/usr/lib/python3.X` first on PATH has this shape.
 fn fake_python(dir: &Path) -> PathBuf {
     let bin = dir.join("bin");
-    let lib = dir.join("lib/python3.11");
+    let lib = dir.join("lib").join(oracle::interpreter::python_lib_dir_name());
     std::fs::create_dir_all(&bin).unwrap();
     std::fs::create_dir_all(lib.join("encodings")).unwrap();
     let python = bin.join("python3");
@@ -96,7 +97,12 @@ fn pythonhome_and_pythonpath_cannot_inject_a_standard_library() {
         &[
             ("PATH", Path::new("/usr/bin:/bin")),
             ("PYTHONHOME", &fake),
-            ("PYTHONPATH", &fake.join("lib/python3.11")),
+            (
+                "PYTHONPATH",
+                &fake
+                    .join("lib")
+                    .join(oracle::interpreter::python_lib_dir_name()),
+            ),
         ],
     );
     assert_eq!(out.status.code(), Some(0), "{text}");

@@ -1,4 +1,4 @@
-//! One embedded CPython 3.11 running the pinned reference.
+//! One embedded CPython (3.11, 3.12 or 3.13: the one setup took) running the pinned reference.
 //!
 //! The interpreter is started once per process and shared: every case goes
 //! through the same imported modules. Reference submodules are imported by
@@ -432,8 +432,9 @@ struct PythonLayout {
     site_packages: PathBuf,
 }
 
-/// `python3.X` of the libpython this binary links.
-fn python_lib_dir_name() -> String {
+/// `python3.X` of the libpython this binary links (the name of its
+/// standard library's directory under `<prefix>/lib`).
+pub fn python_lib_dir_name() -> String {
     // SAFETY: Py_GetVersion returns a static NUL-terminated string and may
     // be called before the interpreter is initialised.
     let version = unsafe { std::ffi::CStr::from_ptr(pyo3::ffi::Py_GetVersion()) };
