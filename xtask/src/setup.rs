@@ -695,7 +695,19 @@ fn same_interpreter(wanted: &Path, fingerprint: &Fingerprint) -> std::result::Re
 /// same path is remade from another Python: its cached configuration would
 /// link the old libpython. Cleaning pyo3-build-config makes it read again.
 fn forget_pyo3_config(root: &Path, layout: &Layout) -> Result<()> {
-    if !layout.target_dir(root).exists() {
+    // `<target>/<profile>/build/pyo3-build-config-<hash>/`: only a target
+    // dir that built pyo3 has a configuration to forget.
+    let target = layout.target_dir(root);
+    let configured = ["debug", "release"].iter().any(|profile| {
+        std::fs::read_dir(target.join(profile).join("build")).is_ok_and(|entries| {
+            entries.flatten().any(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("pyo3-build-config-")
+            })
+        })
+    });
+    if !configured {
         return Ok(());
     }
     println!("setup: the interpreter changed: cleaning pyo3's cached interpreter configuration");

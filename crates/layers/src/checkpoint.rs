@@ -7,12 +7,13 @@
 //! loaded with `mx.load`), and the per-path quantization decision
 //! (`class_predicate` + `infer_quant_config`, see [`Checkpoint::resolve_quant_spec`]).
 //!
-//! Deliberate differences, all stricter:
-//! * A tensor name in two shards is an error; the reference keeps whichever
-//!   file `glob` lists last (an unspecified order).
-//! * The index, when present, is checked: every listed shard must exist and
-//!   hold the tensors listed for it. The reference never reads the index.
-//! * Overlapping tensor byte ranges are an error (see [`SafetensorsFile`]).
+//! The index (`model.safetensors.index.json`) is not read, as the
+//! reference never reads it: a directory whose index lists a shard that is
+//! not there, or names the wrong shard, loads as `load_model` loads it.
+//!
+//! One deliberate difference: a tensor name in two shards is an error, where
+//! the reference keeps whichever file `glob` lists last (directory order,
+//! which the OS does not specify: the reference's result is undefined).
 //!
 //! Every failure is a typed [`CheckpointError`] naming the file, tensor or
 //! module path; nothing here panics on malformed input.
@@ -72,8 +73,6 @@ impl std::fmt::Debug for Checkpoint {
             .finish()
     }
 }
-
-const INDEX_FILE: &str = "model.safetensors.index.json";
 
 /// Reads and parses `config.json` as `mlx_lm.utils.load_config` does
 /// (`json.load`; the result must be an object).
@@ -158,46 +157,7 @@ impl Checkpoint {
             files,
             index,
         };
-        checkpoint.check_index(&names)?;
         Ok(checkpoint)
-    }
-
-    fn check_index(&self, names: &[String]) -> Result<(), CheckpointError> {
-        let path = self.dir.join(INDEX_FILE);
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(source) => return Err(CheckpointError::Io { path, source }),
-        };
-        let malformed = |message: &str| CheckpointError::IndexMalformed {
-            path: path.clone(),
-            message: message.to_owned(),
-        };
-        let json: Value = serde_json::from_slice(&bytes).map_err(|e| malformed(&e.to_string()))?;
-        let weight_map = json
-            .get("weight_map")
-            .and_then(Value::as_object)
-            .ok_or_else(|| malformed("no `weight_map` object"))?;
-        for (tensor, shard) in weight_map {
-            let shard = shard
-                .as_str()
-                .ok_or_else(|| malformed("a `weight_map` value is not a string"))?;
-            let mismatch = |reason| CheckpointError::IndexMismatch {
-                index: path.clone(),
-                tensor: tensor.clone(),
-                shard: shard.to_owned(),
-                reason,
-            };
-            let Some(i) = names.iter().position(|n| n == shard) else {
-                return Err(mismatch(
-                    "which is not a model*.safetensors file of the directory",
-                ));
-            };
-            if self.index.get(tensor) != Some(&i) {
-                return Err(mismatch("which does not hold it"));
-            }
-        }
-        Ok(())
     }
 
     /// The directory.

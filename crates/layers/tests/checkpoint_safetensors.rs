@@ -106,15 +106,16 @@ fn offsets_out_of_range() {
 }
 
 #[test]
-fn overlapping_tensors() {
+fn overlapping_tensors_read_their_own_ranges() {
+    // mx.load (mlx 0.32.2) reads overlapping ranges, each tensor its own;
+    // so does the port (the conformance case compares the bits).
+    let dir = TempDir::new("overlap");
+    let path = dir.join("t.safetensors");
     let header = json!({"a": u8_entry(0, 4, 4), "b": u8_entry(2, 6, 4)});
-    let err = parse(&raw_safetensors(&header, &[0; 6])).unwrap_err();
-    match err {
-        CheckpointError::OverlappingTensors { first, second, .. } => {
-            assert_eq!((first.as_str(), second.as_str()), ("a", "b"))
-        }
-        other => panic!("{other}"),
-    }
+    std::fs::write(&path, raw_safetensors(&header, &[1, 2, 3, 4, 5, 6])).unwrap();
+    let file = SafetensorsFile::open(&path).unwrap();
+    assert_eq!(file.tensor("a").unwrap().data, &[1, 2, 3, 4]);
+    assert_eq!(file.tensor("b").unwrap().data, &[3, 4, 5, 6]);
     // A gap between tensors is accepted, as mx.load accepts it.
     let header = json!({"a": u8_entry(0, 2, 2), "b": u8_entry(4, 6, 2)});
     assert_eq!(
@@ -161,31 +162,32 @@ fn size_mismatch() {
 }
 
 #[test]
-fn unsupported_array_dtype() {
+fn a_dtype_mx_load_refuses_refuses_the_file() {
     let dir = TempDir::new("f8");
-    let path = dir.join("t.safetensors");
-    let header = json!({
-        "e5": {"dtype": "F8_E5M2", "shape": [2], "data_offsets": [0, 2]},
-        "e4": {"dtype": "F8_E4M3", "shape": [2], "data_offsets": [2, 4]},
-    });
-    std::fs::write(&path, raw_safetensors(&header, &[1, 2, 3, 200])).unwrap();
-    let file = SafetensorsFile::open(&path).unwrap();
-    let err = file.array("e5").unwrap_err();
-    assert!(
-        matches!(
-            err,
-            CheckpointError::UnsupportedArrayDtype {
-                dtype: TensorDtype::F8_E5M2,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    for (dtype, bytes) in [("F8_E5M2", 2), ("F64", 16), ("F4", 1)] {
+        let path = dir.join(&format!("{dtype}.safetensors"));
+        let header = json!({
+            "x": {"dtype": dtype, "shape": [2], "data_offsets": [0, bytes]},
+            "e4": {"dtype": "F8_E4M3", "shape": [2], "data_offsets": [bytes, bytes + 2]},
+        });
+        let mut data = vec![1u8; bytes as usize];
+        data.extend([3, 200]);
+        std::fs::write(&path, raw_safetensors(&header, &data)).unwrap();
+        let err = SafetensorsFile::open(&path).err().expect("refused at open");
+        assert!(
+            matches!(err, CheckpointError::UnsupportedArrayDtype { ref tensor, .. } if tensor == "x"),
+            "{dtype}: {err}"
+        );
+        assert!(err.to_string().contains("unsupported dtype"), "{err}");
+    }
     // F8_E4M3 loads as raw uint8, as mx.load does.
+    let path = dir.join("e4.safetensors");
+    let header = json!({"e4": {"dtype": "F8_E4M3", "shape": [2], "data_offsets": [0, 2]}});
+    std::fs::write(&path, raw_safetensors(&header, &[3, 200])).unwrap();
+    let file = SafetensorsFile::open(&path).unwrap();
     let a = file.array("e4").unwrap();
     assert_eq!(a.dtype(), Dtype::Uint8);
     assert_eq!(a.as_slice::<u8>(), &[3, 200]);
-    assert_eq!(file.tensor("e5").unwrap().data, &[1, 2]);
 }
 
 #[test]
@@ -254,44 +256,18 @@ fn sharded_checkpoint_with_index() {
 }
 
 #[test]
-fn index_malformed() {
-    let dir = model_dir("badindex", &json!({}), vec![float_tensor("a", &[2], 0)]);
-    std::fs::write(
-        dir.join("model.safetensors.index.json"),
-        "{\"weight_map\": 3}",
-    )
-    .unwrap();
-    let err = Checkpoint::open(dir.path()).unwrap_err();
-    assert!(
-        matches!(err, CheckpointError::IndexMalformed { .. }),
-        "{err}"
-    );
-}
-
-#[test]
-fn index_mismatch() {
-    let dir = model_dir("mismatch", &json!({}), vec![float_tensor("a", &[2], 0)]);
+fn the_index_is_not_read_as_load_model_does_not_read_it() {
+    let dir = model_dir("index", &json!({}), vec![float_tensor("a", &[2], 0)]);
     let index = dir.join("model.safetensors.index.json");
-    std::fs::write(
-        &index,
-        json!({"weight_map": {"a": "model-2.safetensors"}}).to_string(),
-    )
-    .unwrap();
-    let err = Checkpoint::open(dir.path()).unwrap_err();
-    assert!(
-        matches!(err, CheckpointError::IndexMismatch { .. }),
-        "{err}"
-    );
-    std::fs::write(
-        &index,
+    for text in [
+        "{\"weight_map\": 3}".to_owned(),
+        json!({"weight_map": {"a": "model-00002-of-00002.safetensors"}}).to_string(),
         json!({"weight_map": {"zz": "model.safetensors"}}).to_string(),
-    )
-    .unwrap();
-    let err = Checkpoint::open(dir.path()).unwrap_err();
-    assert!(
-        matches!(err, CheckpointError::IndexMismatch { ref tensor, .. } if tensor == "zz"),
-        "{err}"
-    );
+    ] {
+        std::fs::write(&index, &text).unwrap();
+        let ckpt = Checkpoint::open(dir.path()).unwrap();
+        assert_eq!(ckpt.tensor_names().collect::<Vec<_>>(), ["a"], "{text}");
+    }
 }
 
 #[test]
@@ -335,8 +311,8 @@ fn every_dtype_round_trips_bit_exactly() {
         Dtype::Int64,
         Dtype::Float16,
         Dtype::Bfloat16,
+        // Not Float64: mx.load refuses F64 files, and so does the port.
         Dtype::Float32,
-        Dtype::Float64,
     ]
     .into_iter()
     .map(|d| {

@@ -9,6 +9,19 @@
 //! Must-equal, per file: every tensor's bits, dtype and shape as `mx.load`
 //! gives them, the tensor names, and the metadata map. The proof mode hands
 //! the reference a perturbed copy of the file (see `perturbed_copy`).
+//!
+//! Files the harness writes itself ([`GENERATED`]), for where the format and
+//! the reference part ways:
+//! - `overlapping-ranges`: two tensors sharing bytes, which the format
+//!   forbids and `mx.load` reads (each its own range): must-equal;
+//! - `f64-tensor`: an `F64` tensor beside an `F32` one, which `mx.load`
+//!   refuses whole (`[safetensor] unsupported dtype F64`): must-equal on
+//!   "both refuse", each side's message in the report (the proof mode
+//!   gives the reference the file with the tensor as `F32`, which it reads);
+//! - `shape-2e62x4-no-data`: a declared shape `[2^62, 4]` with no data, for
+//!   which `mx.load` returns a `(0, 4)` array (the byte count 2^62·4·4
+//!   wraps to 0 in 64 bits, and the dimension to 0 in 32): a finding about
+//!   the reference; the port refuses it (`SizeMismatch`).
 
 use layers::checkpoint::SafetensorsFile;
 use oracle::HostTensor;
@@ -29,7 +42,11 @@ const FORMS: &[&str] = &[
     "python-safetensors-metadata",
 ];
 
-/// One fixture file, by its writer (one of [`FORMS`]).
+/// Files the harness writes (see the module docs), by name.
+pub const GENERATED: &[&str] = &["overlapping-ranges", "f64-tensor", "shape-2e62x4-no-data"];
+
+/// One fixture file, by its writer (one of [`FORMS`]), or a file of
+/// [`GENERATED`].
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SafetensorsCase {
@@ -39,13 +56,20 @@ pub struct SafetensorsCase {
 impl Params for SafetensorsCase {
     const BUILDER: &'static str = FAMILY;
     fn build(self, name: String) -> Case {
-        Case::must_equal(name, FAMILY, REFERENCE, move |ctx| read(ctx, &self.form))
+        match self.form.as_str() {
+            "f64-tensor" => Case::must_equal(name, FAMILY, REFERENCE, move |ctx| both_refuse(ctx)),
+            "shape-2e62x4-no-data" => Case::finding(name, FAMILY, REFERENCE, move |ctx| {
+                wrapped_shape(ctx)
+            }),
+            _ => Case::must_equal(name, FAMILY, REFERENCE, move |ctx| read(ctx, &self.form)),
+        }
     }
 }
 
 pub fn descriptions() -> Vec<Described> {
     FORMS
         .iter()
+        .chain(GENERATED)
         .map(|&form| {
             described(
                 format!("{FAMILY}/{form}"),
@@ -55,17 +79,127 @@ pub fn descriptions() -> Vec<Described> {
         .collect()
 }
 
-fn read(ctx: &Ctx, form: &str) -> Result<CaseOutput, CaseError> {
-    if !FORMS.contains(&form) {
-        return Err(CaseError::Harness(format!(
-            "form `{form}` is none of the fixture files ({})",
-            FORMS.join(", ")
-        )));
+/// A file of [`GENERATED`]: 8-byte header length, JSON header, data.
+fn generated_bytes(form: &str, dtype: &str) -> Option<Vec<u8>> {
+    let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (header, data) = match form {
+        "overlapping-ranges" => (
+            serde_json::json!({
+                "a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]},
+                "b": {"dtype": "F32", "shape": [3], "data_offsets": [4, 16]},
+            }),
+            f32s(&[1.5, -2.25, 3.0, 0.375]),
+        ),
+        "f64-tensor" => (
+            serde_json::json!({
+                "w": {"dtype": dtype, "shape": [16 / if dtype == "F64" { 8 } else { 4 }], "data_offsets": [0, 16]},
+                "b": {"dtype": "F32", "shape": [1], "data_offsets": [16, 20]},
+            }),
+            [1.5f64.to_le_bytes(), (-0.5f64).to_le_bytes()]
+                .concat()
+                .into_iter()
+                .chain(f32s(&[2.0]))
+                .collect(),
+        ),
+        "shape-2e62x4-no-data" => (
+            serde_json::json!({
+                "a": {"dtype": "F32", "shape": [1u64 << 62, 4], "data_offsets": [0, 0]},
+            }),
+            Vec::new(),
+        ),
+        _ => return None,
+    };
+    let mut text = serde_json::to_vec(&header).ok()?;
+    while text.len() % 8 != 0 {
+        text.push(b' ');
     }
-    let path = crate::home::Home::get()
-        .fixtures_dir()
-        .join("checkpoints/safetensors-forms")
-        .join(format!("{form}.safetensors"));
+    let mut file = (text.len() as u64).to_le_bytes().to_vec();
+    file.extend(text);
+    file.extend(data);
+    Some(file)
+}
+
+/// The file of `form`: a fixture, or a [`GENERATED`] one written to a
+/// scratch file (removed when the guard drops).
+fn source(form: &str, dtype: &str) -> Result<(std::path::PathBuf, Option<Perturbed>), CaseError> {
+    if FORMS.contains(&form) {
+        let path = crate::home::Home::get()
+            .fixtures_dir()
+            .join("checkpoints/safetensors-forms")
+            .join(format!("{form}.safetensors"));
+        return Ok((path, None));
+    }
+    let bytes = generated_bytes(form, dtype).ok_or_else(|| {
+        CaseError::Harness(format!(
+            "form `{form}` is none of the fixture files ({}) or generated files ({})",
+            FORMS.join(", "),
+            GENERATED.join(", ")
+        ))
+    })?;
+    let path = std::env::temp_dir().join(format!(
+        "conformance-generated-{}-{form}-{dtype}.safetensors",
+        std::process::id()
+    ));
+    std::fs::write(&path, bytes)
+        .map_err(|e| CaseError::harness(&format!("writing {}", path.display()), e))?;
+    Ok((path.clone(), Some(Perturbed(path))))
+}
+
+/// `f64-tensor`: `mx.load` refuses the file, and so must the port (it
+/// refused to load an F64 tensor MLX cannot load before; it now refuses
+/// the whole file at open, as `mx.load` does).
+fn both_refuse(ctx: &Ctx) -> Result<CaseOutput, CaseError> {
+    let (path, _guard) = source("f64-tensor", "F64")?;
+    // Proof mode: the reference reads the same file with the tensor as
+    // F32, which it loads; "refused" must then differ.
+    let twin = ctx.perturbed().then(|| source("f64-tensor", "F32")).transpose()?;
+    let reference_path = twin.as_ref().map_or(path.as_path(), |t| t.0.as_path());
+    let reference = reference::refusal(
+        reference::checkpoint::safetensors_load(ctx, reference_path),
+        "unsupported dtype F64",
+    )?;
+    let port = match SafetensorsFile::open(&path) {
+        Err(e @ layers::checkpoint::CheckpointError::UnsupportedArrayDtype { .. }) => {
+            (1u8, e.to_string())
+        }
+        Err(other) => return Err(port(other)),
+        Ok(_) => (0, "computed".to_owned()),
+    };
+    let mut out = CaseOutput::new("mlx.core");
+    let flag = HostTensor::new(oracle::DType::Uint8, vec![1], vec![port.0])?;
+    out.compare("refused", &flag, &reference.refused);
+    Ok(out.with_finding(serde_json::json!({
+        "port": port.1.replace(&path.display().to_string(), "<file>"),
+        "reference": reference.message.replace(&path.display().to_string(), "<file>"),
+    })))
+}
+
+/// `shape-2e62x4-no-data`: what `mx.load` returns, and what the port says.
+fn wrapped_shape(ctx: &Ctx) -> Result<CaseOutput, CaseError> {
+    let (path, _guard) = source("shape-2e62x4-no-data", "F32")?;
+    let loaded = reference::checkpoint::safetensors_load(ctx, &path)?;
+    let arrays: serde_json::Map<String, serde_json::Value> = loaded
+        .arrays
+        .iter()
+        .map(|(name, e)| {
+            let t = e.tensor();
+            (name.clone(), serde_json::json!({"dtype": t.dtype.name(), "shape": t.shape}))
+        })
+        .collect();
+    let port = match SafetensorsFile::open(&path) {
+        Ok(_) => "computed".to_owned(),
+        Err(e) => e.to_string().replace(&path.display().to_string(), "<file>"),
+    };
+    Ok(CaseOutput::new("mlx.core").with_finding(serde_json::json!({
+        "declared_shape": [1u64 << 62, 4],
+        "reference_returns": arrays,
+        "port_refuses": port,
+        "why": "2^62·4 elements·4 bytes wraps to 0 in 64 bits, so the empty data range passes mx.load's size check, and 2^62 becomes 0 as an int32 dimension",
+    })))
+}
+
+fn read(ctx: &Ctx, form: &str) -> Result<CaseOutput, CaseError> {
+    let (path, _generated) = source(form, "F32")?;
     // Proof mode: the reference reads a copy in which every output
     // changes (see `perturbed_copy`).
     let perturbed = ctx

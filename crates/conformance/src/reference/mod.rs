@@ -452,3 +452,44 @@ mod tests {
         assert!(perturb(Arg::Int(1), Perturb::NextUp).is_err());
     }
 }
+
+/// How a reference call ended, for a refusal case: it raised with the
+/// message the case expects, or it computed.
+#[derive(Debug)]
+pub struct Refusal {
+    /// uint8 `[1]`: 1 if the reference raised, 0 if it computed (the
+    /// must-equal output of a refusal case; the proof mode hands the
+    /// reference an input it computes on, so it must differ).
+    pub refused: Expected,
+    /// The last line of the reference's traceback (`RuntimeError: …`), or
+    /// `computed`.
+    pub message: String,
+}
+
+/// What `result` (a reference call) says about refusing. A raise whose
+/// traceback does not contain `expected` is returned as the error it is:
+/// the case then errors instead of counting another failure as the
+/// refusal it expects.
+pub fn refusal<T>(result: Result<T, CaseError>, expected: &str) -> Result<Refusal, CaseError> {
+    let flag = |v: u8| {
+        Expected::from_reference(
+            HostTensor::new(DType::Uint8, vec![1], vec![v]).expect("sized by construction"),
+        )
+    };
+    match result {
+        Ok(_) => Ok(Refusal {
+            refused: flag(0),
+            message: "computed".into(),
+        }),
+        Err(CaseError::Reference(oracle::OracleError::Python { traceback, .. }))
+            if traceback.contains(expected) =>
+        {
+            let last = traceback.trim_end().lines().last().unwrap_or("").trim();
+            Ok(Refusal {
+                refused: flag(1),
+                message: last.to_owned(),
+            })
+        }
+        Err(e) => Err(e),
+    }
+}

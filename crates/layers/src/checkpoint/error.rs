@@ -80,16 +80,6 @@ pub enum CheckpointError {
         /// Length of the data section.
         data_len: u64,
     },
-    /// Two tensors share bytes.
-    #[error("{}: tensors `{first}` and `{second}` have overlapping data", .file.display())]
-    OverlappingTensors {
-        /// The file.
-        file: PathBuf,
-        /// One tensor.
-        first: String,
-        /// The other.
-        second: String,
-    },
     /// shape × dtype is not the byte range's length.
     #[error("{}: tensor `{tensor}` ({dtype} {shape:?}) needs {} bytes but its data offsets span {actual_bytes}",
         .file.display(), .expected_bytes.map_or_else(|| "an impossible number of".to_owned(), |n| n.to_string()))]
@@ -107,8 +97,9 @@ pub enum CheckpointError {
         /// `end - start`.
         actual_bytes: u64,
     },
-    /// A dtype MLX cannot load (e.g. `F8_E5M2`).
-    #[error("{}: tensor `{tensor}` has dtype {dtype}, which MLX cannot hold", .file.display())]
+    /// A dtype `mx.load` refuses (`F64`, `F8_E5M2`, ...): the whole file is
+    /// refused at open, as `mx.load` refuses it.
+    #[error("{}: tensor `{tensor}` has dtype {dtype}, which mx.load (mlx 0.32.2) refuses (`[safetensor] unsupported dtype {dtype}`); convert it, e.g. to F32", .file.display())]
     UnsupportedArrayDtype {
         /// The file.
         file: PathBuf,
@@ -156,26 +147,6 @@ pub enum CheckpointError {
     NoWeightFiles {
         /// The directory.
         dir: PathBuf,
-    },
-    /// The index is not `{"weight_map": {name: file}}`.
-    #[error("{}: malformed index: {message}", .path.display())]
-    IndexMalformed {
-        /// The index file.
-        path: PathBuf,
-        /// What is wrong.
-        message: String,
-    },
-    /// The index disagrees with the shards.
-    #[error("{}: tensor `{tensor}` is listed in shard {shard:?}, {reason}", .index.display())]
-    IndexMismatch {
-        /// The index file.
-        index: PathBuf,
-        /// The tensor.
-        tensor: String,
-        /// The shard it names.
-        shard: String,
-        /// What is wrong.
-        reason: &'static str,
     },
     /// A tensor name in two shards.
     #[error("tensor `{tensor}` is in both {} and {}", .first.display(), .second.display())]

@@ -21,9 +21,13 @@
 //!
 //! Compared with `mx.load` (mlx 0.32.2, probed): the same errors for a
 //! header past the end of the file, offsets past the data section and a size
-//! that does not match shape × dtype; gaps between tensors accepted as
-//! `mx.load` does; **overlapping** byte ranges rejected, which `mx.load`
-//! silently accepts (the format forbids them). Accepted as `mx.load`
+//! that does not match shape × dtype; gaps between tensors and overlapping
+//! byte ranges accepted as `mx.load` accepts them (each tensor reads its own
+//! range; the format forbids overlaps, the reference reads them, and a port
+//! must read what the reference reads); a file holding a dtype `mx.load`
+//! refuses (`F64`, `F8_E5M2`, the FNUZ, `F4` and `F6` types) refused at
+//! open, whole, as `mx.load` refuses it (`[safetensor] unsupported dtype`).
+//! Accepted as `mx.load`
 //! accepts them: `__metadata__` absent, `null` (what `mx.save_safetensors`
 //! writes without metadata) or a bare string (read as `{"": string}`, as
 //! MLX does); unknown fields in a tensor entry; `data_offsets` written as
@@ -74,7 +78,7 @@ impl SafetensorsHeader {
     /// [`CheckpointError::FileTooShort`], [`CheckpointError::HeaderLengthPastEnd`],
     /// [`CheckpointError::InvalidHeaderJson`], [`CheckpointError::UnknownDtype`],
     /// [`CheckpointError::OffsetsOutOfRange`], [`CheckpointError::SizeMismatch`],
-    /// [`CheckpointError::OverlappingTensors`].
+    /// [`CheckpointError::UnsupportedArrayDtype`].
     pub fn parse(bytes: &[u8], file: &Path) -> Result<Self, CheckpointError> {
         let header_end = header_len(bytes, bytes.len() as u64, file)?;
         let header = &bytes[8..8 + header_end];
@@ -114,7 +118,14 @@ impl SafetensorsHeader {
             let info = parse_entry(&name, entry, data_len, file)?;
             tensors.insert(name, info);
         }
-        check_overlaps(&tensors, file)?;
+        // `mx.load` refuses the whole file for one such tensor.
+        if let Some((name, info)) = tensors.iter().find(|(_, t)| mlx_dtype(t.dtype).is_none()) {
+            return Err(CheckpointError::UnsupportedArrayDtype {
+                file: file.to_owned(),
+                tensor: name.clone(),
+                dtype: info.dtype,
+            });
+        }
         Ok(SafetensorsHeader {
             header_len: header_end,
             tensors,
@@ -254,34 +265,6 @@ fn parse_entry(
         shape,
         data_offsets: (start, end),
     })
-}
-
-fn check_overlaps(
-    tensors: &BTreeMap<String, TensorInfo>,
-    file: &Path,
-) -> Result<(), CheckpointError> {
-    let mut ranges: Vec<(usize, usize, &str)> = tensors
-        .iter()
-        .filter(|(_, t)| t.data_offsets.0 < t.data_offsets.1)
-        .map(|(n, t)| (t.data_offsets.0, t.data_offsets.1, n.as_str()))
-        .collect();
-    ranges.sort_unstable();
-    let mut furthest: Option<(usize, &str)> = None;
-    for (start, end, name) in ranges {
-        if let Some((prev_end, prev)) = furthest {
-            if start < prev_end {
-                return Err(CheckpointError::OverlappingTensors {
-                    file: file.to_owned(),
-                    first: prev.to_owned(),
-                    second: name.to_owned(),
-                });
-            }
-        }
-        if furthest.is_none_or(|(e, _)| end > e) {
-            furthest = Some((end, name));
-        }
-    }
-    Ok(())
 }
 
 /// One safetensors file with a validated header; tensor bytes are read
@@ -443,8 +426,10 @@ pub struct TensorView<'a> {
 }
 
 /// The MLX dtype `mx.load` (mlx 0.32.2) gives a safetensors dtype, if any.
-/// `F8_E4M3` and `F8_E8M0` load as `uint8` (raw bits), as in MLX; `F8_E5M2`,
-/// the FNUZ variants, `F4` and the `F6` types are rejected by MLX too.
+/// `F8_E4M3` and `F8_E8M0` load as `uint8` (raw bits), as in MLX; `F64`,
+/// `F8_E5M2`, the FNUZ variants, `F4` and the `F6` types `mx.load` refuses
+/// (`[safetensor] unsupported dtype F64`: probed for every dtype the
+/// format names), so a file holding one is refused at open.
 pub fn mlx_dtype(dtype: TensorDtype) -> Option<Dtype> {
     use safetensors::Dtype as S;
     Some(match dtype {
@@ -460,7 +445,6 @@ pub fn mlx_dtype(dtype: TensorDtype) -> Option<Dtype> {
         S::F16 => Dtype::Float16,
         S::BF16 => Dtype::Bfloat16,
         S::F32 => Dtype::Float32,
-        S::F64 => Dtype::Float64,
         S::C64 => Dtype::Complex64,
         _ => return None,
     })

@@ -110,7 +110,15 @@ pub(super) fn layer_infos(
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
 pub enum CheckpointCase {
     /// Must-equal: every conformance layer of the fixture, loaded by both.
-    Load { fixture: String },
+    /// With `index: "lists-missing-shard"`, from a copy of the fixture whose
+    /// `model.safetensors.index.json` places a tensor in a shard that is
+    /// not there: `load_model` never reads the index, so neither does the
+    /// port, and both load what the shards hold.
+    Load {
+        fixture: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        index: Option<String>,
+    },
     /// Finding: which rule decides each path's spec.
     SpecSources { fixture: String },
 }
@@ -119,10 +127,12 @@ impl Params for CheckpointCase {
     const BUILDER: &'static str = FAMILY;
     fn build(self, name: String) -> Case {
         match self {
-            CheckpointCase::Load { fixture } => {
+            CheckpointCase::Load { fixture, index } => {
                 // Only a fixture with switch modules drives one SwitchGLU projection.
                 let switch = has_switch(&fixture);
-                let case = Case::must_equal(name, FAMILY, REFERENCE, move |ctx| load(ctx, &fixture));
+                let case = Case::must_equal(name, FAMILY, REFERENCE, move |ctx| {
+                    load(ctx, &fixture, index.as_deref())
+                });
                 if switch {
                     case.glue_composed(super::switch::SWITCH_GLU_STEP)
                 } else {
@@ -146,9 +156,17 @@ pub(super) fn descriptions() -> Vec<Described> {
             format!("{FAMILY}/{fixture}/load"),
             &CheckpointCase::Load {
                 fixture: fixture.into(),
+                index: None,
             },
         ));
     }
+    cases.push(described(
+        format!("{FAMILY}/tiny-mixed-sharded/load-index-lists-missing-shard"),
+        &CheckpointCase::Load {
+            fixture: "tiny-mixed-sharded".into(),
+            index: Some(INDEX_LISTS_MISSING_SHARD.into()),
+        },
+    ));
     // Which rule decides each path: the made-up mix, and a real block
     // whose per-path entries no module path matches.
     for fixture in [FIXTURES[0], FIXTURES[3]] {
@@ -187,8 +205,69 @@ fn mode_id(mode: Mode) -> i32 {
     }
 }
 
-fn load(ctx: &Ctx, fixture: &str) -> Result<CaseOutput, CaseError> {
-    let dir = fixture_dir(fixture)?;
+/// The one index edit [`CheckpointCase::Load`] knows.
+const INDEX_LISTS_MISSING_SHARD: &str = "lists-missing-shard";
+
+/// A scratch copy of a fixture directory, removed on drop.
+struct ScratchDir(std::path::PathBuf);
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A copy of `dir` whose index places every tensor of its last shard in a
+/// shard that does not exist (`model-00009-of-00009.safetensors`).
+fn with_missing_shard_index(dir: &std::path::Path) -> Result<ScratchDir, CaseError> {
+    let fail = |e: &dyn std::fmt::Display| {
+        CaseError::Harness(format!("copying {} with an edited index: {e}", dir.display()))
+    };
+    let copy = ScratchDir(std::env::temp_dir().join(format!(
+        "conformance-index-{}-{}",
+        std::process::id(),
+        dir.file_name().unwrap_or_default().to_string_lossy()
+    )));
+    let _ = std::fs::remove_dir_all(&copy.0);
+    std::fs::create_dir_all(&copy.0).map_err(|e| fail(&e))?;
+    for entry in std::fs::read_dir(dir).map_err(|e| fail(&e))? {
+        let entry = entry.map_err(|e| fail(&e))?;
+        std::fs::copy(entry.path(), copy.0.join(entry.file_name())).map_err(|e| fail(&e))?;
+    }
+    let index_path = copy.0.join("model.safetensors.index.json");
+    let text = std::fs::read_to_string(&index_path).map_err(|e| fail(&e))?;
+    let mut index: Json = serde_json::from_str(&text).map_err(|e| fail(&e))?;
+    let map = index
+        .get_mut("weight_map")
+        .and_then(Json::as_object_mut)
+        .ok_or_else(|| fail(&"the index has no weight_map"))?;
+    let last = map
+        .values()
+        .filter_map(Json::as_str)
+        .max()
+        .map(str::to_owned)
+        .ok_or_else(|| fail(&"the index lists no shard"))?;
+    for shard in map.values_mut() {
+        if shard.as_str() == Some(last.as_str()) {
+            *shard = "model-00009-of-00009.safetensors".into();
+        }
+    }
+    std::fs::write(&index_path, index.to_string()).map_err(|e| fail(&e))?;
+    Ok(copy)
+}
+
+fn load(ctx: &Ctx, fixture: &str, index: Option<&str>) -> Result<CaseOutput, CaseError> {
+    let fixture_path = fixture_dir(fixture)?;
+    let scratch = match index {
+        None => None,
+        Some(INDEX_LISTS_MISSING_SHARD) => Some(with_missing_shard_index(&fixture_path)?),
+        Some(other) => {
+            return Err(CaseError::Harness(format!(
+                "index edit `{other}` is not `{INDEX_LISTS_MISSING_SHARD}`"
+            )))
+        }
+    };
+    let dir = scratch.as_ref().map_or(fixture_path, |s| s.0.clone());
     let checkpoint = Checkpoint::open(&dir).map_err(port)?;
     let infos = layer_infos(&checkpoint)?;
     let width = infos.values().map(|i| i.in_features).max().unwrap_or(1);
