@@ -238,7 +238,10 @@ pub fn build(root: &Path, layout: &Layout, force: bool, base_python: Option<&Pat
                     .map(|f| (f.base_python, f.python_version))
             });
             if old_python.as_ref()
-                != Some(&(fingerprint.base_python.clone(), fingerprint.python_version.clone()))
+                != Some(&(
+                    fingerprint.base_python.clone(),
+                    fingerprint.python_version.clone(),
+                ))
             {
                 forget_pyo3_config(root, &layout)?;
             }
@@ -712,7 +715,9 @@ fn forget_pyo3_config(root: &Path, layout: &Layout) -> Result<()> {
     }
     println!("setup: the interpreter changed: cleaning pyo3's cached interpreter configuration");
     let output = util::output(
-        layout.cargo(root).args(["clean", "-q", "-p", "pyo3-build-config"]),
+        layout
+            .cargo(root)
+            .args(["clean", "-q", "-p", "pyo3-build-config"]),
         "cargo clean -p pyo3-build-config",
     )?;
     if !output.status.success() {

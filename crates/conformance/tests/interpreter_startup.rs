@@ -29,7 +29,9 @@ fn scratch(tag: &str) -> PathBuf {
 /// `/usr/lib/python3.X` first on PATH has this shape.
 fn fake_python(dir: &Path) -> PathBuf {
     let bin = dir.join("bin");
-    let lib = dir.join("lib").join(oracle::interpreter::python_lib_dir_name());
+    let lib = dir
+        .join("lib")
+        .join(oracle::interpreter::python_lib_dir_name());
     std::fs::create_dir_all(&bin).unwrap();
     std::fs::create_dir_all(lib.join("encodings")).unwrap();
     let python = bin.join("python3");

@@ -57,10 +57,10 @@ impl Params for SafetensorsCase {
     const BUILDER: &'static str = FAMILY;
     fn build(self, name: String) -> Case {
         match self.form.as_str() {
-            "f64-tensor" => Case::must_equal(name, FAMILY, REFERENCE, move |ctx| both_refuse(ctx)),
-            "shape-2e62x4-no-data" => Case::finding(name, FAMILY, REFERENCE, move |ctx| {
-                wrapped_shape(ctx)
-            }),
+            "f64-tensor" => Case::must_equal(name, FAMILY, REFERENCE, both_refuse),
+            "shape-2e62x4-no-data" => {
+                Case::finding(name, FAMILY, REFERENCE, move |ctx| wrapped_shape(ctx))
+            }
             _ => Case::must_equal(name, FAMILY, REFERENCE, move |ctx| read(ctx, &self.form)),
         }
     }
@@ -152,7 +152,10 @@ fn both_refuse(ctx: &Ctx) -> Result<CaseOutput, CaseError> {
     let (path, _guard) = source("f64-tensor", "F64")?;
     // Proof mode: the reference reads the same file with the tensor as
     // F32, which it loads; "refused" must then differ.
-    let twin = ctx.perturbed().then(|| source("f64-tensor", "F32")).transpose()?;
+    let twin = ctx
+        .perturbed()
+        .then(|| source("f64-tensor", "F32"))
+        .transpose()?;
     let reference_path = twin.as_ref().map_or(path.as_path(), |t| t.0.as_path());
     let reference = reference::refusal(
         reference::checkpoint::safetensors_load(ctx, reference_path),
@@ -183,7 +186,10 @@ fn wrapped_shape(ctx: &Ctx) -> Result<CaseOutput, CaseError> {
         .iter()
         .map(|(name, e)| {
             let t = e.tensor();
-            (name.clone(), serde_json::json!({"dtype": t.dtype.name(), "shape": t.shape}))
+            (
+                name.clone(),
+                serde_json::json!({"dtype": t.dtype.name(), "shape": t.shape}),
+            )
         })
         .collect();
     let port = match SafetensorsFile::open(&path) {

@@ -221,7 +221,10 @@ impl Drop for ScratchDir {
 /// shard that does not exist (`model-00009-of-00009.safetensors`).
 fn with_missing_shard_index(dir: &std::path::Path) -> Result<ScratchDir, CaseError> {
     let fail = |e: &dyn std::fmt::Display| {
-        CaseError::Harness(format!("copying {} with an edited index: {e}", dir.display()))
+        CaseError::Harness(format!(
+            "copying {} with an edited index: {e}",
+            dir.display()
+        ))
     };
     let copy = ScratchDir(std::env::temp_dir().join(format!(
         "conformance-index-{}-{}",
