@@ -83,5 +83,6 @@ pub use rope2d::{
     apply_multidimensional_rope, apply_rope2d, rope2d_tables, Rope2dAxis, Rope2dTables,
 };
 pub use rope_index::{
-    rope_index, GridThw, PositionLayout, RopeIndex, RopeIndexInput, VisionTokens, MAX_WINDOW,
+    rope_index, GridThw, PositionDtype, PositionLayout, RopeIndex, RopeIndexInput, VisionTokens,
+    MAX_WINDOW,
 };

@@ -90,12 +90,26 @@ pub enum PositionLayout {
     Multimodal,
 }
 
+/// The dtype the reference gives `position_ids`, `rope_deltas` and decode
+/// positions.
+/// The values always fit int32 ([`PositionError::PositionOverflow`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PositionDtype {
+    /// `input_ids.dtype` for the int32 ids a serving engine passes: every
+    /// prompt with a grid, and a text prompt without a mask.
+    Int32,
+    /// A text prompt with an attention mask: `get_rope_index` takes
+    /// `mx.cumsum(attention_mask.astype(mx.int64))`, so int64.
+    Int64,
+}
+
 /// Positions of one prompt and its decode continuation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RopeIndex {
     position_ids: [Vec<i32>; 3],
     rope_delta: i32,
     layout: PositionLayout,
+    dtype: PositionDtype,
 }
 
 impl RopeIndex {
@@ -121,7 +135,20 @@ impl RopeIndex {
             position_ids,
             rope_delta,
             layout,
+            dtype: PositionDtype::Int32,
         })
+    }
+
+    /// The same positions declared in `dtype` (a reassembled masked text
+    /// prompt: [`RopeIndex::from_parts`] gives int32).
+    pub fn with_position_dtype(mut self, dtype: PositionDtype) -> Self {
+        self.dtype = dtype;
+        self
+    }
+
+    /// The dtype the reference gives these positions ([`PositionDtype`]).
+    pub fn position_dtype(&self) -> PositionDtype {
+        self.dtype
     }
 
     /// The t, h and w position streams of the prompt, each of prompt length.
@@ -273,7 +300,8 @@ fn to_position(value: i64, index: u64) -> Result<i32, PositionError> {
 ///    resumes likewise. Delta = overall max + 1 − unmasked tokens. Masked
 ///    tokens get 1 on every axis.
 ///
-/// Positions are int32 (the reference uses `input_ids.dtype`, int64 for a
+/// Positions are held as int32 values; [`RopeIndex::position_dtype`] is
+/// the dtype the reference gives them (`input_ids.dtype`, int64 for a
 /// masked text prompt).
 ///
 /// # Errors
@@ -359,6 +387,7 @@ pub fn rope_index(
         position_ids,
         rope_delta,
         layout: PositionLayout::Multimodal,
+        dtype: PositionDtype::Int32,
     })
 }
 
@@ -391,6 +420,11 @@ fn text_rope_index(len: usize, mask: Option<&[bool]>) -> Result<RopeIndex, Posit
         position_ids: [stream.clone(), stream.clone(), stream],
         rope_delta,
         layout: PositionLayout::Text,
+        dtype: if mask.is_some() {
+            PositionDtype::Int64
+        } else {
+            PositionDtype::Int32
+        },
     })
 }
 

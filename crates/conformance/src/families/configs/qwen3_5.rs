@@ -15,7 +15,7 @@ use super::{
 };
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
 use crate::families::describe::{described, Described};
-use crate::families::position::{build_prompt_for, mrope_path, widen_expected, widen_i64, Piece};
+use crate::families::position::{build_prompt_for, in_position_dtype, mrope_path, Piece};
 use crate::families::support::{host, int32_tensor, port};
 use crate::reference;
 
@@ -446,14 +446,17 @@ fn run_mrope(ctx: &Ctx, source: &Source, dtype: DType) -> Result<CaseOutput, Cas
         "the prompt layout is a constant of the case (position/rope-index perturbs prompts)";
     out.compare_derived(
         "position_ids",
-        &widen_i64(&positions)?,
-        &widen_expected(&r.position_ids)?,
+        &in_position_dtype(&positions, index.position_dtype())?,
+        &r.position_ids,
         layout,
     );
     out.compare_derived(
         "rope_deltas",
-        &widen_i64(&int32_tensor(&[index.rope_delta()], &[1, 1]))?,
-        &widen_expected(&r.rope_deltas)?,
+        &in_position_dtype(
+            &int32_tensor(&[index.rope_delta()], &[1, 1]),
+            index.position_dtype(),
+        )?,
+        &r.rope_deltas,
         layout,
     );
     Ok(out)

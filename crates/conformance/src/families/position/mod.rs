@@ -14,7 +14,7 @@ use layers::position::{GridThw, MropePath, VisionTokens};
 use oracle::{DType, HostTensor};
 
 use super::support::{bytes_tensor, dtype_tag, host, int32_tensor, port};
-use crate::case::{Backend, CaseError, Ctx, Expected};
+use crate::case::{Backend, CaseError, Ctx};
 use crate::inputs::Inputs;
 
 pub mod inv_freq;
@@ -53,35 +53,35 @@ fn mlx_dtype(dtype: DType) -> Result<mlx_rs::Dtype, CaseError> {
     }
 }
 
-/// An int32 or int64 tensor widened to int64 (positions: the reference
-/// returns int64 for a masked text prompt, int32 otherwise; the port's are
-/// int32 values).
-pub(crate) fn widen_i64(t: &HostTensor) -> Result<HostTensor, CaseError> {
-    let values: Vec<i64> = match t.dtype {
-        DType::Int32 => (0..t.len())
-            .map(|i| t.bits(i) as u32 as i32 as i64)
-            .collect(),
-        DType::Int64 => return Ok(t.clone()),
-        other => {
-            return Err(CaseError::Harness(format!(
-                "expected an int tensor, got {}",
-                other.name()
-            )))
+/// The port's int32 positions in the dtype the port declares for them
+/// ([`layers::position::RopeIndex::position_dtype`]: int64 for a masked text
+/// prompt, as the reference gives them). Compared with the reference's
+/// dtype and bits unwidened: a wrong declaration fails.
+pub(crate) fn in_position_dtype(
+    t: &HostTensor,
+    dtype: layers::position::PositionDtype,
+) -> Result<HostTensor, CaseError> {
+    if t.dtype != DType::Int32 {
+        return Err(CaseError::Harness(format!(
+            "port positions are int32 values, got {}",
+            t.dtype.name()
+        )));
+    }
+    match dtype {
+        layers::position::PositionDtype::Int32 => Ok(t.clone()),
+        layers::position::PositionDtype::Int64 => {
+            let bytes = (0..t.len())
+                .flat_map(|i| i64::from(t.bits(i) as u32 as i32).to_le_bytes())
+                .collect();
+            Ok(HostTensor::new(DType::Int64, t.shape.clone(), bytes)?)
         }
-    };
-    let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-    Ok(HostTensor::new(DType::Int64, t.shape.clone(), bytes)?)
+    }
 }
 
 /// Integers in `[low, high)` from the case's generator.
 fn ints(inputs: &mut Inputs, n: usize, low: i64, high: i64) -> Vec<i32> {
     let t = inputs.integers(DType::Int32, &[n], low, high);
     (0..n).map(|i| t.bits(i) as u32 as i32).collect()
-}
-
-/// [`widen_i64`] of a reference output.
-pub(crate) fn widen_expected(e: &Expected) -> Result<Expected, CaseError> {
-    e.map(widen_i64)
 }
 
 /// The mRoPE path the port takes for this run, mirroring the reference:

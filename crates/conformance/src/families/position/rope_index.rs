@@ -10,12 +10,11 @@
 //! unmasks token 0 and the positions must change.
 
 use layers::position::{
-    rope_index, GridThw, PositionLayout, RopeIndex, RopeIndexInput, VisionTokens,
+    rope_index, GridThw, PositionDtype, PositionLayout, RopeIndex, RopeIndexInput, VisionTokens,
 };
 
 use super::mrope::shape::{check_pieces, PromptPiece};
-use super::widen_expected;
-use super::{build_prompt, int32_tensor, port, widen_i64, Piece, Prompt};
+use super::{build_prompt, in_position_dtype, int32_tensor, port, Piece, Prompt};
 use crate::case::{Case, CaseError, CaseOutput, Ctx};
 use crate::families::describe::{described, Described, Params};
 use crate::reference;
@@ -227,8 +226,13 @@ fn run(ctx: &Ctx, rows: &[Vec<Piece>], decode: Decode) -> Result<CaseOutput, Cas
         })
         .collect::<Result<_, _>>()?;
     let text = indices.iter().all(|i| i.layout() == PositionLayout::Text);
+    // Positions in the dtype the port declares (`RopeIndex::position_dtype`),
+    // compared with the reference's dtype and bits unwidened.
+    let dtype = indices
+        .first()
+        .map_or(PositionDtype::Int32, RopeIndex::position_dtype);
     let stack = |streams: &[[Vec<i32>; 3]], width: usize| {
-        if text {
+        let t = if text {
             let values: Vec<i32> = streams.iter().flat_map(|s| s[0].iter().copied()).collect();
             int32_tensor(&values, &[batch, width])
         } else {
@@ -236,13 +240,14 @@ fn run(ctx: &Ctx, rows: &[Vec<Piece>], decode: Decode) -> Result<CaseOutput, Cas
                 .flat_map(|axis| streams.iter().flat_map(move |s| s[axis].iter().copied()))
                 .collect();
             int32_tensor(&values, &[3, batch, width])
-        }
+        };
+        in_position_dtype(&t, dtype)
     };
     let prompt_streams: Vec<[Vec<i32>; 3]> =
         indices.iter().map(|i| i.position_ids().clone()).collect();
-    let positions = stack(&prompt_streams, len);
+    let positions = stack(&prompt_streams, len)?;
     let deltas: Vec<i32> = indices.iter().map(|i| i.rope_delta()).collect();
-    let deltas = int32_tensor(&deltas, &[batch, 1]);
+    let deltas = in_position_dtype(&int32_tensor(&deltas, &[batch, 1]), dtype)?;
 
     // Reference.
     let mask_values: Vec<i32> = mask.iter().map(|&m| i32::from(m)).collect();
@@ -269,26 +274,18 @@ fn run(ctx: &Ctx, rows: &[Vec<Piece>], decode: Decode) -> Result<CaseOutput, Cas
     };
 
     let mut out = CaseOutput::new("pure-mlx");
-    out.compare(
-        "position_ids",
-        &widen_i64(&positions)?,
-        &widen_expected(&reference.position_ids)?,
-    );
+    out.compare("position_ids", &positions, &reference.position_ids);
     if has_images || has_videos {
         // The proof's masked token shifts positions; the delta of a prompt
         // with vision spans follows from its grids and token count.
         out.compare_derived(
             "rope_deltas",
-            &widen_i64(&deltas)?,
-            &widen_expected(&reference.rope_deltas)?,
+            &deltas,
+            &reference.rope_deltas,
             "with vision spans, fixed by the grids and the token layout, constants of the case",
         );
     } else {
-        out.compare(
-            "rope_deltas",
-            &widen_i64(&deltas)?,
-            &widen_expected(&reference.rope_deltas)?,
-        );
+        out.compare("rope_deltas", &deltas, &reference.rope_deltas);
     }
     if let Some((extra, n)) = decode {
         let streams: Vec<[Vec<i32>; 3]> = indices
@@ -298,11 +295,7 @@ fn run(ctx: &Ctx, rows: &[Vec<Piece>], decode: Decode) -> Result<CaseOutput, Cas
         let expected = reference.decode_position_ids.as_ref().ok_or_else(|| {
             CaseError::Harness("the decode call returned no decode positions".into())
         })?;
-        out.compare(
-            "decode_position_ids",
-            &widen_i64(&stack(&streams, n))?,
-            &widen_expected(expected)?,
-        );
+        out.compare("decode_position_ids", &stack(&streams, n)?, expected);
     }
     Ok(out)
 }
