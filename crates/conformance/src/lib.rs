@@ -17,6 +17,7 @@ pub mod gate;
 pub mod home;
 pub mod inputs;
 pub mod kept;
+pub mod kernel_settings;
 pub mod poison;
 pub mod reference;
 pub mod relation;

@@ -132,6 +132,8 @@ enum GateMode {
 /// snapshot set, selection), run (the cases), gate (snapshots, the report)
 /// and report (files, stdout, exit code). An early exit carries its code.
 fn main() -> ExitCode {
+    // First, while the process has one thread and before MLX reads them.
+    conformance::kernel_settings::pin();
     let steps = || -> Result<ExitCode, Exit> {
         let cli = parse()?;
         if cli.worker {

@@ -102,6 +102,11 @@ pub struct Provenance {
     pub host: BTreeMap<String, String>,
     pub lock_sha256: String,
     pub date: String,
+    /// MLX's kernel-affecting settings the set was recorded with
+    /// (`crate::kernel_settings`); absent in files recorded before they
+    /// were recorded.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
+    pub kernel_settings: BTreeMap<String, String>,
 }
 
 /// The snapshot set directory for this backend, device key and MLX version:
@@ -385,6 +390,12 @@ pub fn render(body: &Value, provenance: &Provenance) -> String {
     };
     field("lock_sha256", &provenance.lock_sha256);
     field("date", &provenance.date);
+    if !provenance.kernel_settings.is_empty() {
+        text.push_str("  kernel_settings:\n");
+        for (key, value) in &provenance.kernel_settings {
+            text.push_str(&format!("    {key}: {}\n", yaml_scalar(value)));
+        }
+    }
     text.push_str("---\n");
     text.push_str(&serde_json::to_string_pretty(&body).expect("json"));
     text.push('\n');
@@ -445,6 +456,63 @@ pub fn read(file: &Path) -> Result<Option<Value>, SnapshotError> {
         return Err(SnapshotError::HandEdited { file: file.into() });
     }
     Ok(Some(body))
+}
+
+/// The `kernel_settings` block of a snapshot file's header, as
+/// [`render`] writes it (empty when the file has none).
+pub fn header_kernel_settings(text: &str) -> BTreeMap<String, String> {
+    let header = text
+        .strip_prefix("---\n")
+        .and_then(|rest| rest.find("\n---\n").map(|end| &rest[..end]))
+        .unwrap_or("");
+    header
+        .lines()
+        .skip_while(|l| *l != "  kernel_settings:")
+        .skip(1)
+        .take_while(|l| l.starts_with("    "))
+        .filter_map(|l| {
+            let (key, value) = l.trim_start().split_once(':')?;
+            let value = value.trim_start();
+            let value = if value.starts_with('"') {
+                serde_json::from_str::<String>(value).ok()?
+            } else {
+                value.to_owned()
+            };
+            Some((key.to_owned(), value))
+        })
+        .collect()
+}
+
+/// The kernel settings a set was recorded with: those its snapshot files
+/// name (files recorded before settings were recorded name none). Files
+/// that disagree are an error naming both.
+pub fn recorded_kernel_settings(dir: &Path) -> Result<BTreeMap<String, String>, String> {
+    let mut recorded: BTreeMap<String, (String, PathBuf)> = BTreeMap::new();
+    for entry in store::entries(dir).map_err(|e| e.to_string())? {
+        if !store::is_snapshot(&entry) {
+            continue;
+        }
+        let Ok(Some(bytes)) = store::read(&entry.path) else {
+            continue;
+        };
+        for (key, value) in header_kernel_settings(&String::from_utf8_lossy(&bytes)) {
+            match recorded.get(&key) {
+                Some((was, other)) if *was != value => {
+                    return Err(format!(
+                        "snapshot set {}: {} records {key}={value}, {} records {key}={was};                          re-record the set with one value",
+                        dir.display(),
+                        entry.path.display(),
+                        other.display()
+                    ))
+                }
+                Some(_) => {}
+                None => {
+                    recorded.insert(key, (value, entry.path.clone()));
+                }
+            }
+        }
+    }
+    Ok(recorded.into_iter().map(|(k, (v, _))| (k, v)).collect())
 }
 
 /// What one gate pass over a set found and did.
@@ -592,6 +660,27 @@ fn gate_one(dir: &Path, result: &CaseResult, mode: Mode, provenance: &Provenance
         Err(_) => (None, Previous::Invalid),
     };
     if recorded.as_ref() == Some(&now) {
+        // Accept also brings an unchanged snapshot's recorded kernel
+        // settings up to this run's (its bits are the same).
+        if mode == Mode::Accept {
+            let stale = store::read(&file).ok().flatten().is_some_and(|bytes| {
+                header_kernel_settings(&String::from_utf8_lossy(&bytes))
+                    != provenance.kernel_settings
+            });
+            if stale {
+                let text = render(&now, provenance);
+                if let Err(e) = store::write(
+                    dir.parent().unwrap_or(Path::new(".")),
+                    dir,
+                    &file_name(&result.name),
+                    &text,
+                ) {
+                    return Status::Invalid {
+                        error: format!("cannot write the snapshot of {}: {e}", result.name),
+                    };
+                }
+            }
+        }
         return Status::Match;
     }
     match mode {
@@ -703,6 +792,7 @@ mod tests {
             host: BTreeMap::new(),
             lock_sha256: "l".into(),
             date: "2026-12-01".into(),
+            kernel_settings: BTreeMap::new(),
         }
     }
 

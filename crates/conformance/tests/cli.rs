@@ -87,6 +87,48 @@ fn the_committed_cpu_set_is_found_with_the_derived_key() {
 }
 
 #[test]
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))] // the committed CPU set's key
+fn a_kernel_setting_the_set_was_not_recorded_with_is_refused_in_one_line() {
+    let dir = scratch("kernel-setting");
+    let out = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args(["--device", "cpu", "--filter", SMOKE, "--out"])
+        .arg(&dir)
+        .env_remove("MLX_CONFORMANCE_DEVICE_FAMILY")
+        .env("MLX_DISABLE_COMPILE", "1")
+        .output()
+        .unwrap();
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{said}");
+    assert!(
+        said.contains("MLX_DISABLE_COMPILE is set here")
+            && said.contains("cpu-linux-x86_64-mlx0.32.2")
+            && said.contains("unset MLX_DISABLE_COMPILE"),
+        "{said}"
+    );
+    // Without the set it runs, and the report says which setting ran.
+    let out = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args([
+            "--device",
+            "cpu",
+            "--filter",
+            SMOKE,
+            "--no-snapshots",
+            "--out",
+        ])
+        .arg(&dir)
+        .env("MLX_DISABLE_COMPILE", "1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("report.json")).unwrap()).unwrap();
+    assert_eq!(
+        report["environment"]["kernel_settings"]["MLX_DISABLE_COMPILE"],
+        "set"
+    );
+}
+
+#[test]
 fn two_out_directories_keep_both_report_sets() {
     let first = scratch("out-a");
     let second = scratch("out-b");

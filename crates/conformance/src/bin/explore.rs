@@ -91,6 +91,8 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    // First, while the process has one thread and before MLX reads them.
+    conformance::kernel_settings::pin();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {

@@ -65,6 +65,14 @@ pub fn render(report: &Report) -> String {
     if !e.snapshots_checked && !e.perturb {
         let _ = writeln!(md, "> snapshots not checked in this run\n");
     }
+    if !e.kernel_settings.is_empty() {
+        let settings: Vec<String> = e
+            .kernel_settings
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let _ = writeln!(md, "MLX kernel settings: {}\n", settings.join(" · "));
+    }
     if !e.host.is_empty() {
         let host: Vec<String> = e.host.iter().map(|(k, v)| format!("{k} {v}")).collect();
         let _ = writeln!(md, "host: {}\n", host.join(" · "));

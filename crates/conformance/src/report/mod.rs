@@ -34,6 +34,9 @@ pub struct Environment {
     pub architecture: String,
     /// Host versions that can change GPU bits (CUDA: driver, runtime).
     pub host: BTreeMap<String, String>,
+    /// MLX's kernel-affecting settings as this run's MLX read them
+    /// (`crate::kernel_settings`: name -> effective value).
+    pub kernel_settings: BTreeMap<String, String>,
     /// The snapshot set's device key (see `snapshots::device_key`).
     pub device_family: String,
     /// Whether the key was declared (`--device-family`) rather than derived.
@@ -254,6 +257,10 @@ impl VsCpu {
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub schema_version: u32,
+    /// Every selected case has its row. Always true in a written report:
+    /// an interrupted run (Ctrl-C, SIGTERM) exits 130 and writes none, and
+    /// reports are replaced whole (see `write`), so a reader never sees a
+    /// partial one; the field stays so a consumer need not know that.
     pub complete: bool,
     pub environment: Environment,
     pub summary: Summary,
@@ -617,6 +624,7 @@ mod tests {
             device_name: "Apple M1 (Virtual)".into(),
             architecture: "air64_v26".into(),
             host: BTreeMap::new(),
+            kernel_settings: BTreeMap::new(),
             device_family: family.into(),
             device_family_declared: declared,
             snapshot_set: format!("{backend}-{family}-mlx0.32.2"),
@@ -651,6 +659,7 @@ mod tests {
             device_name: String::new(),
             architecture: String::new(),
             host: BTreeMap::new(),
+            kernel_settings: BTreeMap::new(),
             lock_sha256: "l".into(),
             date: "2026-12-02".into(),
         };

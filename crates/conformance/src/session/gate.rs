@@ -67,6 +67,7 @@ impl Session {
             host: environment.host.clone(),
             lock_sha256: self.fingerprint.lock_sha256.clone(),
             date: today(),
+            kernel_settings: environment.kernel_settings.clone(),
         };
         let complete = runner::is_complete_selection(cli.filter.as_deref()) && !cli.perturb;
         let registered = complete.then_some(&self.registered);

@@ -94,6 +94,14 @@ impl Session {
         } else {
             false
         };
+        // MLX's kernel-affecting settings (pinned by `kernel_settings::pin`
+        // at start-up) must be the set's: other values give other bits.
+        let kernel_settings = conformance::kernel_settings::current(backend);
+        if mode != Mode::Accept && set_recorded {
+            let recorded = snapshots::recorded_kernel_settings(&set_dir).map_err(fail)?;
+            let set = set_dir.file_name().unwrap_or_default().to_string_lossy();
+            conformance::kernel_settings::check(&kernel_settings, &recorded, &set).map_err(fail)?;
+        }
         // Said at the start too, so nobody waits for a whole run to learn it.
         if mode != Mode::Accept && cli.snapshots_checked() && !set_recorded {
             errln!(
@@ -108,6 +116,7 @@ impl Session {
             device_name,
             architecture,
             host: device_info,
+            kernel_settings,
             device_family,
             device_family_declared: declared.is_some(),
             snapshot_set: set_dir.file_name().unwrap().to_string_lossy().into_owned(),
