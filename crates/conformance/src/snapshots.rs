@@ -1158,7 +1158,18 @@ mod tests {
         let mut p = provenance();
         p.date.clear();
         let header = &text[4..text[4..].find("\n---\n").unwrap() + 4];
+        // The kernel settings block has its own reader (production code).
+        p.kernel_settings = header_kernel_settings(text);
+        let mut in_settings = false;
         for line in header.lines().skip(2) {
+            if line == "  kernel_settings:" {
+                in_settings = true;
+                continue;
+            }
+            if in_settings && line.starts_with("    ") {
+                continue;
+            }
+            in_settings = false;
             let (key, value) = line.trim_start().split_once(':').unwrap();
             let value = value.trim_start();
             let value = if value.starts_with('"') {
