@@ -131,3 +131,27 @@ pub fn all() -> Vec<Case> {
     }
     cases
 }
+
+#[cfg(test)]
+mod refusal_table {
+    /// Every case `crates/layers/REFUSALS.md` names (its last column) is a
+    /// registered case.
+    #[test]
+    fn every_case_the_refusal_table_names_is_registered() {
+        let table = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../layers/REFUSALS.md"),
+        )
+        .unwrap();
+        let registered: std::collections::BTreeSet<String> =
+            super::fixed_descriptions().into_iter().map(|d| d.name).collect();
+        let mut named = 0;
+        for row in table.lines().filter(|l| l.starts_with("| `")) {
+            let last = row.trim_end_matches('|').rsplit('|').next().unwrap_or("");
+            for case in last.split('`').skip(1).step_by(2) {
+                named += 1;
+                assert!(registered.contains(case), "REFUSALS.md names `{case}`, no such case");
+            }
+        }
+        assert!(named > 0, "REFUSALS.md names no case");
+    }
+}

@@ -173,9 +173,10 @@ pub enum PositionError {
     },
 
     /// A grid covers no token (`t`, `h/merge` or `w/merge` is zero).
-    /// Reference: raises `ValueError [max] Cannot max reduce … size 0` when
-    /// the next span reads the previous maximum (and accepts it silently
-    /// only as the very last span).
+    /// Reference: raises `ValueError [max] Cannot max reduce … size 0`
+    /// wherever the span is (probed as the last span too, with and without
+    /// trailing text: its own vision token becomes text that reads the
+    /// empty block's maximum).
     #[error("{kind} grid {grid_index} {grid} covers no token")]
     EmptyGrid {
         /// Image or video.
