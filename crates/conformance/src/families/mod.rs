@@ -142,14 +142,19 @@ mod refusal_table {
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../layers/REFUSALS.md"),
         )
         .unwrap();
-        let registered: std::collections::BTreeSet<String> =
-            super::fixed_descriptions().into_iter().map(|d| d.name).collect();
+        let registered: std::collections::BTreeSet<String> = super::fixed_descriptions()
+            .into_iter()
+            .map(|d| d.name)
+            .collect();
         let mut named = 0;
         for row in table.lines().filter(|l| l.starts_with("| `")) {
             let last = row.trim_end_matches('|').rsplit('|').next().unwrap_or("");
             for case in last.split('`').skip(1).step_by(2) {
                 named += 1;
-                assert!(registered.contains(case), "REFUSALS.md names `{case}`, no such case");
+                assert!(
+                    registered.contains(case),
+                    "REFUSALS.md names `{case}`, no such case"
+                );
             }
         }
         assert!(named > 0, "REFUSALS.md names no case");

@@ -156,22 +156,6 @@ pub enum PositionError {
     #[error("spatial_merge_size must be positive")]
     ZeroMergeSize,
 
-    /// A grid's h or w is not a multiple of the spatial merge size.
-    /// Stricter than the reference, which floors `h // merge`, `w // merge`.
-    #[error(
-        "{kind} grid {grid_index} {grid}: h and w must be multiples of spatial_merge_size {merge}"
-    )]
-    NonIntegralMerge {
-        /// Image or video.
-        kind: VisionKind,
-        /// Index into the (expanded) grid list.
-        grid_index: usize,
-        /// The grid, in patch units.
-        grid: GridThw,
-        /// The spatial merge size.
-        merge: usize,
-    },
-
     /// A grid covers no token (`t`, `h/merge` or `w/merge` is zero).
     /// Reference: raises `ValueError [max] Cannot max reduce … size 0`
     /// wherever the span is (probed as the last span too, with and without
@@ -199,18 +183,6 @@ pub enum PositionError {
         grids: usize,
     },
 
-    /// Fewer vision spans than grids. Stricter than the reference, which
-    /// ignores the extra grids.
-    #[error("{provided} {kind} grids given but only {used} {kind} spans in the prompt")]
-    UnusedGrids {
-        /// Image or video.
-        kind: VisionKind,
-        /// Grids consumed by spans.
-        used: usize,
-        /// Grids given (videos: frames after expansion).
-        provided: usize,
-    },
-
     /// A span was counted (vision_start followed by the token) but no such
     /// token occurs at or after the search start. Reference: raises
     /// `ValueError: … is not in list` from `list.index`.
@@ -220,34 +192,6 @@ pub enum PositionError {
         kind: VisionKind,
         /// Where the search started (index among unmasked tokens).
         from: usize,
-    },
-
-    /// A grid does not cover its span: the run of vision tokens starting at
-    /// `start` has `found` tokens, the grid claims `expected`. Stricter than
-    /// the reference, which positions `expected` tokens regardless of what
-    /// they are.
-    #[error("{kind} grid {grid_index} covers {expected} tokens but the span at token {start} has {found}")]
-    GridSpanMismatch {
-        /// Image or video.
-        kind: VisionKind,
-        /// Index into the (expanded) grid list.
-        grid_index: usize,
-        /// First token of the span (index among unmasked tokens).
-        start: usize,
-        /// `t · (h/merge) · (w/merge)`.
-        expected: usize,
-        /// Length of the run of vision tokens found there.
-        found: usize,
-    },
-
-    /// An image or video token lies outside every grid span. Stricter than
-    /// the reference, which gives it a text position.
-    #[error("{kind} token at {index} lies outside every vision span")]
-    UncoveredVisionToken {
-        /// Image or video.
-        kind: VisionKind,
-        /// Token index (among unmasked tokens).
-        index: usize,
     },
 
     /// The attention mask does not match the input ids.

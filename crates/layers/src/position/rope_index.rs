@@ -304,16 +304,21 @@ fn to_position(value: i64, index: u64) -> Result<i32, PositionError> {
 /// the dtype the reference gives them (`input_ids.dtype`, int64 for a
 /// masked text prompt).
 ///
+/// Computes what the reference computes where it computes: a grid whose
+/// `h` or `w` is not a multiple of the merge size is floored; a span is the
+/// `t·h·w` tokens the grid claims, whatever they are (a vision token past
+/// it, or outside every span, gets a text position; a span running past
+/// the prompt still counts toward the maximum and the delta); grids no
+/// span consumes are ignored. The grids are this row's: the reference
+/// consumes one list across the batch, so a caller splitting a batch
+/// gives each row the grids its spans consume.
+///
 /// # Errors
-/// Reference failures, mirrored: [`PositionError::MissingGrid`],
+/// Where the reference raises too: [`PositionError::MissingGrid`],
 /// [`PositionError::EmptyGrid`], [`PositionError::VisionTokenNotFound`],
-/// [`PositionError::ZeroMergeSize`]. Stricter than the reference (it
-/// accepts these silently): [`PositionError::NonIntegralMerge`] (it floors),
-/// [`PositionError::GridSpanMismatch`] and
-/// [`PositionError::UncoveredVisionToken`] (it positions whatever tokens
-/// the grid claims), [`PositionError::UnusedGrids`] (it ignores extra
-/// grids). Also [`PositionError::MaskLength`] and
-/// [`PositionError::PositionOverflow`].
+/// [`PositionError::ZeroMergeSize`]. Also [`PositionError::MaskLength`]
+/// (the reference's result is malformed there) and
+/// [`PositionError::PositionOverflow`] (it wraps in int32).
 ///
 /// Finding: the origin (`qwenRopeIndex`) detects spans by the image/video
 /// token alone, consumes grids in order whatever their kind, and does not
@@ -338,28 +343,16 @@ pub fn rope_index(
     }
 
     let images: &[GridThw] = input.image_grid_thw.unwrap_or(&[]);
-    // Each video frame becomes a grid of its own, and each needs a span of
-    // at least one token: more frames than tokens can never be used, and
-    // are refused before the expansion allocates them (a huge `t`).
+    // Each video frame becomes a grid of its own (the reference's expansion
+    // of `(t, h, w)` into `t` rows of `(1, h, w)`). A frame's span takes at
+    // least two tokens, so frames past the prompt's length are never
+    // consumed, and the reference ignores unconsumed grids: they are not
+    // expanded (a huge `t` allocates nothing).
     let video_grids = input.video_grid_thw.unwrap_or(&[]);
-    let frames = video_grids
-        .iter()
-        .try_fold(0usize, |n, g| n.checked_add(g.t))
-        .unwrap_or(usize::MAX);
-    if frames > ids.len() {
-        let used = ids
-            .windows(2)
-            .filter(|w| w[0] == tokens.vision_start_token_id && w[1] == tokens.video_token_id)
-            .count();
-        return Err(PositionError::UnusedGrids {
-            kind: VisionKind::Video,
-            used,
-            provided: frames,
-        });
-    }
     let videos: Vec<GridThw> = video_grids
         .iter()
         .flat_map(|g| std::iter::repeat_n(GridThw::new(1, g.h, g.w), g.t))
+        .take(ids.len())
         .collect();
 
     let keep = |col: usize| input.attention_mask.is_none_or(|m| m[col]);
@@ -436,6 +429,12 @@ struct Compact {
 }
 
 impl Compact {
+    /// A maximum reached by positions that land on no token (a span that
+    /// runs past the prompt).
+    fn note_max(&mut self, m: i64) {
+        self.max = Some(self.max.map_or(m, |old| old.max(m)));
+    }
+
     fn push(&mut self, t: i64, h: i64, w: i64) {
         self.axes[0].push(t);
         self.axes[1].push(h);
@@ -484,7 +483,6 @@ fn compact_positions(
     };
     // Maximum of the last block appended (`llm_pos_ids_list[-1].max()`).
     let mut last_block_max: Option<i64> = None;
-    let mut covered = vec![false; n];
     let mut st = 0usize;
     let (mut image_index, mut video_index) = (0usize, 0usize);
     let (mut remain_images, mut remain_videos) = (image_nums, video_nums);
@@ -500,7 +498,7 @@ fn compact_positions(
         } else {
             n + 1
         };
-        let (kind, token, grid_index, grid, ed) = if ed_image < ed_video {
+        let (kind, grid_index, grid, ed) = if ed_image < ed_video {
             let grid = *images.get(image_index).ok_or(PositionError::MissingGrid {
                 kind: VisionKind::Image,
                 span_index: image_index,
@@ -508,13 +506,7 @@ fn compact_positions(
             })?;
             image_index += 1;
             remain_images -= 1;
-            (
-                VisionKind::Image,
-                tokens.image_token_id,
-                image_index - 1,
-                grid,
-                ed_image,
-            )
+            (VisionKind::Image, image_index - 1, grid, ed_image)
         } else {
             let grid = *videos.get(video_index).ok_or(PositionError::MissingGrid {
                 kind: VisionKind::Video,
@@ -523,27 +515,14 @@ fn compact_positions(
             })?;
             video_index += 1;
             remain_videos -= 1;
-            (
-                VisionKind::Video,
-                tokens.video_token_id,
-                video_index - 1,
-                grid,
-                ed_video,
-            )
+            (VisionKind::Video, video_index - 1, grid, ed_video)
         };
 
         let merge = tokens.spatial_merge_size;
         if merge == 0 {
             return Err(PositionError::ZeroMergeSize);
         }
-        if grid.h % merge != 0 || grid.w % merge != 0 {
-            return Err(PositionError::NonIntegralMerge {
-                kind,
-                grid_index,
-                grid,
-                merge,
-            });
-        }
+        // `h // spatial_merge_size`: floored, as the reference floors.
         let (grid_t, grid_h, grid_w) = (grid.t, grid.h / merge, grid.w / merge);
         if grid_t == 0 || grid_h == 0 || grid_w == 0 {
             return Err(PositionError::EmptyGrid {
@@ -552,24 +531,13 @@ fn compact_positions(
                 grid,
             });
         }
+        // The span is `t·h·w` tokens from `ed`, whatever they are: the
+        // reference positions that many (the part past the prompt still
+        // counts toward the maximum) and resumes after them.
         let span = grid_t
             .checked_mul(grid_h)
             .and_then(|s| s.checked_mul(grid_w))
             .unwrap_or(usize::MAX);
-        let run = input_tokens[ed..]
-            .iter()
-            .take_while(|&&t| t == token)
-            .count();
-        if run != span {
-            return Err(PositionError::GridSpanMismatch {
-                kind,
-                grid_index,
-                start: ed,
-                expected: span,
-                found: run,
-            });
-        }
-
         let text_len = (ed - st) as i64;
         let st_idx = last_block_max.map_or(0, |m| m + 1);
         for i in 0..text_len {
@@ -577,17 +545,24 @@ fn compact_positions(
             compact.push(p, p, p);
         }
         let base = text_len + st_idx;
-        for ti in 0..grid_t as i64 {
+        // Only the span's first `n - ed` positions land on tokens.
+        let mut room = n - ed;
+        'block: for ti in 0..grid_t as i64 {
             for hi in 0..grid_h as i64 {
                 for wi in 0..grid_w as i64 {
+                    if room == 0 {
+                        break 'block;
+                    }
                     compact.push(base + ti, base + hi, base + wi);
+                    room -= 1;
                 }
             }
         }
         let extent = grid_t.max(grid_h).max(grid_w) as i64;
-        last_block_max = Some(base + extent - 1);
-        covered[ed..ed + span].iter_mut().for_each(|c| *c = true);
-        st = ed + span;
+        let block_max = base + extent - 1;
+        compact.note_max(block_max);
+        last_block_max = Some(block_max);
+        st = ed.saturating_add(span);
     }
     if st < n {
         let st_idx = last_block_max.map_or(0, |m| m + 1);
@@ -597,32 +572,7 @@ fn compact_positions(
         }
     }
 
-    if image_index < images.len() {
-        return Err(PositionError::UnusedGrids {
-            kind: VisionKind::Image,
-            used: image_index,
-            provided: images.len(),
-        });
-    }
-    if video_index < videos.len() {
-        return Err(PositionError::UnusedGrids {
-            kind: VisionKind::Video,
-            used: video_index,
-            provided: videos.len(),
-        });
-    }
-    for (index, (&token, &is_covered)) in input_tokens.iter().zip(&covered).enumerate() {
-        if is_covered {
-            continue;
-        }
-        let kind = if token == tokens.image_token_id {
-            VisionKind::Image
-        } else if token == tokens.video_token_id {
-            VisionKind::Video
-        } else {
-            continue;
-        };
-        return Err(PositionError::UncoveredVisionToken { kind, index });
-    }
+    // Grids no span consumed are ignored, and a vision token outside every
+    // span got a text position above, as the reference does both.
     Ok(compact)
 }

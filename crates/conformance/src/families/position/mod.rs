@@ -109,6 +109,15 @@ pub(crate) enum Piece {
     /// processor's timestamp), `<vision_start>`, `(h/2)·(w/2)` video
     /// tokens, `<vision_end>`.
     Video(GridThw),
+    /// `<vision_start>`, this many image tokens, `<vision_end>`, with the
+    /// grid given whatever it claims (the reference positions the
+    /// `t·(h/2)·(w/2)` tokens from the first, whatever they are).
+    ImageSpan(GridThw, usize),
+    /// An image grid no span of the prompt consumes (the reference ignores
+    /// it).
+    ImageGrid(GridThw),
+    /// One image token outside every span (no `<vision_start>` before it).
+    StrayImageToken,
 }
 
 /// A prompt row: token ids and the grids of its spans, in order.
@@ -155,6 +164,16 @@ pub(crate) fn build_prompt_for(
                 }
                 prompt.videos.push(g);
             }
+            Piece::ImageSpan(g, n) => {
+                prompt.ids.push(tokens.vision_start_token_id);
+                prompt
+                    .ids
+                    .extend(std::iter::repeat_n(tokens.image_token_id, n));
+                prompt.ids.push(VISION_END);
+                prompt.images.push(g);
+            }
+            Piece::ImageGrid(g) => prompt.images.push(g),
+            Piece::StrayImageToken => prompt.ids.push(tokens.image_token_id),
         }
     }
     prompt

@@ -85,11 +85,43 @@ const MIXED_LEFT_PADDED_B2: Rows = &[
     ],
 ];
 
+// Prompts the reference computes on although their grids do not match
+// their tokens exactly (the port once refused each).
+const IMAGE_FLOORED: Rows = &[&[
+    Piece::Text(3),
+    Piece::Image(GridThw::new(1, 5, 6)),
+    Piece::Text(2),
+]];
+const EXTRA_IMAGE_GRID: Rows = &[&[
+    Piece::Text(2),
+    Piece::Image(GridThw::new(1, 4, 4)),
+    Piece::Text(2),
+    Piece::ImageGrid(GridThw::new(1, 4, 4)),
+]];
+const SPAN_SHORTER_THAN_GRID: Rows = &[&[
+    Piece::Text(2),
+    Piece::ImageSpan(GridThw::new(1, 4, 6), 4),
+    Piece::Text(3),
+]];
+const SPAN_LONGER_THAN_GRID: Rows = &[&[
+    Piece::Text(2),
+    Piece::ImageSpan(GridThw::new(1, 4, 4), 6),
+    Piece::Text(2),
+]];
+const SPAN_PAST_THE_PROMPT: Rows = &[&[Piece::Text(1), Piece::ImageSpan(GridThw::new(1, 8, 8), 2)]];
+const STRAY_IMAGE_TOKEN: Rows = &[&[
+    Piece::Text(2),
+    Piece::StrayImageToken,
+    Piece::Text(2),
+    Piece::Image(GridThw::new(1, 4, 4)),
+    Piece::Text(1),
+]];
+
 /// `(extra, len)`: `len` decode tokens at cache offset `prompt_len + extra`.
 type Decode = Option<(usize, usize)>;
 
 /// `(name, rows, decode)`.
-const SCENARIOS: [(&str, Rows, Decode); 16] = [
+const SCENARIOS: [(&str, Rows, Decode); 22] = [
     ("text", TEXT, None),
     ("text-left-padded-B2", TEXT_LEFT_PADDED_B2, None),
     ("one-image", ONE_IMAGE, None),
@@ -118,6 +150,12 @@ const SCENARIOS: [(&str, Rows, Decode); 16] = [
         MIXED_LEFT_PADDED_B2,
         Some((0, 3)),
     ),
+    ("image-5x6-floored", IMAGE_FLOORED, None),
+    ("extra-image-grid", EXTRA_IMAGE_GRID, None),
+    ("span-shorter-than-grid", SPAN_SHORTER_THAN_GRID, None),
+    ("span-longer-than-grid", SPAN_LONGER_THAN_GRID, None),
+    ("span-past-the-prompt", SPAN_PAST_THE_PROMPT, None),
+    ("stray-image-token", STRAY_IMAGE_TOKEN, None),
 ];
 
 /// Tokens of a prompt row (as `build_prompt` lays it out).
@@ -129,6 +167,9 @@ fn row_len(pieces: &[Piece]) -> usize {
             Piece::Text(n) => n,
             Piece::Image(g) => 2 + g.t * (g.h / merge) * (g.w / merge),
             Piece::Video(g) => g.t * (4 + (g.h / merge) * (g.w / merge)),
+            Piece::ImageSpan(_, n) => 2 + n,
+            Piece::ImageGrid(_) => 0,
+            Piece::StrayImageToken => 1,
         })
         .sum()
 }

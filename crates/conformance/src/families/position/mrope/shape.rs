@@ -35,6 +35,22 @@ pub enum PromptPiece {
         h: usize,
         w: usize,
     },
+    /// `tokens` image tokens in one span whose grid is `(t, h, w)`,
+    /// whatever that claims.
+    ImageSpan {
+        t: usize,
+        h: usize,
+        w: usize,
+        tokens: usize,
+    },
+    /// An image grid no span consumes.
+    ImageGrid {
+        t: usize,
+        h: usize,
+        w: usize,
+    },
+    /// One image token outside every span.
+    StrayImageToken,
 }
 
 impl PromptPiece {
@@ -51,6 +67,18 @@ impl PromptPiece {
                 h: g.h,
                 w: g.w,
             },
+            Piece::ImageSpan(g, tokens) => PromptPiece::ImageSpan {
+                t: g.t,
+                h: g.h,
+                w: g.w,
+                tokens,
+            },
+            Piece::ImageGrid(g) => PromptPiece::ImageGrid {
+                t: g.t,
+                h: g.h,
+                w: g.w,
+            },
+            Piece::StrayImageToken => PromptPiece::StrayImageToken,
         }
     }
 
@@ -59,6 +87,11 @@ impl PromptPiece {
             PromptPiece::Text { tokens } => Piece::Text(tokens),
             PromptPiece::Image { t, h, w } => Piece::Image(GridThw::new(t, h, w)),
             PromptPiece::Video { t, h, w } => Piece::Video(GridThw::new(t, h, w)),
+            PromptPiece::ImageSpan { t, h, w, tokens } => {
+                Piece::ImageSpan(GridThw::new(t, h, w), tokens)
+            }
+            PromptPiece::ImageGrid { t, h, w } => Piece::ImageGrid(GridThw::new(t, h, w)),
+            PromptPiece::StrayImageToken => Piece::StrayImageToken,
         }
     }
 
@@ -73,19 +106,28 @@ impl PromptPiece {
             PromptPiece::Video { t, h, w } => {
                 t.saturating_mul((h / 2).saturating_mul(w / 2).saturating_add(4))
             }
+            PromptPiece::ImageSpan { tokens, .. } => tokens.saturating_add(2),
+            PromptPiece::ImageGrid { .. } => 0,
+            PromptPiece::StrayImageToken => 1,
         }
     }
 }
 
 /// Why prompt rows cannot be laid out, if so: every vision grid needs t
-/// positive and h, w positive multiples of the merge size 2; at most 2^20
-/// tokens a row.
+/// positive and h, w at least the merge size 2; at most 2^20 tokens a row.
 pub(crate) fn check_pieces(rows: &[Vec<PromptPiece>]) -> Result<(), String> {
     for p in rows.iter().flatten() {
-        if let PromptPiece::Image { t, h, w } | PromptPiece::Video { t, h, w } = *p {
-            if t == 0 || h == 0 || w == 0 || h % 2 != 0 || w % 2 != 0 {
+        if let PromptPiece::Image { t, h, w }
+        | PromptPiece::Video { t, h, w }
+        | PromptPiece::ImageSpan { t, h, w, .. }
+        | PromptPiece::ImageGrid { t, h, w } = *p
+        {
+            // h and w at least the merge size (they are floored by it, as
+            // the reference floors them; below it a grid covers no token,
+            // which the reference refuses).
+            if t == 0 || h < 2 || w < 2 {
                 return Err(format!(
-                    "grid ({t}, {h}, {w}): t positive, h and w positive multiples of 2"
+                    "grid ({t}, {h}, {w}): t positive, h and w at least the merge size 2"
                 ));
             }
         }
