@@ -43,7 +43,33 @@ const FORMS: &[&str] = &[
 ];
 
 /// Files the harness writes (see the module docs), by name.
-pub const GENERATED: &[&str] = &["overlapping-ranges", "f64-tensor", "shape-2e62x4-no-data"];
+pub const GENERATED: &[&str] = &["overlapping-ranges", "shape-2e62x4-no-data"];
+
+/// Files `mx.load` refuses, and so does the port: `(form, what the
+/// reference's message holds, the port's CheckpointError variant)`. Each is
+/// a must-equal case on "both refuse"; the proof mode gives the reference
+/// the form's valid twin ([`generated_bytes`] with `twin`), which it reads.
+pub const REFUSED: &[(&str, &str, &str)] = &[
+    (
+        "f64-tensor",
+        "unsupported dtype F64",
+        "UnsupportedArrayDtype",
+    ),
+    ("file-too-short", "Unable to read", "FileTooShort"),
+    (
+        "header-length-past-end",
+        "The JSON header is",
+        "HeaderLengthPastEnd",
+    ),
+    ("header-not-json", "parse_error", "InvalidHeaderJson"),
+    ("unknown-dtype", "unsupported dtype F7", "UnknownDtype"),
+    (
+        "offsets-past-end",
+        "exceeding the size of the file",
+        "OffsetsOutOfRange",
+    ),
+    ("size-mismatch", "Expecting 12 bytes", "SizeMismatch"),
+];
 
 /// One fixture file, by its writer (one of [`FORMS`]), or a file of
 /// [`GENERATED`].
@@ -57,7 +83,11 @@ impl Params for SafetensorsCase {
     const BUILDER: &'static str = FAMILY;
     fn build(self, name: String) -> Case {
         match self.form.as_str() {
-            "f64-tensor" => Case::must_equal(name, FAMILY, REFERENCE, both_refuse),
+            form if REFUSED.iter().any(|r| r.0 == form) => {
+                Case::must_equal(name, FAMILY, REFERENCE, move |ctx| {
+                    both_refuse(ctx, &self.form)
+                })
+            }
             "shape-2e62x4-no-data" => Case::finding(name, FAMILY, REFERENCE, wrapped_shape),
             _ => Case::must_equal(name, FAMILY, REFERENCE, move |ctx| read(ctx, &self.form)),
         }
@@ -68,6 +98,7 @@ pub fn descriptions() -> Vec<Described> {
     FORMS
         .iter()
         .chain(GENERATED)
+        .chain(REFUSED.iter().map(|r| &r.0))
         .map(|&form| {
             described(
                 format!("{FAMILY}/{form}"),
@@ -77,49 +108,73 @@ pub fn descriptions() -> Vec<Described> {
         .collect()
 }
 
-/// A file of [`GENERATED`]: 8-byte header length, JSON header, data.
-fn generated_bytes(form: &str, dtype: &str) -> Option<Vec<u8>> {
+/// A file of [`GENERATED`] or [`REFUSED`]: 8-byte header length, JSON
+/// header, data. With `twin`, a refused form's valid twin: the same file
+/// with what `mx.load` refuses mended.
+fn generated_bytes(form: &str, twin: bool) -> Option<Vec<u8>> {
     let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-    let (header, data) = match form {
-        "overlapping-ranges" => (
-            serde_json::json!({
+    let file_of = |header: &[u8], data: &[u8]| {
+        let mut text = header.to_vec();
+        while text.len() % 8 != 0 {
+            text.push(b' ');
+        }
+        let mut file = (text.len() as u64).to_le_bytes().to_vec();
+        file.extend(text);
+        file.extend(data);
+        file
+    };
+    let json = |v: serde_json::Value| serde_json::to_vec(&v).expect("json");
+    let one_f32 = |dtype: &str, shape: usize, end: usize| {
+        json(serde_json::json!({"a": {"dtype": dtype, "shape": [shape], "data_offsets": [0, end]}}))
+    };
+    let data = f32s(&[1.5, -2.25, 3.0]);
+    let valid = file_of(&one_f32("F32", 3, 12), &data);
+    Some(match (form, twin) {
+        (_, true) if form != "f64-tensor" => valid,
+        ("overlapping-ranges", _) => file_of(
+            &json(serde_json::json!({
                 "a": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]},
                 "b": {"dtype": "F32", "shape": [3], "data_offsets": [4, 16]},
-            }),
-            f32s(&[1.5, -2.25, 3.0, 0.375]),
+            })),
+            &f32s(&[1.5, -2.25, 3.0, 0.375]),
         ),
-        "f64-tensor" => (
-            serde_json::json!({
-                "w": {"dtype": dtype, "shape": [16 / if dtype == "F64" { 8 } else { 4 }], "data_offsets": [0, 16]},
-                "b": {"dtype": "F32", "shape": [1], "data_offsets": [16, 20]},
-            }),
-            [1.5f64.to_le_bytes(), (-0.5f64).to_le_bytes()]
-                .concat()
-                .into_iter()
-                .chain(f32s(&[2.0]))
-                .collect(),
-        ),
-        "shape-2e62x4-no-data" => (
-            serde_json::json!({
+        ("f64-tensor", twin) => {
+            let (dtype, shape) = if twin { ("F32", 4) } else { ("F64", 2) };
+            file_of(
+                &json(serde_json::json!({
+                    "w": {"dtype": dtype, "shape": [shape], "data_offsets": [0, 16]},
+                    "b": {"dtype": "F32", "shape": [1], "data_offsets": [16, 20]},
+                })),
+                &[1.5f64.to_le_bytes(), (-0.5f64).to_le_bytes()]
+                    .concat()
+                    .into_iter()
+                    .chain(f32s(&[2.0]))
+                    .collect::<Vec<u8>>(),
+            )
+        }
+        ("shape-2e62x4-no-data", _) => file_of(
+            &json(serde_json::json!({
                 "a": {"dtype": "F32", "shape": [1u64 << 62, 4], "data_offsets": [0, 0]},
-            }),
-            Vec::new(),
+            })),
+            &[],
         ),
+        ("file-too-short", _) => vec![8, 0, 0, 0, 0],
+        ("header-length-past-end", _) => {
+            let mut file = valid;
+            file[..8].copy_from_slice(&1_000_000u64.to_le_bytes());
+            file
+        }
+        ("header-not-json", _) => file_of(b"{\"a\": [", &data),
+        ("unknown-dtype", _) => file_of(&one_f32("F7", 3, 12), &data),
+        ("offsets-past-end", _) => file_of(&one_f32("F32", 6, 24), &data),
+        ("size-mismatch", _) => file_of(&one_f32("F32", 3, 8), &data[..8]),
         _ => return None,
-    };
-    let mut text = serde_json::to_vec(&header).ok()?;
-    while text.len() % 8 != 0 {
-        text.push(b' ');
-    }
-    let mut file = (text.len() as u64).to_le_bytes().to_vec();
-    file.extend(text);
-    file.extend(data);
-    Some(file)
+    })
 }
 
 /// The file of `form`: a fixture, or a [`GENERATED`] one written to a
 /// scratch file (removed when the guard drops).
-fn source(form: &str, dtype: &str) -> Result<(std::path::PathBuf, Option<Perturbed>), CaseError> {
+fn source(form: &str, twin: bool) -> Result<(std::path::PathBuf, Option<Perturbed>), CaseError> {
     if FORMS.contains(&form) {
         let path = crate::home::Home::get()
             .fixtures_dir()
@@ -127,7 +182,7 @@ fn source(form: &str, dtype: &str) -> Result<(std::path::PathBuf, Option<Perturb
             .join(format!("{form}.safetensors"));
         return Ok((path, None));
     }
-    let bytes = generated_bytes(form, dtype).ok_or_else(|| {
+    let bytes = generated_bytes(form, twin).ok_or_else(|| {
         CaseError::Harness(format!(
             "form `{form}` is none of the fixture files ({}) or generated files ({})",
             FORMS.join(", "),
@@ -135,49 +190,49 @@ fn source(form: &str, dtype: &str) -> Result<(std::path::PathBuf, Option<Perturb
         ))
     })?;
     let path = std::env::temp_dir().join(format!(
-        "conformance-generated-{}-{form}-{dtype}.safetensors",
-        std::process::id()
+        "conformance-generated-{}-{form}{}.safetensors",
+        std::process::id(),
+        if twin { "-twin" } else { "" }
     ));
     std::fs::write(&path, bytes)
         .map_err(|e| CaseError::harness(&format!("writing {}", path.display()), e))?;
     Ok((path.clone(), Some(Perturbed(path))))
 }
 
-/// `f64-tensor`: `mx.load` refuses the file, and so must the port (it
-/// refused to load an F64 tensor MLX cannot load before; it now refuses
-/// the whole file at open, as `mx.load` does).
-fn both_refuse(ctx: &Ctx) -> Result<CaseOutput, CaseError> {
-    let (path, _guard) = source("f64-tensor", "F64")?;
-    // Proof mode: the reference reads the same file with the tensor as
-    // F32, which it loads; "refused" must then differ.
-    let twin = ctx
-        .perturbed()
-        .then(|| source("f64-tensor", "F32"))
-        .transpose()?;
+/// A [`REFUSED`] form: `mx.load` refuses the file, and so must the port,
+/// with the variant the table names (an F64 tensor, once loaded by the
+/// port, is refused at open now, as `mx.load` refuses it).
+fn both_refuse(ctx: &Ctx, form: &str) -> Result<CaseOutput, CaseError> {
+    let &(_, expected, variant) = REFUSED
+        .iter()
+        .find(|r| r.0 == form)
+        .ok_or_else(|| CaseError::Harness(format!("`{form}` is not a refused form")))?;
+    let (path, _guard) = source(form, false)?;
+    // Proof mode: the reference reads the valid twin; "refused" must then differ.
+    let twin = ctx.perturbed().then(|| source(form, true)).transpose()?;
     let reference_path = twin.as_ref().map_or(path.as_path(), |t| t.0.as_path());
     let reference = reference::refusal(
         reference::checkpoint::safetensors_load(ctx, reference_path),
-        "unsupported dtype F64",
+        expected,
     )?;
     let port = match SafetensorsFile::open(&path) {
-        Err(e @ layers::checkpoint::CheckpointError::UnsupportedArrayDtype { .. }) => {
-            (1u8, e.to_string())
-        }
+        Err(e) if format!("{e:?}").starts_with(variant) => (1u8, e.to_string()),
         Err(other) => return Err(port(other)),
         Ok(_) => (0, "computed".to_owned()),
     };
     let mut out = CaseOutput::new("mlx.core");
     let flag = HostTensor::new(oracle::DType::Uint8, vec![1], vec![port.0])?;
     out.compare("refused", &flag, &reference.refused);
+    let shown = |m: &str| m.replace(&path.display().to_string(), "<file>");
     Ok(out.with_finding(serde_json::json!({
-        "port": port.1.replace(&path.display().to_string(), "<file>"),
-        "reference": reference.message.replace(&path.display().to_string(), "<file>"),
+        "port": shown(&port.1),
+        "reference": shown(&reference.message),
     })))
 }
 
 /// `shape-2e62x4-no-data`: what `mx.load` returns, and what the port says.
 fn wrapped_shape(ctx: &Ctx) -> Result<CaseOutput, CaseError> {
-    let (path, _guard) = source("shape-2e62x4-no-data", "F32")?;
+    let (path, _guard) = source("shape-2e62x4-no-data", false)?;
     let loaded = reference::checkpoint::safetensors_load(ctx, &path)?;
     let arrays: serde_json::Map<String, serde_json::Value> = loaded
         .arrays
@@ -203,7 +258,7 @@ fn wrapped_shape(ctx: &Ctx) -> Result<CaseOutput, CaseError> {
 }
 
 fn read(ctx: &Ctx, form: &str) -> Result<CaseOutput, CaseError> {
-    let (path, _generated) = source(form, "F32")?;
+    let (path, _generated) = source(form, false)?;
     // Proof mode: the reference reads a copy in which every output
     // changes (see `perturbed_copy`).
     let perturbed = ctx
