@@ -115,7 +115,7 @@ fn generated_bytes(form: &str, twin: bool) -> Option<Vec<u8>> {
     let f32s = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     let file_of = |header: &[u8], data: &[u8]| {
         let mut text = header.to_vec();
-        while text.len() % 8 != 0 {
+        while !text.len().is_multiple_of(8) {
             text.push(b' ');
         }
         let mut file = (text.len() as u64).to_le_bytes().to_vec();
