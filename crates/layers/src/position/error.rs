@@ -171,8 +171,10 @@ pub enum PositionError {
         grid: GridThw,
     },
 
-    /// More vision spans than grids. Reference: indexes past the grid
-    /// array and then raises `ValueError [max] …`.
+    /// More vision spans than grids. The reference indexes past its grid
+    /// array (an out-of-bounds read), so what it then raises depends on the
+    /// memory there (probed: `ValueError [max] …` and `ValueError
+    /// [broadcast_to] Negative dimensions`); the port refuses.
     #[error("{kind} span {span_index} has no grid ({grids} {kind} grids given)")]
     MissingGrid {
         /// Image or video.

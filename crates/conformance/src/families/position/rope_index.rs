@@ -182,6 +182,20 @@ fn row_len(pieces: &[Piece]) -> usize {
 pub struct RopeIndexCase {
     pub rows: Vec<Vec<PromptPiece>>,
     pub decode: Option<(usize, usize)>,
+    /// A prompt both sides refuse: what the reference's message holds and
+    /// the port's `PositionError` variant (must-equal on "refused").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<Refused>,
+}
+
+/// What a refused prompt's two sides must say.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Refused {
+    /// A piece of the reference's exception text.
+    pub reference: String,
+    /// The port's `PositionError` variant.
+    pub port: String,
 }
 
 impl Params for RopeIndexCase {
@@ -199,7 +213,10 @@ impl Params for RopeIndexCase {
                 .iter()
                 .map(|r| r.iter().map(|p| p.piece()).collect())
                 .collect();
-            run(ctx, &rows, self.decode)
+            match &self.refused {
+                Some(refused) => run_refused(ctx, &rows, refused),
+                None => run(ctx, &rows, self.decode),
+            }
         })
     }
 }
@@ -217,9 +234,111 @@ pub fn descriptions() -> Vec<Described> {
                 .iter()
                 .map(|r| r.iter().map(|p| PromptPiece::of(*p)).collect())
                 .collect();
-            described(name, &RopeIndexCase { rows, decode })
+            described(
+                name,
+                &RopeIndexCase {
+                    rows,
+                    decode,
+                    refused: None,
+                },
+            )
         })
+        .chain(
+            REFUSED_SCENARIOS
+                .into_iter()
+                .map(|(tag, rows, reference, port)| {
+                    let rows = rows
+                        .iter()
+                        .map(|r| r.iter().map(|p| PromptPiece::of(*p)).collect())
+                        .collect();
+                    described(
+                        format!("{FAMILY}/refused/{tag}"),
+                        &RopeIndexCase {
+                            rows,
+                            decode: None,
+                            refused: Some(Refused {
+                                reference: reference.into(),
+                                port: port.into(),
+                            }),
+                        },
+                    )
+                }),
+        )
         .collect()
+}
+
+/// Prompts both sides refuse: `(name, rows, the reference's message, the
+/// port's variant)`.
+const REFUSED_SCENARIOS: [(&str, Rows, &str, &str); 2] = [
+    (
+        "empty-grid",
+        &[&[
+            Piece::Text(2),
+            Piece::ImageSpan(GridThw::new(1, 1, 4), 1),
+            Piece::Text(2),
+        ]],
+        "Cannot max reduce",
+        "EmptyGrid",
+    ),
+    (
+        "vision-token-not-found",
+        &[&[
+            Piece::Text(1),
+            Piece::ImageSpan(GridThw::new(1, 4, 4), 1),
+            Piece::ImageSpan(GridThw::new(1, 2, 2), 1),
+            Piece::Text(2),
+        ]],
+        "is not in list",
+        "VisionTokenNotFound",
+    ),
+];
+
+/// A prompt both sides must refuse. The proof mode gives the reference a
+/// text prompt instead, which it computes on: "refused" must then differ.
+fn run_refused(ctx: &Ctx, rows: &[Vec<Piece>], refused: &Refused) -> Result<CaseOutput, CaseError> {
+    let mut inputs = ctx.inputs();
+    let prompts: Vec<Prompt> = rows.iter().map(|r| build_prompt(r, &mut inputs)).collect();
+    let [prompt] = prompts.as_slice() else {
+        return Err(CaseError::Harness("a refused prompt is one row".into()));
+    };
+    let port_result = rope_index(
+        &RopeIndexInput {
+            input_ids: &prompt.ids,
+            image_grid_thw: (!prompt.images.is_empty()).then_some(prompt.images.as_slice()),
+            video_grid_thw: (!prompt.videos.is_empty()).then_some(prompt.videos.as_slice()),
+            attention_mask: None,
+        },
+        &VisionTokens::QWEN3_5,
+    );
+    let port_said = match port_result {
+        Err(e) if format!("{e:?}").starts_with(&refused.port) => (1u8, e.to_string()),
+        Err(other) => return Err(port(other)),
+        Ok(_) => (0, "computed".to_owned()),
+    };
+    let twin = build_prompt(&[Piece::Text(4)], &mut inputs);
+    let given = if ctx.perturbed() { &twin } else { prompt };
+    let len = given.ids.len();
+    let ids = int32_tensor(&given.ids, &[1, len]);
+    let mask = int32_tensor(&vec![1; len], &[1, len]);
+    let reference = reference::refusal(
+        reference::position::position_rope_index(
+            ctx,
+            &mask,
+            reference::position::Prompt {
+                input_ids: &ids,
+                image_grid_thw: (!given.images.is_empty()).then_some(given.images.as_slice()),
+                video_grid_thw: (!given.videos.is_empty()).then_some(given.videos.as_slice()),
+            },
+        ),
+        &refused.reference,
+    )?;
+    let mut out = CaseOutput::new("pure-mlx");
+    let flag = oracle::HostTensor::new(oracle::DType::Uint8, vec![1], vec![port_said.0])?;
+    out.compare("refused", &flag, &reference.refused);
+    Ok(out.with_finding(serde_json::json!({
+        "port": port_said.1,
+        "reference": reference.message,
+    })))
 }
 
 /// Left-pads every row to the longest; returns ids, mask and row lengths.

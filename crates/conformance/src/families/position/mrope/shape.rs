@@ -117,9 +117,9 @@ impl PromptPiece {
 /// positive and h, w at least the merge size 2; at most 2^20 tokens a row.
 pub(crate) fn check_pieces(rows: &[Vec<PromptPiece>]) -> Result<(), String> {
     for p in rows.iter().flatten() {
+        // An `ImageSpan` may hold any grid: it is there to mismatch.
         if let PromptPiece::Image { t, h, w }
         | PromptPiece::Video { t, h, w }
-        | PromptPiece::ImageSpan { t, h, w, .. }
         | PromptPiece::ImageGrid { t, h, w } = *p
         {
             // h and w at least the merge size (they are floored by it, as
