@@ -29,7 +29,9 @@ impl fmt::Display for VisionKind {
 ///
 /// Variants note whether the pinned reference fails the same way
 /// ("reference: raises …") or accepts the input silently ("stricter than
-/// the reference"), so a conformance case knows which side to expect.
+/// the reference": an open conformance gap, listed with the rest in
+/// `crates/layers/REFUSALS.md`), so a conformance case knows which side to
+/// expect.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PositionError {
