@@ -81,6 +81,10 @@ pub fn build(root: &Path, layout: &Layout, force: bool, base_python: Option<&Pat
     let lock_sha256 = verify_lock_hash(root, &layout)?;
     // The build's system packages (cheap file checks when present).
     crate::system::ensure()?;
+    // A named interpreter that cannot serve is refused before anything else.
+    if base_python.is_some() {
+        find_python(base_python)?;
+    }
     if !force {
         match env::environment_status(root, &layout).and_then(|fingerprint| {
             match base_python.map(|wanted| same_interpreter(wanted, &fingerprint)) {
@@ -762,5 +766,48 @@ fn remove_if_exists(path: &Path) -> Result<()> {
             Err(e).with_context(|| format!("removing {}", path.display()))
         }
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A named interpreter that is missing, or not a supported minor, is
+    /// one line naming what was found and how to fix it.
+    #[test]
+    fn an_unsuitable_python_is_named_with_the_fix() {
+        let err = find_python(Some(Path::new("/nonexistent/python3")))
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains("`/nonexistent/python3`: not found"), "{err}");
+        assert!(err.contains("--python /path/to/python3"), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        // A runnable interpreter of another version (a script answering the
+        // version query as Python 3.10 would).
+        let dir = std::env::temp_dir().join(format!("xtask-python310-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fake = dir.join("python3");
+        std::fs::write(
+            &fake,
+            "#!/bin/sh\necho '{\"version\": \"3.10.13\", \"major_minor\": [3, 10], \
+             \"executable\": \"/x/python3\", \"shared\": 1, \"framework\": \"\", \
+             \"libdir\": \"/x/lib\", \"ldlibrary\": \"\"}'\n",
+        )
+        .unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let err = find_python(Some(&fake)).err().expect("refused").to_string();
+        assert!(
+            err.contains("is Python 3.10.13, need 3.11, 3.12 or 3.13"),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+        // Each supported minor is accepted by the version check.
+        assert_eq!(SUPPORTED_PYTHON, [(3, 11), (3, 12), (3, 13)]);
     }
 }
