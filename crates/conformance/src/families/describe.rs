@@ -205,6 +205,7 @@ builders!(
     super::quantized::embedding::EmbeddingCase,
     super::quantized::global_scale::GlobalScaleCase,
     super::quantized::adapters::AdapterCase,
+    super::quantized::refused::RefusedCase,
     super::safetensors::SafetensorsCase,
     super::position::mrope::MropeCase,
     super::position::vs_rope::VsRopeCase,

@@ -42,6 +42,7 @@ pub mod float;
 pub mod global_scale;
 pub mod linear;
 pub mod lora;
+pub mod refused;
 pub mod rows;
 pub mod switch;
 
@@ -56,6 +57,7 @@ pub fn descriptions() -> Vec<crate::families::describe::Described> {
     cases.extend(embedding::descriptions());
     cases.extend(global_scale::descriptions());
     cases.extend(adapters::descriptions());
+    cases.extend(refused::descriptions());
     cases
 }
 
