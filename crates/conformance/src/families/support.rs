@@ -33,3 +33,33 @@ pub(crate) fn bytes_tensor(text: &str) -> HostTensor {
     HostTensor::new(DType::Uint8, vec![text.len()], text.as_bytes().to_vec())
         .expect("one byte each")
 }
+
+/// The port's side of a refusal case: `(1, message)` when `result` is the
+/// refusal whose Debug form names `variant`, `(0, "computed")` when it
+/// computed; any other error is the port raising where it should not.
+pub(crate) fn port_refused<T, E: std::fmt::Debug + std::fmt::Display>(
+    result: Result<T, E>,
+    variant: &str,
+) -> Result<(u8, String), CaseError> {
+    match result {
+        Err(e) if format!("{e:?}").contains(variant) => Ok((1, e.to_string())),
+        Err(other) => Err(port(other)),
+        Ok(_) => Ok((0, "computed".to_owned())),
+    }
+}
+
+/// A refusal case's output: "refused" compared (uint8 `[1]`), and each
+/// side's message in the report.
+pub(crate) fn refusal_output(
+    path: &str,
+    port_said: (u8, String),
+    reference: crate::reference::Refusal,
+) -> Result<crate::case::CaseOutput, CaseError> {
+    let mut out = crate::case::CaseOutput::new(path);
+    let flag = HostTensor::new(DType::Uint8, vec![1], vec![port_said.0])?;
+    out.compare("refused", &flag, &reference.refused);
+    Ok(out.with_finding(serde_json::json!({
+        "port": port_said.1,
+        "reference": reference.message,
+    })))
+}

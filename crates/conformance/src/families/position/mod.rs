@@ -30,6 +30,7 @@ pub fn descriptions() -> Vec<crate::families::describe::Described> {
     cases.extend(inv_freq::descriptions());
     cases.extend(rope_index::descriptions());
     cases.extend(rope2d::descriptions());
+    cases.extend(rope2d::refused_descriptions());
     cases
 }
 

@@ -179,3 +179,85 @@ fn run(
     out.compare("y", &host(&y)?, &reference);
     Ok(out)
 }
+
+/// `(what is broken, the reference's message, the port's variant)`: inputs
+/// both sides refuse. The proof mode gives the reference valid inputs
+/// (head dim 8, positions `[1, 4, 2]`), on which it computes.
+pub const REFUSED: &[(&str, &str, &str)] = &[
+    // head_dim 2 leaves no channel pair per axis: 2.0 / 0.
+    ("head-dim-too-small", "division by zero", "HeadDimTooSmall"),
+    // positions [B, L, 0]: no axis.
+    (
+        "no-position-axes",
+        "division or modulo by zero",
+        "NoPositionAxes",
+    ),
+    // The 1-D form with an odd head dim: cos/sin have head_dim - 1 channels.
+    ("odd-head-dim-1d", "broadcast_shapes", "OddHeadDim"),
+];
+
+/// A `position/rope2d/refused` case as data: what is broken ([`REFUSED`]).
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rope2dRefusedCase {
+    broken: String,
+}
+
+impl Params for Rope2dRefusedCase {
+    const BUILDER: &'static str = "position/rope2d/refused";
+    fn build(self, name: String) -> Case {
+        Case::must_equal(name, FAMILY, REFERENCE, move |ctx| {
+            refused(ctx, &self.broken)
+        })
+    }
+}
+
+pub fn refused_descriptions() -> Vec<Described> {
+    REFUSED
+        .iter()
+        .map(|&(broken, _, _)| {
+            described(
+                format!("{FAMILY}/refused/{broken}"),
+                &Rope2dRefusedCase {
+                    broken: broken.into(),
+                },
+            )
+        })
+        .collect()
+}
+
+fn refused(ctx: &Ctx, broken: &str) -> Result<CaseOutput, CaseError> {
+    let &(_, expected, variant) = REFUSED
+        .iter()
+        .find(|r| r.0 == broken)
+        .ok_or_else(|| CaseError::Harness(format!("`{broken}` is none of {REFUSED:?}")))?;
+    let mut inputs = ctx.inputs();
+    let two_axes = int32_tensor(&[0, 0, 1, 0, 0, 1, 1, 1], &[1, 4, 2]);
+    let (head_dim, positions) = match broken {
+        "head-dim-too-small" => (2, two_axes.clone()),
+        "no-position-axes" => (8, int32_tensor(&[], &[1, 4, 0])),
+        "odd-head-dim-1d" => (7, int32_tensor(&[0, 1, 2, 3], &[1, 4])),
+        other => return Err(CaseError::Harness(format!("no breakage `{other}`"))),
+    };
+    let x = inputs.uniform(DType::Float32, &[1, 4, 2, head_dim], 2.0);
+    let port_said = super::super::support::port_refused(
+        apply_multidimensional_rope(&x.to_array(), &positions.to_array(), BASE_FREQUENCY).and_then(
+            |y| {
+                y.eval()?;
+                Ok(y)
+            },
+        ),
+        variant,
+    )?;
+    let valid_x = inputs.uniform(DType::Float32, &[1, 4, 2, 8], 2.0);
+    let (given_x, given_positions) = if ctx.perturbed() {
+        (&valid_x, &two_axes)
+    } else {
+        (&x, &positions)
+    };
+    let reference = reference::refusal(
+        reference::position::position_rope2d(ctx, given_x, given_positions, BASE_FREQUENCY),
+        expected,
+    )?;
+    super::super::support::refusal_output("pure-mlx", port_said, reference)
+}

@@ -10,6 +10,7 @@
 
 mod apply;
 mod kernel;
+pub mod refused;
 mod selector;
 pub mod shape;
 
@@ -255,5 +256,6 @@ pub fn descriptions() -> Vec<Described> {
             },
         ));
     }
+    cases.extend(refused::descriptions());
     cases
 }
