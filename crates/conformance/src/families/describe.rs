@@ -217,6 +217,7 @@ builders!(
     super::attention::AttentionCase,
     super::attention::sdpa::SdpaShape,
     super::configs::ConfigCase,
+    super::configs::refused::ConfigRefusedCase,
 );
 
 /// The case `d` describes: built by its builder from its parameters

@@ -27,6 +27,7 @@ use crate::families::describe::{described, Described, Params};
 
 pub mod gemma4;
 pub mod qwen3_5;
+pub mod refused;
 
 /// The pieces the glue repeats from `mlx_vlm.utils` (which imports
 /// transformers, absent from the reference environment).
@@ -40,6 +41,7 @@ pub fn descriptions() -> Vec<Described> {
     let mut cases = Vec::new();
     cases.extend(qwen3_5::descriptions());
     cases.extend(gemma4::descriptions());
+    cases.extend(refused::descriptions());
     cases
 }
 
