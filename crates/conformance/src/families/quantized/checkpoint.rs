@@ -121,7 +121,25 @@ pub enum CheckpointCase {
     },
     /// Finding: which rule decides each path's spec.
     SpecSources { fixture: String },
+    /// Must-equal on "both refuse": a copy of the fixture edited one way
+    /// ([`REFUSED`]); the proof mode gives the reference the unedited one.
+    Refused { fixture: String, edit: String },
 }
+
+/// `(edit, the reference's message, the port's error variant)`:
+/// checkpoints `load_model` refuses, and so does the port.
+pub const REFUSED: &[(&str, &str, &str)] = &[
+    // `quantization.bits` 7: nn.quantize -> mx.quantize refuses it.
+    ("quantization-bits-7", "number of bits 7", "InvalidSpec"),
+    // `quantization` without `bits`.
+    (
+        "quantization-without-bits",
+        "'bits'",
+        "QuantSpecUnresolvable",
+    ),
+    // No model*.safetensors (nor index) in the directory.
+    ("no-weight-files", "No safetensors found", "NoWeightFiles"),
+];
 
 impl Params for CheckpointCase {
     const BUILDER: &'static str = FAMILY;
@@ -138,6 +156,9 @@ impl Params for CheckpointCase {
                 } else {
                     case
                 }
+            }
+            CheckpointCase::Refused { fixture, edit } => {
+                Case::must_equal(name, FAMILY, REFERENCE, move |ctx| refused(ctx, &fixture, &edit))
             }
             CheckpointCase::SpecSources { fixture } => Case::finding(
                 name,
@@ -157,6 +178,15 @@ pub(super) fn descriptions() -> Vec<Described> {
             &CheckpointCase::Load {
                 fixture: fixture.into(),
                 index: None,
+            },
+        ));
+    }
+    for &(edit, _, _) in REFUSED {
+        cases.push(described(
+            format!("{FAMILY}/tiny-mixed/refused/{edit}"),
+            &CheckpointCase::Refused {
+                fixture: "tiny-mixed".into(),
+                edit: edit.into(),
             },
         ));
     }
@@ -257,6 +287,112 @@ fn with_missing_shard_index(dir: &std::path::Path) -> Result<ScratchDir, CaseErr
     }
     std::fs::write(&index_path, index.to_string()).map_err(|e| fail(&e))?;
     Ok(copy)
+}
+
+/// A scratch copy of fixture directory `dir`.
+fn scratch_copy(dir: &std::path::Path, tag: &str) -> Result<ScratchDir, CaseError> {
+    let fail =
+        |e: &dyn std::fmt::Display| CaseError::Harness(format!("copying {}: {e}", dir.display()));
+    let copy = ScratchDir(std::env::temp_dir().join(format!(
+        "conformance-{tag}-{}-{}",
+        std::process::id(),
+        dir.file_name().unwrap_or_default().to_string_lossy()
+    )));
+    let _ = std::fs::remove_dir_all(&copy.0);
+    std::fs::create_dir_all(&copy.0).map_err(|e| fail(&e))?;
+    for entry in std::fs::read_dir(dir).map_err(|e| fail(&e))? {
+        let entry = entry.map_err(|e| fail(&e))?;
+        std::fs::copy(entry.path(), copy.0.join(entry.file_name())).map_err(|e| fail(&e))?;
+    }
+    Ok(copy)
+}
+
+/// A [`REFUSED`] edit of a fixture: the port (`Checkpoint::open`, then each
+/// conformance layer's spec and `from_checkpoint`) and `load_model` must
+/// both refuse it.
+fn refused(ctx: &Ctx, fixture: &str, edit: &str) -> Result<CaseOutput, CaseError> {
+    let &(_, expected, variant) = REFUSED
+        .iter()
+        .find(|r| r.0 == edit)
+        .ok_or_else(|| CaseError::Harness(format!("`{edit}` is none of {REFUSED:?}")))?;
+    let original = fixture_dir(fixture)?;
+    let infos = layer_infos(&Checkpoint::open(&original).map_err(port)?)?;
+    let copy = scratch_copy(&original, "refused")?;
+    let fail = |e: &dyn std::fmt::Display| CaseError::Harness(format!("editing the copy: {e}"));
+    let config_path = copy.0.join("config.json");
+    let mut config: Json =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).map_err(|e| fail(&e))?)
+            .map_err(|e| fail(&e))?;
+    let quantization = config
+        .get_mut("quantization")
+        .and_then(Json::as_object_mut)
+        .ok_or_else(|| fail(&"no quantization block"))?;
+    match edit {
+        "quantization-bits-7" => {
+            quantization.insert("bits".into(), 7.into());
+        }
+        "quantization-without-bits" => {
+            quantization.remove("bits");
+        }
+        "no-weight-files" => {
+            for entry in std::fs::read_dir(&copy.0).map_err(|e| fail(&e))?.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.starts_with("model") && name.contains(".safetensors") {
+                    std::fs::remove_file(entry.path()).map_err(|e| fail(&e))?;
+                }
+            }
+        }
+        other => return Err(CaseError::Harness(format!("no edit `{other}`"))),
+    }
+    std::fs::write(&config_path, config.to_string()).map_err(|e| fail(&e))?;
+
+    let port_result = (|| -> Result<(), Box<dyn std::error::Error>> {
+        let checkpoint = Checkpoint::open(&copy.0)?;
+        for (path, info) in &infos {
+            let in_features = info.in_features as i32;
+            let resolution = checkpoint.resolve_quant_spec(path, info.kind, in_features)?;
+            if !matches!(resolution, SpecResolution::Quantized { .. }) {
+                continue;
+            }
+            match info.kind {
+                LayerKind::Linear if info.embedding => {
+                    QuantizedEmbedding::from_checkpoint(&checkpoint, path, in_features).map(drop)?
+                }
+                LayerKind::Linear => {
+                    QuantizedLinear::from_checkpoint(&checkpoint, path, in_features).map(drop)?
+                }
+                LayerKind::Switch => {
+                    QuantizedSwitchLinear::from_checkpoint(&checkpoint, path, in_features)
+                        .map(drop)?
+                }
+            }
+        }
+        Ok(())
+    })();
+    let (flag, said) = crate::families::support::port_refused(port_result, variant)?;
+    // The scratch copy's path (it holds the process id) is not part of
+    // what either side says.
+    let shown = copy.0.display().to_string();
+    let port_said = (flag, said.replace(&shown, "<dir>"));
+
+    let width = infos.values().map(|i| i.in_features).max().unwrap_or(1);
+    let experts = infos
+        .values()
+        .filter(|i| i.experts > 0)
+        .map(|i| i.experts)
+        .min()
+        .unwrap_or(TOP);
+    let mut inputs = ctx.inputs();
+    let x = activation(&mut inputs, DType::Bfloat16, &[TOKENS, width]);
+    let indices = expert_indices(&mut inputs, &[TOKENS], TOP.min(experts), experts);
+    let paths: Vec<&str> = infos.keys().map(String::as_str).collect();
+    let given = if ctx.perturbed() { &original } else { &copy.0 };
+    let mut reference = reference::refusal(
+        reference::checkpoint::quantized_checkpoint(ctx, &x, &indices, given, &paths),
+        expected,
+    )?;
+    reference.message = reference.message.replace(&shown, "<dir>");
+    crate::families::support::refusal_output("mlx-lm", port_said, reference)
 }
 
 fn load(ctx: &Ctx, fixture: &str, index: Option<&str>) -> Result<CaseOutput, CaseError> {
