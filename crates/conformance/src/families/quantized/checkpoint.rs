@@ -256,17 +256,7 @@ fn with_missing_shard_index(dir: &std::path::Path) -> Result<ScratchDir, CaseErr
             dir.display()
         ))
     };
-    let copy = ScratchDir(std::env::temp_dir().join(format!(
-        "conformance-index-{}-{}",
-        std::process::id(),
-        dir.file_name().unwrap_or_default().to_string_lossy()
-    )));
-    let _ = std::fs::remove_dir_all(&copy.0);
-    std::fs::create_dir_all(&copy.0).map_err(|e| fail(&e))?;
-    for entry in std::fs::read_dir(dir).map_err(|e| fail(&e))? {
-        let entry = entry.map_err(|e| fail(&e))?;
-        std::fs::copy(entry.path(), copy.0.join(entry.file_name())).map_err(|e| fail(&e))?;
-    }
+    let copy = scratch_copy(dir, "index")?;
     let index_path = copy.0.join("model.safetensors.index.json");
     let text = std::fs::read_to_string(&index_path).map_err(|e| fail(&e))?;
     let mut index: Json = serde_json::from_str(&text).map_err(|e| fail(&e))?;
