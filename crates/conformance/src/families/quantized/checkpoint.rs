@@ -365,6 +365,20 @@ fn refused(ctx: &Ctx, fixture: &str, edit: &str) -> Result<CaseOutput, CaseError
     let shown = copy.0.display().to_string();
     let port_said = (flag, said.replace(&shown, "<dir>"));
 
+    let (x, indices) = activations(ctx, &infos);
+    let paths: Vec<&str> = infos.keys().map(String::as_str).collect();
+    let given = if ctx.perturbed() { &original } else { &copy.0 };
+    let mut reference = reference::refusal(
+        reference::checkpoint::quantized_checkpoint(ctx, &x, &indices, given, &paths),
+        expected,
+    )?;
+    reference.message = reference.message.replace(&shown, "<dir>");
+    crate::families::support::refusal_output("mlx-lm", port_said, reference)
+}
+
+/// The activation `x` (as wide as the widest module) and expert indices
+/// valid for every switch module of the fixture.
+fn activations(ctx: &Ctx, infos: &BTreeMap<String, LayerInfo>) -> (HostTensor, HostTensor) {
     let width = infos.values().map(|i| i.in_features).max().unwrap_or(1);
     let experts = infos
         .values()
@@ -375,14 +389,7 @@ fn refused(ctx: &Ctx, fixture: &str, edit: &str) -> Result<CaseOutput, CaseError
     let mut inputs = ctx.inputs();
     let x = activation(&mut inputs, DType::Bfloat16, &[TOKENS, width]);
     let indices = expert_indices(&mut inputs, &[TOKENS], TOP.min(experts), experts);
-    let paths: Vec<&str> = infos.keys().map(String::as_str).collect();
-    let given = if ctx.perturbed() { &original } else { &copy.0 };
-    let mut reference = reference::refusal(
-        reference::checkpoint::quantized_checkpoint(ctx, &x, &indices, given, &paths),
-        expected,
-    )?;
-    reference.message = reference.message.replace(&shown, "<dir>");
-    crate::families::support::refusal_output("mlx-lm", port_said, reference)
+    (x, indices)
 }
 
 fn load(ctx: &Ctx, fixture: &str, index: Option<&str>) -> Result<CaseOutput, CaseError> {
@@ -399,17 +406,7 @@ fn load(ctx: &Ctx, fixture: &str, index: Option<&str>) -> Result<CaseOutput, Cas
     let dir = scratch.as_ref().map_or(fixture_path, |s| s.0.clone());
     let checkpoint = Checkpoint::open(&dir).map_err(port)?;
     let infos = layer_infos(&checkpoint)?;
-    let width = infos.values().map(|i| i.in_features).max().unwrap_or(1);
-    // Indices valid for every switch module of the fixture.
-    let experts = infos
-        .values()
-        .filter(|i| i.experts > 0)
-        .map(|i| i.experts)
-        .min()
-        .unwrap_or(TOP);
-    let mut inputs = ctx.inputs();
-    let x = activation(&mut inputs, DType::Bfloat16, &[TOKENS, width]);
-    let indices = expert_indices(&mut inputs, &[TOKENS], TOP.min(experts), experts);
+    let (x, indices) = activations(ctx, &infos);
 
     let paths: Vec<&String> = infos.keys().collect();
     let mut table = Vec::with_capacity(paths.len() * 3);
