@@ -21,5 +21,6 @@ pub mod dense;
 pub mod ffi;
 pub mod position;
 pub mod quantized;
+mod shape;
 
 pub use backend::Backend;

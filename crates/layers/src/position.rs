@@ -68,6 +68,7 @@ mod rope2d;
 mod rope_index;
 
 pub use append::{Backend, RegimeTable, MAX_APPEND_CHUNK};
+pub(crate) use error::check_rope_base;
 pub use error::{PositionError, VisionKind};
 pub use metal_kernel::{
     mrope_kernel_launch, mrope_kernel_spec, MropeKernelLaunch, MropeKernelSpec,

@@ -51,12 +51,59 @@ fn images(input_ids: &[i32], grids: &[GridThw]) -> Result<RopeIndex, PositionErr
 // --- mRoPE configuration -------------------------------------------------
 
 #[test]
-fn odd_rotary_dim() {
-    let err = Mrope::new(config(63, &[11, 11, 10])).unwrap_err();
+fn odd_rotary_dim_is_refused_on_the_kernel_path_only() {
+    // The reference's pure-MLX path rotates ceil(63 / 2) = 32 pairs; its
+    // kernel leaves an output channel unwritten.
+    let rope = Mrope::new(config(63, &[11, 11, 10])).unwrap();
+    assert_eq!(rope.config().rotated_channels(), 64);
+    assert_eq!(rope.inv_freq().shape(), &[32]);
+    let (q, k) = (zeros(&[1, 2, 3, 64]), zeros(&[1, 1, 3, 64]));
+    let err = rope
+        .apply_with_path(MropePath::MetalKernel, &q, &k, &positions(&[3, 1, 3]))
+        .unwrap_err();
     assert!(
         matches!(err, PositionError::OddRotaryDim { rotary_dim: 63 }),
         "{err}"
     );
+    let (q_out, _) = rope
+        .apply_with_path(MropePath::PureMlx, &q, &k, &positions(&[3, 1, 3]))
+        .unwrap();
+    assert_eq!(q_out.shape(), &[1, 2, 3, 64]);
+    // 63 rotated channels round up to 64, past a head of 63.
+    let err = rope
+        .apply_with_path(
+            MropePath::PureMlx,
+            &zeros(&[1, 2, 3, 63]),
+            &zeros(&[1, 1, 3, 63]),
+            &positions(&[3, 1, 3]),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            PositionError::RotaryDimExceedsHeadDim {
+                rotary_dim: 64,
+                head_dim: 63
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_infinite_base_is_accepted_and_nan_or_zero_refused() {
+    for base in [f64::INFINITY, 1e39] {
+        let inv_freq = compute_inv_freq(8, base).unwrap();
+        let values: Vec<f32> = inv_freq.as_slice().to_vec();
+        assert_eq!(values, [1.0, 0.0, 0.0, 0.0], "base {base}");
+    }
+    for base in [f64::NAN, 0.0, -5.0, 1e-50] {
+        let err = compute_inv_freq(8, base).unwrap_err();
+        assert!(
+            matches!(err, PositionError::RopeBase { .. }),
+            "{base}: {err}"
+        );
+    }
 }
 
 #[test]
@@ -148,13 +195,20 @@ fn position_ids_of_wrong_rank() {
         )
         .unwrap_err();
     assert!(
-        matches!(err, PositionError::PositionIdsShape { .. }),
+        matches!(
+            err,
+            PositionError::Rank {
+                tensor: "position_ids",
+                ..
+            }
+        ),
         "{err}"
     );
 }
 
 #[test]
-fn mismatched_q_and_k() {
+fn q_and_k_are_each_checked_against_the_positions() {
+    // k of another length than the positions: the reference's broadcast fails.
     let err = qwen()
         .apply_with_path(
             MropePath::PureMlx,
@@ -164,20 +218,47 @@ fn mismatched_q_and_k() {
         )
         .unwrap_err();
     assert!(
-        matches!(err, PositionError::QkShapeMismatch { .. }),
+        matches!(err, PositionError::PositionIdsShape { tensor: "k", .. }),
         "{err}"
     );
-    let err = qwen()
+    // Head dims that differ, both past the rotary: computed, as the reference computes.
+    let (q_out, k_out) = qwen()
         .apply_with_path(
             MropePath::PureMlx,
             &zeros(&[1, 2, 3, 64]),
             &zeros(&[1, 2, 3, 128]),
             &positions(&[3, 1, 3]),
         )
-        .unwrap_err();
-    assert!(
-        matches!(err, PositionError::QkShapeMismatch { .. }),
-        "{err}"
+        .unwrap();
+    assert_eq!(
+        (q_out.shape(), k_out.shape()),
+        (&[1, 2, 3, 64][..], &[1, 2, 3, 128][..])
+    );
+}
+
+#[test]
+fn inputs_the_reference_broadcasts_are_computed_on_the_pure_mlx_path() {
+    let rope = qwen();
+    let (q, k) = (zeros(&[2, 2, 3, 64]), zeros(&[2, 1, 3, 64]));
+    // One position for every token, one row for every batch row, a fourth
+    // stream the selector never reads.
+    for shape in [&[3, 2, 1][..], &[3, 1, 1], &[1, 1], &[4, 2, 3]] {
+        let (q_out, k_out) = rope
+            .apply_with_path(MropePath::PureMlx, &q, &k, &positions(shape))
+            .unwrap();
+        assert_eq!(q_out.shape(), q.shape(), "{shape:?}");
+        assert_eq!(k_out.shape(), k.shape(), "{shape:?}");
+    }
+    // A leading axis before [B, H, L, D].
+    let q5 = zeros(&[1, 2, 2, 3, 64]);
+    let (q_out, _) = rope
+        .apply_with_path(MropePath::PureMlx, &q5, &k, &positions(&[3, 2, 3]))
+        .unwrap();
+    assert_eq!(q_out.shape(), q5.shape());
+    // The reference takes the pure-MLX path for a 5-D q even with Metal.
+    assert_eq!(
+        Mrope::path_for(&q5, &k, &positions(&[3, 2, 3])).unwrap(),
+        MropePath::PureMlx
     );
 }
 
@@ -269,8 +350,14 @@ fn positions_without_axes() {
 
 #[test]
 fn rope2d_shapes() {
-    let err = apply_multidimensional_rope(&zeros(&[3, 2, 64]), &positions(&[1, 3, 2]), 100.0)
-        .unwrap_err();
+    // Other ranks broadcast as the reference's do.
+    let out =
+        apply_multidimensional_rope(&zeros(&[3, 2, 64]), &positions(&[1, 3, 2]), 100.0).unwrap();
+    assert_eq!(out.shape(), &[1, 3, 2, 64]);
+    let out = apply_multidimensional_rope(&zeros(&[2, 1, 3, 2, 64]), &positions(&[1, 3, 2]), 100.0)
+        .unwrap();
+    assert_eq!(out.shape(), &[2, 1, 3, 2, 64]);
+    let err = apply_multidimensional_rope(&zeros(&[]), &positions(&[1, 3, 2]), 100.0).unwrap_err();
     assert!(
         matches!(
             err,
@@ -317,11 +404,14 @@ fn tables_for_another_head_dim() {
 }
 
 #[test]
-fn mlx_rejection_surfaces_as_mlx_error() {
+fn tables_of_another_batch() {
     // Tables for batch 2 against inputs of batch 3 cannot broadcast.
     let tables = rope2d_tables(&positions(&[2, 3, 2]), 64, 100.0, Dtype::Bfloat16).unwrap();
     let err = apply_rope2d(&zeros(&[3, 3, 2, 64]), &tables).unwrap_err();
-    assert!(matches!(err, PositionError::Mlx(_)), "{err}");
+    assert!(
+        matches!(err, PositionError::PositionIdsShape { .. }),
+        "{err}"
+    );
 }
 
 // --- rope index ----------------------------------------------------------
@@ -591,20 +681,11 @@ fn overflowing_positions() {
 }
 
 #[test]
-fn negative_positions() {
+fn negative_positions_are_kept_as_the_reference_keeps_them() {
+    // `arange(L) + offset + rope_deltas` with a caller's delta of -5.
     let state =
         RopeIndex::from_parts([vec![0], vec![0], vec![0]], -5, PositionLayout::Multimodal).unwrap();
-    let err = state.window(1, 1).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            PositionError::NegativePosition {
-                index: 1,
-                value: -4
-            }
-        ),
-        "{err}"
-    );
+    assert_eq!(state.window(1, 2).unwrap()[0], vec![-4, -3]);
 }
 
 // --- append chunk sizing -------------------------------------------------
@@ -637,6 +718,7 @@ fn absurd_sizes_are_refused_before_allocating() {
         assert!(matches!(err, PositionError::WindowTooLong { .. }), "{err}");
         assert!(text.window_position_ids(5, len).is_err());
     }
+    assert_eq!(layers::position::MAX_WINDOW, i32::MAX as usize);
     assert_eq!(text.window(0, 4).unwrap()[0], vec![0, 1, 2, 3]);
     // A video grid of 2^40 frames (or usize::MAX) allocates nothing: only
     // frames a span can consume are expanded, and the reference ignores

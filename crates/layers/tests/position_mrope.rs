@@ -246,9 +246,9 @@ fn metal_kernel_agrees_with_pure_mlx_in_f32() {
 }
 
 #[test]
-fn a_rope_theta_that_is_not_positive_and_finite_is_refused() {
-    // Before: accepted, and every frequency came out NaN or infinite.
-    for theta in [f64::NAN, -10000.0, 0.0, f64::INFINITY, 1e300] {
+fn a_rope_theta_that_is_nan_or_not_positive_is_refused_and_an_infinite_one_computed() {
+    // Before: accepted, and every frequency came out NaN.
+    for theta in [f64::NAN, -10000.0, 0.0, 1e-300] {
         let config = MropeConfig {
             rope_theta: theta,
             ..qwen_config()
@@ -266,9 +266,15 @@ fn a_rope_theta_that_is_not_positive_and_finite_is_refused() {
         );
         assert!(compute_inv_freq(64, theta).is_err(), "{theta}");
     }
-    assert!(Mrope::new(MropeConfig {
-        rope_theta: 0.5,
-        ..qwen_config()
-    })
-    .is_ok());
+    // Infinite in f32, as the reference computes it: frequencies 1, 0, 0, ...
+    for theta in [0.5, f64::INFINITY, 1e300] {
+        assert!(
+            Mrope::new(MropeConfig {
+                rope_theta: theta,
+                ..qwen_config()
+            })
+            .is_ok(),
+            "{theta}"
+        );
+    }
 }

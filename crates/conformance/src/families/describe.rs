@@ -214,6 +214,7 @@ builders!(
     super::position::rope_index::RopeIndexCase,
     super::position::rope2d::Rope2dCase,
     super::position::rope2d::Rope2dRefusedCase,
+    super::position::accepted::AcceptedCase,
     super::attention::AttentionCase,
     super::attention::sdpa::SdpaShape,
     super::configs::ConfigCase,

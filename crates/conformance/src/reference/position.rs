@@ -234,6 +234,50 @@ fn inv_freq_exact(dims: &[usize], base: f64, model: Model) -> Result<Exact, Exac
     ))
 }
 
+/// `MRoPERotaryEmbedding.apply_rotary(q, k, position_ids)` on given
+/// positions, with the rotary's own tensors.
+#[derive(Debug)]
+pub struct MropeDirect {
+    /// The path the reference took (`pure-mlx`, `metal-kernel`).
+    pub path: String,
+    pub q: Expected,
+    pub k: Expected,
+    pub inv_freq: Expected,
+    pub position_selector: Expected,
+}
+
+/// `MRoPERotaryEmbedding.apply_rotary(q, k, position_ids)` (built as the
+/// Qwen3.5 attention builds it) on `position_ids` as given: the inputs the
+/// rope index never produces (broadcast positions, extra streams, q of
+/// five axes, head dims that differ, odd rotary dims, a base beyond f32).
+/// Bit-compared only: the exact model covers the 4-D shapes of a forward.
+pub fn position_mrope_apply(
+    ctx: &Ctx,
+    q: &HostTensor,
+    k: &HostTensor,
+    position_ids: &HostTensor,
+    rotary: Rotary,
+    path: &str,
+) -> Result<MropeDirect, CaseError> {
+    const F: &str = "position_mrope_apply";
+    let mut params = vec![
+        tensor("q", q),
+        tensor("k", k),
+        tensor("position_ids", position_ids),
+    ];
+    params.extend(rotary.params());
+    params.push(fixed("path", path));
+    let (value, _) = ctx.call_sent(F, params)?;
+    let mut r = Fields::of(F, value)?;
+    Ok(MropeDirect {
+        path: r.string("path")?,
+        q: r.tensor("q")?,
+        k: r.tensor("k")?,
+        inv_freq: r.tensor("inv_freq")?,
+        position_selector: r.tensor("position_selector")?,
+    })
+}
+
 /// Prefill: the rope index of `prompt`, then the apply with its positions
 /// on `path`.
 pub fn position_mrope_prompt(
@@ -504,17 +548,40 @@ pub fn position_rope2d(
     positions: &HostTensor,
     base_frequency: f64,
 ) -> Result<Expected, CaseError> {
-    const F: &str = "position_rope2d";
+    let (value, calls) = rope2d_call(ctx, inputs, positions, base_frequency)?;
+    let exact = calls.exact(ROPE2D, |sent, model| {
+        rope2d_exact(sent, sent.float("base_frequency")?, model)
+    })?;
+    Ok(one_array(ROPE2D, value)?.with_exact(exact))
+}
+
+/// [`position_rope2d`] for inputs the reference broadcasts (ranks other
+/// than 4, a base beyond f32): bit-compared only, the exact model covers
+/// the `[B, L, N, H]` inputs of a vision forward.
+pub fn position_rope2d_broadcast(
+    ctx: &Ctx,
+    inputs: &HostTensor,
+    positions: &HostTensor,
+    base_frequency: f64,
+) -> Result<Expected, CaseError> {
+    let (value, _) = rope2d_call(ctx, inputs, positions, base_frequency)?;
+    one_array(ROPE2D, value)
+}
+
+const ROPE2D: &str = "position_rope2d";
+
+fn rope2d_call(
+    ctx: &Ctx,
+    inputs: &HostTensor,
+    positions: &HostTensor,
+    base_frequency: f64,
+) -> Result<(oracle::Value, Calls), CaseError> {
     let params = vec![
         tensor("inputs", inputs),
         tensor("positions", positions),
         varied("base_frequency", base_frequency, Perturb::NextUp),
     ];
-    let (value, calls) = ctx.call_sent(F, params)?;
-    let exact = calls.exact(F, |sent, model| {
-        rope2d_exact(sent, sent.float("base_frequency")?, model)
-    })?;
-    Ok(one_array(F, value)?.with_exact(exact))
+    ctx.call_sent(ROPE2D, params)
 }
 
 /// The exact `apply_multidimensional_rope(inputs, positions, base)` of a

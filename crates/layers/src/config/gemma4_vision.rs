@@ -61,8 +61,9 @@ impl Gemma4VisionConfig {
     /// # Errors
     /// - [`ConfigError::ModelType`]: a `model_type` other than `gemma4`.
     /// - [`ConfigError::InvalidValue`]: `vision_config` is `null` (no
-    ///   vision tower), `head_dim` 0, or a `rope_theta` that is not a
-    ///   positive finite number.
+    ///   vision tower), `head_dim` 0, or a `rope_theta` that is NaN, not
+    ///   positive, or zero in f32 (one beyond f32 is accepted, as the
+    ///   reference accepts it).
     /// - [`ConfigError::MissingKey`]: a `rope_parameters` object without
     ///   `rope_theta`.
     /// - [`ConfigError::WrongType`] for any read key of the wrong type.
@@ -141,11 +142,13 @@ impl Gemma4VisionConfig {
             }
             Some(v) => return Err(vision.wrong("rope_parameters", "an object or null", v)),
         };
-        if !(rope_theta.is_finite() && rope_theta > 0.0 && rope_theta <= f32::MAX as f64) {
+        // The rotary's own check: NaN, not positive or zero in f32 gives
+        // NaN angles; a base beyond f32 is computed as the reference computes it.
+        if let Err(e) = crate::position::check_rope_base("rope_theta", rope_theta) {
             return Err(ConfigError::InvalidValue {
                 key: vision.key("rope_parameters.rope_theta"),
                 value: rope_theta.to_string(),
-                why: "the RoPE base must be a positive finite float32".into(),
+                why: e.to_string(),
             });
         }
         Ok(Gemma4VisionConfig {

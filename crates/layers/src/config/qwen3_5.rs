@@ -344,9 +344,9 @@ impl Qwen3_5Config {
     ///
     /// # Errors
     /// [`ConfigError::InvalidValue`] naming `text_config.rope_parameters`
-    /// when [`MropeConfig::validate`] refuses it (odd rotary dim, sections
-    /// too short or over the frequency count, theta not a positive finite
-    /// f32).
+    /// when [`MropeConfig::validate`] refuses it (sections too short, a
+    /// theta that is NaN, not positive or zero in f32). An odd rotary dim
+    /// and an infinite theta are accepted, as the reference computes them.
     pub fn mrope(&self) -> Result<MropeConfig, ConfigError> {
         let mrope = MropeConfig::qwen3_5(
             self.head_dim,

@@ -35,30 +35,45 @@ impl fmt::Display for VisionKind {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum PositionError {
-    /// A position window longer than [`super::MAX_WINDOW`] tokens, refused
-    /// before its streams are allocated.
-    #[error("a position window of {len} tokens is longer than the maximum {max}; ask for shorter windows")]
+    /// A position window longer than [`super::MAX_WINDOW`] tokens (an
+    /// MLX array axis is int32), refused before its streams are allocated.
+    /// Reference: `mx.arange(L)` fails there too.
+    #[error("a position window of {len} tokens is longer than the maximum {max} (an MLX array axis is int32); ask for shorter windows")]
     WindowTooLong {
         /// The length asked for.
         len: usize,
         /// [`super::MAX_WINDOW`].
         max: usize,
     },
+    /// The host could not allocate the three position streams of a window
+    /// of `len` tokens.
+    #[error(
+        "could not allocate the position streams of a {len}-token window; ask for shorter windows"
+    )]
+    WindowAllocation {
+        /// The length asked for.
+        len: usize,
+    },
     /// A RoPE frequency base (`rope_theta`, Gemma's `base_frequency`) that
-    /// is NaN, infinite, zero, negative, or beyond f32 (the reference
-    /// computes in f32). Stricter than the reference, which accepts it and
-    /// yields NaN or infinite frequencies.
-    #[error("{what} {value} is not a positive finite f32 number: RoPE frequencies would be NaN or infinite; use the model config's value (e.g. 10000.0)")]
+    /// is NaN, zero, negative, or so small that it is zero in f32 (the
+    /// reference computes in f32). The reference computes NaN frequencies
+    /// there (reference undefined). An infinite base, or one beyond f32, is
+    /// accepted as the reference accepts it: it becomes f32 infinity and the
+    /// frequencies degenerate to `[1, 0, 0, …]`.
+    #[error("{what} {value} is not a positive f32 number: RoPE frequencies would be NaN; use the model config's value (e.g. 10000.0)")]
     RopeBase {
         /// `rope_theta` or `base_frequency`.
         what: &'static str,
         /// The value given.
         value: f64,
     },
-    /// `rotary_dim` is odd. Stricter than the reference: `compute_inv_freq`
-    /// yields `ceil(rotary_dim / 2)` frequencies and the CPU path then
-    /// silently rotates `rotary_dim + 1` channels.
-    #[error("rotary_dim {rotary_dim} is odd: RoPE rotates channel pairs")]
+    /// `rotary_dim` is odd, on the fused Metal kernel path. The reference's
+    /// kernel (`_mrope_apply_kernel`) then rotates `rotary_dim - 1`
+    /// channels and never writes channel `rotary_dim - 1` of its output
+    /// (uninitialised memory: reference undefined). The pure-MLX path
+    /// accepts an odd `rotary_dim` as the reference's does: it rotates
+    /// `rotary_dim + 1` channels (`ceil(rotary_dim / 2)` frequencies).
+    #[error("rotary_dim {rotary_dim} is odd: the fused Metal kernel rotates channel pairs and leaves one output channel unwritten; use an even rotary_dim, or the pure-MLX path")]
     OddRotaryDim {
         /// The offending rotary dimension.
         rotary_dim: usize,
@@ -92,16 +107,6 @@ pub enum PositionError {
         expected: &'static str,
         /// The shape given.
         shape: Vec<i32>,
-    },
-
-    /// q and k disagree on batch, length or head dimension (their head
-    /// counts may differ: grouped-query attention).
-    #[error("q {q:?} and k {k:?} must agree on B, L and D (only H may differ)")]
-    QkShapeMismatch {
-        /// Shape of q.
-        q: Vec<i32>,
-        /// Shape of k.
-        k: Vec<i32>,
     },
 
     /// `position_ids` do not fit the tensor they position.
@@ -221,15 +226,6 @@ pub enum PositionError {
         index: u64,
     },
 
-    /// A position would be negative.
-    #[error("position of token {index} would be negative ({value})")]
-    NegativePosition {
-        /// Token index within the sequence.
-        index: u64,
-        /// The position computed.
-        value: i64,
-    },
-
     /// A kernel launch dimension does not fit in `i32`.
     #[error("kernel grid of {work} threads overflows int32")]
     GridOverflow {
@@ -261,10 +257,11 @@ pub enum PositionError {
     Mlx(#[from] Exception),
 }
 
-/// `value` as a RoPE frequency base: positive and finite in f32.
+/// `value` as a RoPE frequency base: positive, and not zero in f32. An
+/// infinite base is accepted (see [`PositionError::RopeBase`]).
 pub(crate) fn check_rope_base(what: &'static str, value: f64) -> Result<(), PositionError> {
-    let as_f32 = value as f32;
-    if value > 0.0 && as_f32.is_finite() && as_f32 > 0.0 {
+    // NaN fails the comparison too.
+    if value > 0.0 && (value as f32) > 0.0 {
         Ok(())
     } else {
         Err(PositionError::RopeBase { what, value })

@@ -167,21 +167,31 @@ impl MropeConfig {
         }
     }
 
-    /// Number of rotary frequencies, `rotary_dim / 2` (the length of
-    /// `inv_freq` once the config is valid).
+    /// Number of rotary frequencies, `ceil(rotary_dim / 2)`: the length of
+    /// `compute_inv_freq`'s `arange(0, rotary_dim, 2)`.
     pub fn freq_count(&self) -> usize {
-        self.rotary_dim / 2
+        self.rotary_dim.div_ceil(2)
+    }
+
+    /// Channels the pure-MLX path rotates: the width of cos and sin,
+    /// `2 * freq_count()` (`rotary_dim + 1` for an odd `rotary_dim`, as the
+    /// reference rotates `cos.shape[-1]` channels).
+    pub fn rotated_channels(&self) -> usize {
+        2 * self.freq_count()
     }
 
     /// Checks the config.
     ///
     /// # Errors
-    /// - [`PositionError::RopeBase`] for a `rope_theta` that is NaN,
-    ///   infinite, not positive or beyond f32 (stricter than the reference).
-    /// - [`PositionError::OddRotaryDim`] (stricter than the reference, which
-    ///   would rotate `rotary_dim + 1` channels).
+    /// - [`PositionError::RopeBase`] for a `rope_theta` that is NaN, not
+    ///   positive, or zero in f32 (the reference computes NaN there). An
+    ///   infinite one is accepted, as the reference accepts it.
     /// - [`PositionError::MropeSectionTooShort`] (the reference raises
     ///   `IndexError`).
+    ///
+    /// An odd `rotary_dim` is accepted: the pure-MLX path rotates
+    /// [`MropeConfig::rotated_channels`], as the reference does; the Metal
+    /// kernel path refuses it at apply ([`PositionError::OddRotaryDim`]).
     ///
     /// Sections of any sum are accepted, as the reference accepts them: a
     /// smaller sum leaves the rest to axis 0 (the class default `[11, 11,
@@ -193,11 +203,6 @@ impl MropeConfig {
     /// the reference computes does not conform.
     pub fn validate(&self) -> Result<(), PositionError> {
         super::error::check_rope_base("rope_theta", self.rope_theta)?;
-        if self.rotary_dim % 2 == 1 {
-            return Err(PositionError::OddRotaryDim {
-                rotary_dim: self.rotary_dim,
-            });
-        }
         if self.mrope_section.len() < 3 {
             return Err(PositionError::MropeSectionTooShort {
                 section: self.mrope_section.clone(),
@@ -254,9 +259,10 @@ pub fn interleaved_position_selector(
 /// some entries when `dim` is not a power of two.
 ///
 /// # Errors
-/// [`PositionError::RopeBase`] for a base that is not positive and finite
-/// in f32; [`PositionError::Mlx`] if MLX rejects an op (e.g. `dim` beyond
-/// `i32`).
+/// [`PositionError::RopeBase`] for a base that is NaN, not positive, or
+/// zero in f32 (an infinite base gives `[1, 0, 0, …]`, as in the
+/// reference); [`PositionError::Mlx`] if MLX rejects an op (e.g. `dim`
+/// beyond `i32`).
 pub fn compute_inv_freq(dim: usize, base: f64) -> Result<Array, PositionError> {
     super::error::check_rope_base("rope_theta", base)?;
     let stop = i32::try_from(dim).map_err(|_| {
@@ -335,17 +341,17 @@ impl Mrope {
         &self.config
     }
 
-    /// `inv_freq`, shape `[rotary_dim / 2]`, f32.
+    /// `inv_freq`, shape `[ceil(rotary_dim / 2)]`, f32.
     pub fn inv_freq(&self) -> &Array {
         &self.inv_freq
     }
 
-    /// The frequency→axis selector, length `rotary_dim / 2`.
+    /// The frequency→axis selector, length `ceil(rotary_dim / 2)`.
     pub fn position_selector(&self) -> &[i32] {
         &self.selector
     }
 
-    /// Rotation angles `[B, L, rotary_dim/2]`, f32.
+    /// Rotation angles `[B, L, ceil(rotary_dim / 2)]`, f32.
     ///
     /// Mirrors `rope_utils.compute_mrope_frequencies` (mlx-vlm 0.7.6) for
     /// the interleaved style with the cached selector:
@@ -353,20 +359,28 @@ impl Mrope {
     ///   inv_freq` (every axis at the same position);
     /// - `position_ids` `[3, B, L]`: `_selected_mrope_freqs`:
     ///   `take(position_ids, selector, axis=0).transpose(1, 2, 0)`, cast to
-    ///   f32, times `inv_freq`.
+    ///   f32, times `inv_freq` (streams past the third are never selected).
     ///
     /// # Errors
-    /// [`PositionError::Rank`] for other ranks; [`PositionError::Mlx`].
+    /// [`PositionError::Rank`] for other ranks; [`PositionError::PositionIdsShape`]
+    /// for a 3-D `position_ids` with fewer than 3 streams (the reference's
+    /// `take` would read past them); [`PositionError::Mlx`].
     pub fn frequencies(&self, position_ids: &Array) -> Result<Array, PositionError> {
         match position_ids.ndim() {
             2 => Ok(expand_dims(position_ids.as_dtype(Dtype::Float32)?, -1)?
                 .multiply(&self.inv_freq)?),
-            3 => {
+            3 if position_ids.shape()[0] >= 3 => {
                 let selected = take_axis(position_ids, &self.selector_array, 0)?;
                 Ok(transpose_axes(&selected, &[1, 2, 0])?
                     .as_dtype(Dtype::Float32)?
                     .multiply(&self.inv_freq)?)
             }
+            3 => Err(PositionError::PositionIdsShape {
+                got: position_ids.shape().to_vec(),
+                tensor: "the selector's streams",
+                tensor_shape: vec![3],
+                expected: "[3, B, L]: t, h and w streams",
+            }),
             _ => Err(PositionError::Rank {
                 tensor: "position_ids",
                 expected: "[B, L] or [3, B, L]",
@@ -375,7 +389,7 @@ impl Mrope {
         }
     }
 
-    /// cos and sin tables, each `[B, L, rotary_dim]` in `dtype`.
+    /// cos and sin tables, each `[B, L, rotated_channels]` in `dtype`.
     ///
     /// Mirrors `MRoPERotaryEmbedding.__call__(x, position_ids)` with
     /// `cast_output=True` (mlx-vlm 0.7.6), `dtype` being `x.dtype`:
@@ -398,8 +412,8 @@ impl Mrope {
         Ok((cos.as_dtype(dtype)?, sin.as_dtype(dtype)?))
     }
 
-    /// Rotates q and k on the path the reference takes here
-    /// ([`MropePath::current`]).
+    /// Rotates q and k on the path the reference takes here for these
+    /// inputs ([`Mrope::path_for`]).
     ///
     /// Mirrors `MRoPERotaryEmbedding.apply_rotary(q, k, position_ids,
     /// unsqueeze_dim=1)` (mlx-vlm 0.7.6). See [`Mrope::apply_with_path`] for
@@ -410,17 +424,46 @@ impl Mrope {
         k: &Array,
         position_ids: &Array,
     ) -> Result<(Array, Array), PositionError> {
-        self.apply_with_path(MropePath::current()?, q, k, position_ids)
+        self.apply_with_path(Self::path_for(q, k, position_ids)?, q, k, position_ids)
+    }
+
+    /// The path `apply_rotary` takes for these inputs: the fused kernel
+    /// when this libmlx has Metal ([`MropePath::current`]) and q and k are
+    /// 4-D and `position_ids` 2-D or 3-D; the pure-MLX path otherwise, as
+    /// the reference falls back (mlx-vlm 0.7.6 `apply_rotary`'s condition).
+    ///
+    /// # Errors
+    /// Those of [`MropePath::current`].
+    pub fn path_for(
+        q: &Array,
+        k: &Array,
+        position_ids: &Array,
+    ) -> Result<MropePath, PositionError> {
+        let kernel_shapes = q.ndim() == 4 && k.ndim() == 4 && matches!(position_ids.ndim(), 2 | 3);
+        Ok(match MropePath::current()? {
+            MropePath::MetalKernel if kernel_shapes => MropePath::MetalKernel,
+            _ => MropePath::PureMlx,
+        })
     }
 
     /// Rotates q and k on the given path.
     ///
-    /// - `q`: `[B, Hq, L, D]`, `k`: `[B, Hk, L, D]` (head counts may
-    ///   differ); any float dtypes. The first `rotary_dim` channels rotate,
-    ///   the rest pass through bit-exact.
-    /// - `position_ids`: integer `[B', L]` (text: one position for all
-    ///   axes) or `[3, B', L]` (t, h, w), with `B' = B`, or `B' = 1` on the
-    ///   pure-MLX path (broadcast, as the reference's cos/sin broadcast).
+    /// - `q`: `[B, Hq, L, Dq]`, `k`: `[B, Hk, L, Dk]`; any float dtypes.
+    ///   Head counts and head dims may differ. The first
+    ///   [`MropeConfig::rotated_channels`] channels rotate, the rest pass
+    ///   through bit-exact.
+    /// - `position_ids`: integer `[B', L']` (text: one position for all
+    ///   axes) or `[S, B', L']` with `S >= 3` streams (t, h, w; further
+    ///   streams are never selected).
+    ///
+    /// On the pure-MLX path each of q and k is checked against the
+    /// positions as the reference's broadcasting checks it: it may have
+    /// more than 4 axes (the last four are `B, H, L, D`), and `B'`, `L'`
+    /// are its `B`, `L` or 1 (one position broadcast to every row or
+    /// token). On the kernel path both are 4-D and `B' = B`, `L' = L`:
+    /// the reference's kernel indexes `position_ids` with each tensor's own
+    /// batch and length and would read past smaller ones (a reference
+    /// hazard this port refuses).
     ///
     /// Returns `(q_embed, k_embed)` with the shapes and dtypes of q and k.
     ///
@@ -440,14 +483,13 @@ impl Mrope {
     /// describes.
     ///
     /// # Errors
-    /// - [`PositionError::Rank`] if q or k is not 4-D or `position_ids` is
-    ///   neither 2-D nor 3-D;
-    /// - [`PositionError::QkShapeMismatch`] if q and k differ in B, L or D;
-    /// - [`PositionError::RotaryDimExceedsHeadDim`];
-    /// - [`PositionError::PositionIdsShape`] if `position_ids` do not fit.
-    ///   On the Metal path `B'` must equal `B`: the reference's kernel
-    ///   indexes `position_ids` with q's batch size and would read past a
-    ///   `B' = 1` array (a reference hazard this port refuses);
+    /// - [`PositionError::Rank`] if q or k has fewer than 4 axes (exactly 4
+    ///   on the kernel path) or `position_ids` is neither 2-D nor 3-D;
+    /// - [`PositionError::RotaryDimExceedsHeadDim`] when the rotated
+    ///   channels exceed a head dim;
+    /// - [`PositionError::PositionIdsShape`] if `position_ids` do not fit q
+    ///   or k, as above, or hold fewer than 3 streams;
+    /// - [`PositionError::OddRotaryDim`] on the kernel path;
     /// - [`PositionError::MetalUnavailable`] for the Metal path without
     ///   Metal; [`PositionError::GridOverflow`]; [`PositionError::Mlx`].
     pub fn apply_with_path(
@@ -457,8 +499,15 @@ impl Mrope {
         k: &Array,
         position_ids: &Array,
     ) -> Result<(Array, Array), PositionError> {
-        check_qk(q, k, self.config.rotary_dim)?;
-        check_position_ids(position_ids, q.shape(), path)?;
+        if path == MropePath::MetalKernel && self.config.rotary_dim % 2 == 1 {
+            return Err(PositionError::OddRotaryDim {
+                rotary_dim: self.config.rotary_dim,
+            });
+        }
+        let rotated = self.config.rotated_channels();
+        for (name, x) in [("q", q), ("k", k)] {
+            check_against_positions(name, x, position_ids, rotated, path)?;
+        }
         match path {
             MropePath::PureMlx => {
                 let (cos, sin) = self.cos_sin(k.dtype(), position_ids)?;
@@ -509,55 +558,63 @@ pub fn apply_mrope(
     Mrope::new(config.clone())?.apply(q, k, position_ids)
 }
 
-fn check_qk(q: &Array, k: &Array, rotary_dim: usize) -> Result<(), PositionError> {
-    for (name, x) in [("q", q), ("k", k)] {
-        if x.ndim() != 4 {
-            return Err(PositionError::Rank {
-                tensor: name,
-                expected: "[B, H, L, D]",
-                shape: x.shape().to_vec(),
-            });
-        }
-    }
-    let (qs, ks) = (q.shape(), k.shape());
-    if qs[0] != ks[0] || qs[2] != ks[2] || qs[3] != ks[3] {
-        return Err(PositionError::QkShapeMismatch {
-            q: qs.to_vec(),
-            k: ks.to_vec(),
+/// Checks q or k against `position_ids` and the rotated channels, as the
+/// reference's apply would fail on them (see [`Mrope::apply_with_path`]):
+/// cos and sin are `[B', 1, L', rotated]` and must broadcast against `x`'s
+/// rotated part without changing its leading axes, or the final
+/// `concatenate` with the pass-through channels fails.
+fn check_against_positions(
+    name: &'static str,
+    x: &Array,
+    position_ids: &Array,
+    rotated: usize,
+    path: MropePath,
+) -> Result<(), PositionError> {
+    let kernel = path == MropePath::MetalKernel;
+    let shape = x.shape();
+    if shape.len() < 4 || (kernel && shape.len() != 4) {
+        return Err(PositionError::Rank {
+            tensor: name,
+            expected: if kernel {
+                "[B, H, L, D]"
+            } else {
+                "[..., B, H, L, D]"
+            },
+            shape: shape.to_vec(),
         });
     }
-    let head_dim = qs[3] as usize;
-    if rotary_dim > head_dim {
+    let rank = shape.len();
+    let head_dim = shape[rank - 1] as usize;
+    if rotated > head_dim {
         return Err(PositionError::RotaryDimExceedsHeadDim {
-            rotary_dim,
+            rotary_dim: rotated,
             head_dim,
         });
     }
-    Ok(())
-}
-
-fn check_position_ids(
-    position_ids: &Array,
-    q_shape: &[i32],
-    path: MropePath,
-) -> Result<(), PositionError> {
-    let (batch, len) = (q_shape[0], q_shape[2]);
-    let batch_fits = |b: i32| b == batch || (b == 1 && path == MropePath::PureMlx);
-    let fits = match *position_ids.shape() {
-        [b, l] => batch_fits(b) && l == len,
-        [3, b, l] => batch_fits(b) && l == len,
-        _ => false,
+    let (batch, len) = (shape[rank - 4], shape[rank - 2]);
+    let fits = |p: i32, x: i32| p == x || (p == 1 && !kernel);
+    let fit = match *position_ids.shape() {
+        [b, l] => fits(b, batch) && fits(l, len),
+        [streams, b, l] => streams >= 3 && fits(b, batch) && fits(l, len),
+        _ => {
+            return Err(PositionError::Rank {
+                tensor: "position_ids",
+                expected: "[B, L] or [3, B, L]",
+                shape: position_ids.shape().to_vec(),
+            })
+        }
     };
-    if fits {
+    if fit {
         return Ok(());
     }
     Err(PositionError::PositionIdsShape {
         got: position_ids.shape().to_vec(),
-        tensor: "q",
-        tensor_shape: q_shape.to_vec(),
-        expected: match path {
-            MropePath::PureMlx => "[B or 1, L] or [3, B or 1, L]",
-            MropePath::MetalKernel => "[B, L] or [3, B, L]",
+        tensor: name,
+        tensor_shape: shape.to_vec(),
+        expected: if kernel {
+            "[B, L] or [3, B, L]"
+        } else {
+            "[B or 1, L or 1] or [3, B or 1, L or 1], B and L being the tensor's axes -4 and -2"
         },
     })
 }

@@ -81,8 +81,10 @@ impl Rope2dTables {
 /// `positions[..., None]`.
 ///
 /// # Errors
-/// [`PositionError::RopeBase`] for a base that is not positive and finite
-/// in f32; [`PositionError::Rank`]; [`PositionError::NoPositionAxes`];
+/// [`PositionError::RopeBase`] for a base that is NaN, not positive, or
+/// zero in f32 (an infinite base is accepted, as the reference accepts it:
+/// the timescale becomes `[1, inf, …]` and the angles past the first pair
+/// 0); [`PositionError::Rank`]; [`PositionError::NoPositionAxes`];
 /// [`PositionError::HeadDimTooSmall`] when `head_dim < 2·A` (reference:
 /// `ZeroDivisionError`); [`PositionError::OddHeadDim`] for the 1-D form
 /// (reference: a broadcast error when applied); [`PositionError::Mlx`].
@@ -155,7 +157,12 @@ pub fn rope2d_tables(
 /// Multi-axis form: for each axis `d`, `x = inputs[..., d·c:(d+1)·c]`, `y =
 /// x * cos_d + rotate_half(x) * sin_d`; the parts are concatenated. Output
 /// `[B, L, N, A·c]` in the promoted dtype of inputs and tables (the inputs'
-/// dtype when the tables were built for it). 1-D form: `inputs * cos +
+/// dtype when the tables were built for it).
+///
+/// Other ranks are rotated as the reference's broadcasting rotates them:
+/// the tables are `[B', L', 1, c]`, and `inputs` of any rank of at least 1
+/// whose leading axes broadcast against `[B', L', 1]` give the broadcast
+/// shape (e.g. `[4, 2, 16]` with tables of batch 1 gives `[1, 4, 2, 16]`). 1-D form: `inputs * cos +
 /// rotate_half(inputs) * sin` on the whole head. The expression is issued
 /// in an equivalent, bit-identical form with fewer memory passes (see
 /// `rotate_halves`).
@@ -166,23 +173,36 @@ pub fn rope2d_tables(
 /// such head dims instead.
 ///
 /// # Errors
-/// [`PositionError::Rank`] if `inputs` is not 4-D;
+/// [`PositionError::Rank`] for a 0-D `inputs`;
 /// [`PositionError::TablesHeadDim`] if `inputs`' head dimension
-/// is not the one the tables were built for; [`PositionError::Mlx`] (e.g.
-/// batch or length not broadcastable).
+/// is not the one the tables were built for;
+/// [`PositionError::PositionIdsShape`] when `inputs`' leading axes do not
+/// broadcast against the tables' `[B', L', 1]` (the reference raises
+/// `[broadcast_shapes]`); [`PositionError::Mlx`].
 pub fn apply_rope2d(inputs: &Array, tables: &Rope2dTables) -> Result<Array, PositionError> {
-    if inputs.ndim() != 4 {
+    let shape = inputs.shape();
+    let Some((&last, leading)) = shape.split_last() else {
         return Err(PositionError::Rank {
             tensor: "inputs",
             expected: "[B, L, N, H]",
-            shape: inputs.shape().to_vec(),
+            shape: shape.to_vec(),
         });
-    }
-    let head_dim = inputs.shape()[3] as usize;
+    };
+    let head_dim = last as usize;
     if head_dim != tables.head_dim {
         return Err(PositionError::TablesHeadDim {
             tables: tables.head_dim,
             inputs: head_dim,
+        });
+    }
+    let table_shape = tables.axes[0].cos.shape();
+    let table_leading = &table_shape[..table_shape.len() - 1];
+    if crate::shape::broadcast(leading, table_leading).is_none() {
+        return Err(PositionError::PositionIdsShape {
+            got: table_leading[..2].to_vec(),
+            tensor: "inputs",
+            tensor_shape: shape.to_vec(),
+            expected: "positions whose [B, L] broadcast against the inputs' axes -4 and -3",
         });
     }
     if tables.one_dimensional {
@@ -230,40 +250,30 @@ fn rotate_halves(x: &Array, axis: &Rope2dAxis) -> Result<[Array; 2], PositionErr
 /// tables op for op, the rotation bit-identically (see [`apply_rope2d`]).
 ///
 /// - `inputs`: `[B, L, N, H]` (heads on axis 2, before the transpose for
-///   SDPA), any float dtype.
-/// - `positions`: `[B, L, A]` or `[B, L]` (1-D form), leading dims equal to
-///   `inputs`' or 1. Padding patches (position −1) are rotated like any
-///   other, as in the reference.
+///   SDPA), any float dtype. Other ranks broadcast as in the reference
+///   (see [`apply_rope2d`]).
+/// - `positions`: `[B, L, A]` or `[B, L]` (1-D form), `B` and `L`
+///   broadcasting against `inputs`' (equal, or one of them 1). Padding
+///   patches (position −1) are rotated like any other, as in the reference.
 ///
 /// Returns `[B, L, N, A·c]` with `c = 2·(H / (2·A))` (`[B, L, N, H]` for the
 /// 1-D form), in `inputs`' dtype.
 ///
 /// # Errors
-/// Those of [`rope2d_tables`] and [`apply_rope2d`], and
-/// [`PositionError::PositionIdsShape`] when `positions` do not fit `inputs`.
+/// Those of [`rope2d_tables`] and [`apply_rope2d`] (a 0-D `inputs` is
+/// [`PositionError::Rank`]).
 pub fn apply_multidimensional_rope(
     inputs: &Array,
     positions: &Array,
     base_frequency: f64,
 ) -> Result<Array, PositionError> {
-    if inputs.ndim() != 4 {
+    let Some(&head_dim) = inputs.shape().last() else {
         return Err(PositionError::Rank {
             tensor: "inputs",
             expected: "[B, L, N, H]",
             shape: inputs.shape().to_vec(),
         });
-    }
-    let shape = inputs.shape();
-    let fits = |p: i32, x: i32| p == x || p == 1;
-    let ps = positions.shape();
-    if !(matches!(positions.ndim(), 2 | 3) && fits(ps[0], shape[0]) && fits(ps[1], shape[1])) {
-        return Err(PositionError::PositionIdsShape {
-            got: ps.to_vec(),
-            tensor: "inputs",
-            tensor_shape: shape.to_vec(),
-            expected: "[B or 1, L or 1, axes] or [B or 1, L or 1]",
-        });
-    }
-    let tables = rope2d_tables(positions, shape[3] as usize, base_frequency, inputs.dtype())?;
+    };
+    let tables = rope2d_tables(positions, head_dim as usize, base_frequency, inputs.dtype())?;
     apply_rope2d(inputs, &tables)
 }

@@ -197,9 +197,11 @@ impl RopeIndex {
     ///
     /// # Errors
     /// [`PositionError::WindowTooLong`] for `len` beyond [`MAX_WINDOW`];
-    /// [`PositionError::PositionOverflow`] or
-    /// [`PositionError::NegativePosition`] when a continued position leaves
-    /// `0..=i32::MAX`.
+    /// [`PositionError::WindowAllocation`] when the host cannot hold the
+    /// three streams; [`PositionError::PositionOverflow`] when a continued
+    /// position leaves int32. A negative continued position (a caller's
+    /// delta below `-offset`, through [`RopeIndex::from_parts`]) is kept, as
+    /// the reference's `arange(L) + offset + rope_deltas` keeps it.
     pub fn window(&self, offset: usize, len: usize) -> Result<[Vec<i32>; 3], PositionError> {
         // Checked before allocating three `len`-long streams.
         if len > MAX_WINDOW {
@@ -210,7 +212,13 @@ impl RopeIndex {
         }
         let prompt_len = self.prompt_len();
         let delta = i64::from(self.decode_delta());
-        let mut out: [Vec<i32>; 3] = std::array::from_fn(|_| Vec::with_capacity(len));
+        let mut out: [Vec<i32>; 3] = Default::default();
+        for stream in &mut out {
+            // Fallible, so a window the host cannot hold is an error, not an abort.
+            stream
+                .try_reserve_exact(len)
+                .map_err(|_| PositionError::WindowAllocation { len })?;
+        }
         for step in 0..len {
             let index = offset as u64 + step as u64;
             if index < prompt_len as u64 {
@@ -264,19 +272,17 @@ impl RopeIndex {
     }
 }
 
-/// The longest position window [`RopeIndex::window`] builds: 2^24 tokens
-/// (three int32 streams of 64 MiB each). Longer windows are refused before
-/// anything is allocated; no served context comes near it.
-pub const MAX_WINDOW: usize = 1 << 24;
+/// The longest position window [`RopeIndex::window`] builds: `i32::MAX`
+/// tokens, the longest axis an MLX array can have (its shapes are int32),
+/// where the reference's `mx.arange(L)` fails too. Longer windows are
+/// refused before anything is allocated.
+pub const MAX_WINDOW: usize = i32::MAX as usize;
 
 fn len_i32(len: usize) -> Result<i32, PositionError> {
     i32::try_from(len).map_err(|_| PositionError::PositionOverflow { index: len as u64 })
 }
 
 fn to_position(value: i64, index: u64) -> Result<i32, PositionError> {
-    if value < 0 {
-        return Err(PositionError::NegativePosition { index, value });
-    }
     i32::try_from(value).map_err(|_| PositionError::PositionOverflow { index })
 }
 

@@ -17,6 +17,7 @@ use super::support::{bytes_tensor, dtype_tag, host, int32_tensor, port};
 use crate::case::{Backend, CaseError, Ctx};
 use crate::inputs::Inputs;
 
+pub mod accepted;
 pub mod inv_freq;
 pub mod mrope;
 pub mod rope2d;
@@ -31,6 +32,7 @@ pub fn descriptions() -> Vec<crate::families::describe::Described> {
     cases.extend(rope_index::descriptions());
     cases.extend(rope2d::descriptions());
     cases.extend(rope2d::refused_descriptions());
+    cases.extend(accepted::descriptions());
     cases
 }
 

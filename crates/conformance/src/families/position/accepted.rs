@@ -1,0 +1,262 @@
+//! `position/mrope/accepted`, `position/rope2d/accepted`: inputs the port
+//! once refused while the reference computes (`crates/layers/REFUSALS.md`,
+//! "Gaps closed"), each against the reference's own call on the same
+//! tensors: an odd rotary dim, a base beyond f32, q of five axes, q and k
+//! of different head dims, positions that broadcast (one token, four
+//! streams), and 2-D RoPE inputs of three and five axes.
+//!
+//! The mRoPE cases run the pure-MLX path on every backend (the glue sets
+//! `fused_apply = False` on a Metal build, as for CPU rows): the fused
+//! kernel indexes positions by each tensor's own batch and length, so
+//! broadcast positions and odd rotary dims are reference hazards there
+//! (the port refuses them on that path). q, k, inputs and positions are
+//! perturbed under `--perturb`; the shapes are the cases' constants.
+
+use layers::position::{apply_multidimensional_rope, Mrope, MropeConfig, MropePath};
+use oracle::DType;
+
+use super::{host, port};
+use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::families::describe::{described, Described, Params};
+use crate::reference;
+
+const MROPE_REFERENCE: &str = "mlx_vlm.models.rope_utils.MRoPERotaryEmbedding.apply_rotary \
+     (pure-MLX path), built by qwen3_5.language.Qwen3_5RotaryEmbedding (mlx-vlm 0.7.6)";
+const ROPE2D_REFERENCE: &str =
+    "optiq.vlm.gemma4.vision.apply_multidimensional_rope (mlx-optiq 0.7.7)";
+
+/// An mRoPE input the reference computes: the rotary, q, k and positions
+/// shapes.
+#[derive(Debug, Clone, Copy)]
+struct MropeInput {
+    name: &'static str,
+    head_dim: usize,
+    partial_rotary_factor: f64,
+    rope_theta: f64,
+    mrope_section: [usize; 3],
+    q: &'static [usize],
+    k: &'static [usize],
+    positions: &'static [usize],
+}
+
+const MROPE: &[MropeInput] = &[
+    // int(16 * 0.9375) = 15: 8 frequencies, 16 channels rotated.
+    MropeInput {
+        name: "odd-rotary-dim-15-head-16",
+        head_dim: 16,
+        partial_rotary_factor: 0.9375,
+        rope_theta: 10_000.0,
+        mrope_section: [3, 3, 2],
+        q: &[1, 2, 4, 16],
+        k: &[1, 1, 4, 16],
+        positions: &[3, 1, 4],
+    },
+    // f32(1e39) is infinity: inv_freq [1, 0, 0, ...].
+    MropeInput {
+        name: "rope-theta-1e39",
+        head_dim: 32,
+        partial_rotary_factor: 1.0,
+        rope_theta: 1e39,
+        mrope_section: [6, 5, 5],
+        q: &[1, 2, 4, 32],
+        k: &[1, 1, 4, 32],
+        positions: &[3, 1, 4],
+    },
+    MropeInput {
+        name: "q-five-axes",
+        head_dim: 32,
+        partial_rotary_factor: 1.0,
+        rope_theta: 10_000.0,
+        mrope_section: [6, 5, 5],
+        q: &[2, 1, 2, 4, 32],
+        k: &[1, 1, 4, 32],
+        positions: &[3, 1, 4],
+    },
+    // Rotary 16 of q's 32 and k's 48 channels.
+    MropeInput {
+        name: "head-dims-differ",
+        head_dim: 32,
+        partial_rotary_factor: 0.5,
+        rope_theta: 10_000.0,
+        mrope_section: [3, 3, 2],
+        q: &[1, 2, 4, 32],
+        k: &[1, 1, 4, 48],
+        positions: &[3, 1, 4],
+    },
+    MropeInput {
+        name: "one-position-for-every-token",
+        head_dim: 32,
+        partial_rotary_factor: 1.0,
+        rope_theta: 10_000.0,
+        mrope_section: [6, 5, 5],
+        q: &[2, 2, 4, 32],
+        k: &[2, 1, 4, 32],
+        positions: &[3, 2, 1],
+    },
+    // The selector reads streams 0..2; the fourth is never used.
+    MropeInput {
+        name: "four-streams",
+        head_dim: 32,
+        partial_rotary_factor: 1.0,
+        rope_theta: 10_000.0,
+        mrope_section: [6, 5, 5],
+        q: &[1, 2, 4, 32],
+        k: &[1, 1, 4, 32],
+        positions: &[4, 1, 4],
+    },
+];
+
+/// A 2-D RoPE input the reference computes.
+#[derive(Debug, Clone, Copy)]
+struct Rope2dInput {
+    name: &'static str,
+    inputs: &'static [usize],
+    positions: &'static [usize],
+    base_frequency: f64,
+}
+
+const ROPE2D: &[Rope2dInput] = &[
+    // [4, 2, 16] against tables [1, 4, 1, 8]: out [1, 4, 2, 16].
+    Rope2dInput {
+        name: "inputs-three-axes",
+        inputs: &[4, 2, 16],
+        positions: &[1, 4, 2],
+        base_frequency: 100.0,
+    },
+    Rope2dInput {
+        name: "inputs-five-axes",
+        inputs: &[2, 1, 4, 2, 16],
+        positions: &[1, 4, 2],
+        base_frequency: 100.0,
+    },
+    Rope2dInput {
+        name: "base-1e39",
+        inputs: &[1, 4, 2, 16],
+        positions: &[1, 4, 2],
+        base_frequency: 1e39,
+    },
+];
+
+/// An accepted input as data: which table and which entry.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "layer", rename_all = "snake_case", deny_unknown_fields)]
+pub enum AcceptedCase {
+    Mrope { input: String },
+    Rope2d { input: String },
+}
+
+impl Params for AcceptedCase {
+    const BUILDER: &'static str = "position/accepted";
+    fn build(self, name: String) -> Case {
+        match self {
+            AcceptedCase::Mrope { input } => {
+                Case::must_equal(name, "position/mrope", MROPE_REFERENCE, move |ctx| {
+                    let found = MROPE.iter().find(|m| m.name == input);
+                    run_mrope(ctx, found.ok_or_else(|| unknown(&input))?)
+                })
+            }
+            AcceptedCase::Rope2d { input } => {
+                Case::must_equal(name, "position/rope2d", ROPE2D_REFERENCE, move |ctx| {
+                    let found = ROPE2D.iter().find(|r| r.name == input);
+                    run_rope2d(ctx, found.ok_or_else(|| unknown(&input))?)
+                })
+            }
+        }
+    }
+}
+
+fn unknown(input: &str) -> CaseError {
+    let names: Vec<&str> = MROPE
+        .iter()
+        .map(|m| m.name)
+        .chain(ROPE2D.iter().map(|r| r.name))
+        .collect();
+    CaseError::Harness(format!("no accepted input `{input}`; known: {names:?}"))
+}
+
+pub fn descriptions() -> Vec<Described> {
+    let mrope = MROPE.iter().map(|m| {
+        described(
+            format!("position/mrope/accepted/{}", m.name),
+            &AcceptedCase::Mrope {
+                input: m.name.into(),
+            },
+        )
+    });
+    let rope2d = ROPE2D.iter().map(|r| {
+        described(
+            format!("position/rope2d/accepted/{}", r.name),
+            &AcceptedCase::Rope2d {
+                input: r.name.into(),
+            },
+        )
+    });
+    mrope.chain(rope2d).collect()
+}
+
+fn run_mrope(ctx: &Ctx, m: &MropeInput) -> Result<CaseOutput, CaseError> {
+    let mut inputs = ctx.inputs();
+    let q = inputs.uniform(DType::Float32, m.q, 2.0);
+    let k = inputs.uniform(DType::Float32, m.k, 2.0);
+    let positions = inputs.integers(DType::Int32, m.positions, 0, 100);
+    let path = MropePath::PureMlx;
+    let rope = Mrope::new(MropeConfig::qwen3_5(
+        m.head_dim,
+        m.partial_rotary_factor,
+        m.rope_theta,
+        m.mrope_section.to_vec(),
+    ))
+    .map_err(port)?;
+    let (q_port, k_port) = rope
+        .apply_with_path(path, &q.to_array(), &k.to_array(), &positions.to_array())
+        .map_err(port)?;
+    let selector = rope.position_selector();
+
+    let reference = reference::position::position_mrope_apply(
+        ctx,
+        &q,
+        &k,
+        &positions,
+        reference::position::Rotary {
+            head_dim: m.head_dim,
+            partial_rotary_factor: m.partial_rotary_factor,
+            rope_theta: m.rope_theta,
+            mrope_section: &m.mrope_section,
+        },
+        path.as_str(),
+    )?;
+    let mut out = CaseOutput::new(reference.path.clone());
+    out.compare("q", &host(&q_port)?, &reference.q);
+    out.compare("k", &host(&k_port)?, &reference.k);
+    if (m.rope_theta as f32).is_finite() {
+        out.compare("inv_freq", &host(rope.inv_freq())?, &reference.inv_freq);
+    } else {
+        // Every base past f32 is infinity: a perturbed theta (the next f64
+        // up) gives the same [1, 0, 0, ...] by design.
+        out.compare_derived(
+            "inv_freq",
+            &host(rope.inv_freq())?,
+            &reference.inv_freq,
+            "a rope_theta beyond f32 is f32 infinity on both sides; the perturbed theta is too",
+        );
+    }
+    out.compare(
+        "position_selector",
+        &super::int32_tensor(selector, &[selector.len()]),
+        &reference.position_selector,
+    );
+    Ok(out)
+}
+
+fn run_rope2d(ctx: &Ctx, r: &Rope2dInput) -> Result<CaseOutput, CaseError> {
+    let mut inputs = ctx.inputs();
+    let x = inputs.uniform(DType::Float32, r.inputs, 2.0);
+    let positions = inputs.integers(DType::Int32, r.positions, -1, 16);
+    let y = apply_multidimensional_rope(&x.to_array(), &positions.to_array(), r.base_frequency)
+        .map_err(port)?;
+    let expected =
+        reference::position::position_rope2d_broadcast(ctx, &x, &positions, r.base_frequency)?;
+    let mut out = CaseOutput::new("pure-mlx");
+    out.compare("out", &host(&y)?, &expected);
+    Ok(out)
+}
