@@ -16,21 +16,19 @@ use mlx_rs::{ops, Array, Dtype};
 
 use crate::checkpoint::Checkpoint;
 use crate::ffi;
-use crate::quantized::switch::{add_expert_bias, check_indices, empty_switch_output};
-use crate::quantized::{LayerError, PayloadError};
-
-fn is_float(dtype: Dtype) -> bool {
-    matches!(
-        dtype,
-        Dtype::Float16 | Dtype::Bfloat16 | Dtype::Float32 | Dtype::Float64
-    )
-}
+use crate::quantized::switch::{
+    add_expert_bias, check_expert_bias, check_indices, empty_switch_output,
+};
+use crate::quantized::{check_bias_exact, check_bias_last_axis, LayerError, PayloadError};
 
 const QUANTIZED_HINT: &str =
     " (a uint32 weight is packed: load the path with QuantizedLinear / QuantizedSwitchLinear)";
 
+/// A weight of `rank` axes. Any dtype: the reference's matmul promotes an
+/// integer or bool weight with `x` (to `x`'s float dtype), and so does the
+/// port's.
 fn check_weight(layer: &'static str, weight: &Array, rank: usize) -> Result<(), LayerError> {
-    if weight.ndim() != rank || !is_float(weight.dtype()) {
+    if weight.ndim() != rank {
         return Err(LayerError::FloatWeight {
             layer,
             rank,
@@ -46,15 +44,24 @@ fn check_weight(layer: &'static str, weight: &Array, rank: usize) -> Result<(), 
     Ok(())
 }
 
-fn check_bias(bias: Option<&Array>, expected: Vec<i32>) -> Result<(), LayerError> {
-    match bias {
-        Some(b) if b.shape() != expected.as_slice() => Err(PayloadError::BiasShape {
-            expected,
-            actual: b.shape().to_vec(),
-        }
-        .into()),
-        _ => Ok(()),
+/// A float weight whose dtype holds packed integers: a checkpoint's
+/// quantized path read as float. `load_weights` would install it only on a
+/// module of the packed shape, so from a checkpoint it is refused.
+fn check_checkpoint_weight(
+    layer: &'static str,
+    weight: &Array,
+    rank: usize,
+) -> Result<(), LayerError> {
+    if weight.dtype() == Dtype::Uint32 {
+        return Err(LayerError::FloatWeight {
+            layer,
+            rank,
+            shape: weight.shape().to_vec(),
+            dtype: weight.dtype(),
+            hint: QUANTIZED_HINT,
+        });
     }
+    Ok(())
 }
 
 /// `weight` and optional `bias` of module `path` in a checkpoint.
@@ -72,8 +79,10 @@ fn checkpoint_tensors(
 }
 
 /// `mlx.nn.Linear`: `weight` `[out, in]`, optional `bias` `[out]`, any
-/// float dtype (the output dtype is MLX's promotion of `x`, `weight` and
-/// `bias`).
+/// dtype (the output dtype is MLX's promotion of `x`, `weight` and `bias`;
+/// an integer or bool weight takes `x`'s float dtype, as in the reference).
+/// A bias that `addmm` broadcasts to the output (a scalar, `[1]`, `[1,
+/// out]`, `[M, out]`) is accepted as the reference accepts it.
 #[derive(Debug, Clone)]
 pub struct Linear {
     weight: Array,
@@ -82,11 +91,14 @@ pub struct Linear {
 
 impl Linear {
     /// # Errors
-    /// [`LayerError::FloatWeight`] unless `weight` is a 2-D float tensor;
-    /// [`PayloadError::BiasShape`] for a bias not shaped `[out]`.
+    /// [`LayerError::FloatWeight`] unless `weight` is 2-D;
+    /// [`PayloadError::BiasShape`] for a bias whose last axis is neither
+    /// `out` nor 1.
     pub fn new(weight: Array, bias: Option<Array>) -> Result<Self, LayerError> {
         check_weight("Linear", &weight, 2)?;
-        check_bias(bias.as_ref(), vec![weight.shape()[0]])?;
+        if let Some(b) = &bias {
+            check_bias_last_axis(b, weight.shape()[0])?;
+        }
         Ok(Linear { weight, bias })
     }
 
@@ -96,10 +108,15 @@ impl Linear {
     ///
     /// # Errors
     /// [`crate::checkpoint::CheckpointError`] when the tensors cannot be
-    /// read, and those of [`Linear::new`] (a packed weight says to use
-    /// `QuantizedLinear`).
+    /// read; [`LayerError::FloatWeight`] for a uint32 (packed) weight, which
+    /// says to use `QuantizedLinear`; [`PayloadError::BiasShape`] for a bias
+    /// other than `[out]` (`load_weights(strict=True)`); those of
+    /// [`Linear::new`].
     pub fn from_checkpoint(checkpoint: &Checkpoint, path: &str) -> Result<Self, LayerError> {
         let (weight, bias) = checkpoint_tensors(checkpoint, path)?;
+        check_checkpoint_weight("Linear", &weight, 2)?;
+        check_weight("Linear", &weight, 2)?;
+        check_bias_exact(bias.as_ref(), vec![weight.shape()[0]])?;
         Self::new(weight, bias)
     }
 
@@ -127,7 +144,9 @@ impl Linear {
     ///
     /// # Errors
     /// [`LayerError::InputShape`] when `x` does not end in in_features;
-    /// [`LayerError::Mlx`] with MLX's message otherwise.
+    /// [`PayloadError::BiasShape`] when the bias does not broadcast to this
+    /// output (the reference's `addmm` raises); [`LayerError::Mlx`] with
+    /// MLX's message otherwise.
     pub fn forward(&self, x: &Array) -> Result<Array, LayerError> {
         if x.shape().last() != Some(&self.in_features()) {
             return Err(LayerError::InputShape {
@@ -135,15 +154,25 @@ impl Linear {
                 shape: x.shape().to_vec(),
             });
         }
-        if x.size() == 0 {
-            // The dtype of the graph for one row, built lazily, never run;
-            // the result from (no) host data: no zero-size kernel launch.
-            let probe = self.graph(&ops::zeros_dtype(&[1, self.in_features()], x.dtype())?)?;
-            let mut shape = x.shape().to_vec();
-            if let Some(last) = shape.last_mut() {
+        if let Some(bias) = &self.bias {
+            let mut y_shape = x.shape().to_vec();
+            if let Some(last) = y_shape.last_mut() {
                 *last = self.out_features();
             }
-            return Ok(ffi::array_from_bytes(&[], &shape, probe.dtype())?);
+            // `addmm` broadcasts its `c` to the output, never the output to `c`.
+            if crate::shape::broadcast(&y_shape, bias.shape()).as_ref() != Some(&y_shape) {
+                return Err(PayloadError::BiasShape {
+                    expected: y_shape,
+                    actual: bias.shape().to_vec(),
+                }
+                .into());
+            }
+        }
+        if x.size() == 0 {
+            // The shape and dtype of the graph for `x`, built lazily, never
+            // run; the result from (no) host data: no zero-size kernel launch.
+            let graph = self.graph(x)?;
+            return Ok(ffi::array_from_bytes(&[], graph.shape(), graph.dtype())?);
         }
         self.graph(x)
     }
@@ -168,20 +197,27 @@ pub struct SwitchLinear {
 
 impl SwitchLinear {
     /// # Errors
-    /// [`LayerError::FloatWeight`] unless `weight` is a 3-D float tensor;
-    /// [`PayloadError::BiasShape`] for a bias not shaped `[E, out]`.
+    /// [`LayerError::FloatWeight`] unless `weight` is 3-D (any dtype, as
+    /// for [`Linear`]); [`PayloadError::BiasShape`] for a bias not shaped
+    /// `[E, out]` or `[E, 1]`.
     pub fn new(weight: Array, bias: Option<Array>) -> Result<Self, LayerError> {
         check_weight("SwitchLinear", &weight, 3)?;
-        check_bias(bias.as_ref(), vec![weight.shape()[0], weight.shape()[1]])?;
+        if let Some(b) = &bias {
+            check_expert_bias(b, weight.shape()[0], weight.shape()[1])?;
+        }
         Ok(SwitchLinear { weight, bias })
     }
 
     /// The float switch layer at module `path` of a checkpoint.
     ///
     /// # Errors
-    /// As [`Linear::from_checkpoint`], with [`SwitchLinear::new`]'s.
+    /// As [`Linear::from_checkpoint`] (the bias exactly `[E, out]`), with
+    /// [`SwitchLinear::new`]'s.
     pub fn from_checkpoint(checkpoint: &Checkpoint, path: &str) -> Result<Self, LayerError> {
         let (weight, bias) = checkpoint_tensors(checkpoint, path)?;
+        check_checkpoint_weight("SwitchLinear", &weight, 3)?;
+        check_weight("SwitchLinear", &weight, 3)?;
+        check_bias_exact(bias.as_ref(), vec![weight.shape()[0], weight.shape()[1]])?;
         Self::new(weight, bias)
     }
 

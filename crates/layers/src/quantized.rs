@@ -33,6 +33,7 @@ pub use adapters::{
 };
 pub use embedding::QuantizedEmbedding;
 pub use error::{LayerError, PayloadError, SpecError};
+pub(crate) use linear::{check_bias_exact, check_bias_last_axis};
 pub use linear::{Forward, QuantizedLinear};
 pub use lora::LoraAdapter;
 pub use payload::QuantizedPayload;

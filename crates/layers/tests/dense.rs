@@ -28,8 +28,34 @@ fn linear_shapes_dtypes_and_errors() {
         l.forward(&normal_as(&[2, 15], 3, Dtype::Bfloat16)),
         Err(LayerError::InputShape { .. })
     ));
-    let packed = Linear::new(Array::from_slice(&[0u32; 8], &[4, 2]), None).unwrap_err();
-    assert!(packed.to_string().contains("QuantizedLinear"), "{packed}");
+    // An integer weight is promoted with x, as the reference's matmul does.
+    let ints = Linear::new(Array::from_slice(&[1u32; 8], &[4, 2]), None).unwrap();
+    let y = ints
+        .forward(&normal_as(&[3, 2], 3, Dtype::Bfloat16))
+        .unwrap();
+    assert_eq!((y.shape(), y.dtype()), (&[3, 4][..], Dtype::Bfloat16));
+    // Biases addmm broadcasts to the output; one that would widen it is refused.
+    for (bias, ok) in [
+        (&[][..], true),
+        (&[1], true),
+        (&[1, 8], true),
+        (&[3, 8], true),
+        (&[2, 1, 8], false),
+    ] {
+        let l = Linear::new(
+            normal_as(&[8, 16], 1, Dtype::Float32),
+            Some(normal_as(bias, 2, Dtype::Float32)),
+        )
+        .unwrap();
+        let y = l.forward(&normal_as(&[3, 16], 3, Dtype::Float32));
+        match y {
+            Ok(y) => assert!(ok && y.shape() == [3, 8], "{bias:?}"),
+            Err(e) => assert!(
+                !ok && matches!(e, LayerError::Payload(PayloadError::BiasShape { .. })),
+                "{bias:?}: {e}"
+            ),
+        }
+    }
     assert!(matches!(
         Linear::new(normal_as(&[8], 1, Dtype::Float32), None),
         Err(LayerError::FloatWeight { .. })

@@ -424,3 +424,54 @@ fn an_empty_batch_gives_the_empty_result_without_touching_the_kernel() {
         }
     }
 }
+
+#[test]
+fn biases_the_reference_broadcasts_in_both_modes() {
+    let s = spec(Mode::Affine, 4, 64);
+    let payload =
+        QuantizedPayload::quantize(&normal_as(&[32, 128], 3, Dtype::Bfloat16), s).unwrap();
+    let x = normal_as(&[2, 128], 5, Dtype::Bfloat16);
+    let qmm = ffi::quantized_matmul(
+        &x,
+        payload.weight(),
+        payload.scales(),
+        payload.biases(),
+        true,
+        64,
+        4,
+        Mode::Affine,
+    )
+    .unwrap();
+    for shape in [&[][..], &[1], &[1, 32], &[2, 32]] {
+        let bias = normal(shape, 4);
+        let l = QuantizedLinear::new(payload.clone(), Some(bias.clone())).unwrap();
+        let expected = ops::add(&qmm, &bias).unwrap();
+        // A bias per row: each row gets its own row in the rows-independent forward.
+        for forward in [Forward::Batched, Forward::RowsIndependent] {
+            let y = l.forward_as(&x, forward).unwrap();
+            assert!(same_bits(&y, &expected), "{shape:?} {forward:?}");
+        }
+    }
+    // A bias that widens the output: the batched forward widens it, as
+    // `x + bias` does; the rows-independent forward refuses it.
+    let l = QuantizedLinear::new(payload.clone(), Some(normal(&[2, 1, 32], 4))).unwrap();
+    assert_eq!(l.forward(&x).unwrap().shape(), &[2, 2, 32]);
+    let err = l.forward_as(&x, Forward::RowsIndependent).unwrap_err();
+    assert!(
+        matches!(err, LayerError::Payload(PayloadError::BiasShape { .. })),
+        "{err}"
+    );
+    // One that broadcasts against no output of 2 rows.
+    let l = QuantizedLinear::new(payload.clone(), Some(normal(&[3, 32], 4))).unwrap();
+    let err = l.forward(&x).unwrap_err();
+    assert!(
+        matches!(err, LayerError::Payload(PayloadError::BiasShape { .. })),
+        "{err}"
+    );
+    // Nor against any output at all: refused at construction.
+    let err = QuantizedLinear::new(payload, Some(normal(&[33], 4))).unwrap_err();
+    assert!(
+        matches!(err, LayerError::Payload(PayloadError::BiasShape { .. })),
+        "{err}"
+    );
+}

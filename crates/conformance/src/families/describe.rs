@@ -206,6 +206,7 @@ builders!(
     super::quantized::global_scale::GlobalScaleCase,
     super::quantized::adapters::AdapterCase,
     super::quantized::refused::RefusedCase,
+    super::quantized::accepted::AcceptedCase,
     super::safetensors::SafetensorsCase,
     super::position::mrope::MropeCase,
     super::position::mrope::refused::MropeRefusedCase,

@@ -100,6 +100,20 @@ pub fn quantized_linear(
     Ok(one_array(F, value)?.with_exact(exact))
 }
 
+/// [`quantized_linear`] for tensors the reference broadcasts (biases of
+/// other shapes, a batched weight): bit-compared only, the exact model
+/// covers the `[out]` bias and 2-D weight of a checkpoint's layer.
+pub fn quantized_linear_unchecked(
+    ctx: &Ctx,
+    x: &HostTensor,
+    layer: &QuantizedTensors,
+) -> Result<Expected, CaseError> {
+    const F: &str = "quantized_linear";
+    let mut params = vec![tensor("x", x)];
+    params.extend(layer.params());
+    one_array(F, ctx.call_sent(F, params)?.0)
+}
+
 /// The reference layer (LoRA-wrapped when `adapters` is not empty) called
 /// once per row of `x`, rows concatenated.
 pub fn quantized_linear_rows(
@@ -209,6 +223,43 @@ pub fn float_linear(
     let (value, calls) = ctx.call_sent(F, params)?;
     let exact = calls.exact(F, q::float_linear)?;
     Ok(one_array(F, value)?.with_exact(exact))
+}
+
+/// [`float_linear`] for tensors the reference broadcasts or promotes (a
+/// bias per row, an integer weight): bit-compared only.
+pub fn float_linear_unchecked(
+    ctx: &Ctx,
+    x: &HostTensor,
+    weight: &HostTensor,
+    bias: Option<&HostTensor>,
+) -> Result<Expected, CaseError> {
+    const F: &str = "float_linear";
+    let params = vec![
+        tensor("x", x),
+        tensor("weight", weight),
+        opt_tensor("bias", bias),
+    ];
+    one_array(F, ctx.call_sent(F, params)?.0)
+}
+
+/// [`float_switch`] (unsorted) for a bias the reference broadcasts (`[E,
+/// 1]`): bit-compared only.
+pub fn float_switch_unchecked(
+    ctx: &Ctx,
+    x: &HostTensor,
+    indices: &HostTensor,
+    weight: &HostTensor,
+    bias: Option<&HostTensor>,
+) -> Result<Expected, CaseError> {
+    const F: &str = "float_switch";
+    let params = vec![
+        tensor("x", x),
+        tensor("indices", indices),
+        tensor("weight", weight),
+        opt_tensor("bias", bias),
+        fixed("sort", false),
+    ];
+    one_array(F, ctx.call_sent(F, params)?.0)
 }
 
 /// mlx-lm's `SwitchLinear` holding `weight` [E, N, K] and `bias`, driven

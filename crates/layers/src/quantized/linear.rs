@@ -82,25 +82,29 @@ impl fmt::Debug for QuantizedLinear {
 }
 
 impl QuantizedLinear {
-    /// A layer from a 2-D payload (`weight` `uint32 [out, packed]`) and an
+    /// A layer from a payload (`weight` `uint32 [out, packed]`) and an
     /// optional additive `bias` `[out]` (the `.bias` of
     /// `nn.QuantizedLinear`, distinct from the zero points `biases`).
     /// [`Forward::Batched`], no adapters.
     ///
+    /// What the reference's `quantized_matmul(x, ...) + bias` broadcasts is
+    /// accepted as it broadcasts it: a weight with leading batch axes
+    /// (`[.., out, packed]`; the output gains them), and a bias that is a
+    /// scalar or ends in `out` or 1 (`[1]`, `[1, out]`, `[B, out]`: checked
+    /// against each output in [`QuantizedLinear::forward`]). The
+    /// rows-independent forward takes neither batched weights nor a bias
+    /// that widens the output.
+    ///
     /// # Errors
-    /// [`PayloadError::Rank`] for a weight that is not 2-D,
-    /// [`PayloadError::BiasShape`] for a bias not shaped `[out]`.
+    /// [`PayloadError::Rank`] for a weight of fewer than 2 axes,
+    /// [`PayloadError::BiasShape`] for a bias whose last axis is neither
+    /// `out` nor 1 (it broadcasts against no output).
     pub fn new(payload: QuantizedPayload, bias: Option<Array>) -> Result<Self, LayerError> {
-        payload.require_rank(2)?;
+        if payload.weight().ndim() < 2 {
+            payload.require_rank(2)?;
+        }
         if let Some(b) = &bias {
-            let expected = vec![payload.out_features()];
-            if b.shape() != expected.as_slice() {
-                return Err(PayloadError::BiasShape {
-                    expected,
-                    actual: b.shape().to_vec(),
-                }
-                .into());
-            }
+            check_bias_last_axis(b, payload.out_features())?;
         }
         Ok(QuantizedLinear {
             payload,
@@ -144,7 +148,14 @@ impl QuantizedLinear {
         in_features: i32,
     ) -> Result<Self, LayerError> {
         let tensors = checkpoint.quantized_tensors(path, LayerKind::Linear, in_features)?;
-        let layer = Self::new(tensors.payload, tensors.bias)
+        // `load_weights(strict=True)` checks each tensor against the shape
+        // `nn.QuantizedLinear.__init__` gave it: no broadcasting here.
+        let strict = tensors.payload.require_rank(2).and_then(|()| {
+            check_bias_exact(tensors.bias.as_ref(), vec![tensors.payload.out_features()])
+        });
+        let layer = strict
+            .map_err(LayerError::from)
+            .and_then(|()| Self::new(tensors.payload, tensors.bias))
             .map_err(|e| checkpoint_payload_error(path, e))?;
         Ok(layer)
     }
@@ -154,7 +165,8 @@ impl QuantizedLinear {
         &self.payload
     }
 
-    /// The additive `bias` `[out]`, if the layer has one.
+    /// The additive `bias` (`[out]`, or any shape [`QuantizedLinear::new`]
+    /// accepts), if the layer has one.
     pub fn bias(&self) -> Option<&Array> {
         self.bias.as_ref()
     }
@@ -200,14 +212,14 @@ impl QuantizedLinear {
     /// bits); the shape may not, because `bias` and the adapters depend on it.
     ///
     /// # Errors
-    /// [`LayerError::Payload`] for a payload that is not 2-D,
-    /// [`LayerError::FeaturesChanged`] when in/out features differ; in both
-    /// cases the layer is unchanged.
+    /// [`LayerError::Payload`] for a payload of another rank than the
+    /// layer's, [`LayerError::FeaturesChanged`] when in/out features differ;
+    /// in both cases the layer is unchanged.
     pub fn exchange_payload(
         &mut self,
         next: QuantizedPayload,
     ) -> Result<QuantizedPayload, LayerError> {
-        next.require_rank(2)?;
+        next.require_rank(self.payload.weight().ndim())?;
         if (next.in_features(), next.out_features()) != (self.in_features(), self.out_features()) {
             return Err(LayerError::FeaturesChanged {
                 expected_in: self.in_features(),
@@ -307,7 +319,12 @@ impl QuantizedLinear {
     ///
     /// # Errors
     /// [`LayerError::InputShape`] if `x` is a scalar or does not end in
-    /// in_features; [`LayerError::Mlx`] with MLX's message otherwise.
+    /// in_features; [`PayloadError::BiasShape`] when the bias does not
+    /// broadcast against this output (the reference raises
+    /// `[broadcast_shapes]`), or, rows-independent, widens it;
+    /// [`PayloadError::Rank`] for a batched weight under
+    /// [`Forward::RowsIndependent`]; [`LayerError::Mlx`] with MLX's message
+    /// otherwise.
     pub fn forward(&self, x: &Array) -> Result<Array, LayerError> {
         self.forward_as(x, self.forward)
     }
@@ -330,35 +347,59 @@ impl QuantizedLinear {
                 shape: shape.to_vec(),
             });
         }
+        if forward == Forward::RowsIndependent {
+            self.check_rows_independent(x)?;
+        }
         if x.size() == 0 {
-            return self.empty_output(x, forward);
+            return self.empty_output(x);
         }
         match forward {
-            Forward::Batched => self.forward_batched(x),
+            Forward::Batched => self.forward_batched(x, self.bias.as_ref()),
             Forward::RowsIndependent => self.forward_rows(x),
         }
     }
 
-    /// The result for an input with a zero-size dimension: `[.., out]`
-    /// zeros-of-nothing in the dtype the non-empty graph gives (read from
-    /// that graph built lazily for one row, never evaluated). MLX 0.32.2's
-    /// CPU quantized matmul dies with SIGFPE on an empty batch (the
-    /// reference does too), so the kernel is not called.
-    fn empty_output(&self, x: &Array, forward: Forward) -> Result<Array, LayerError> {
-        let probe = ops::zeros_dtype(&[1, self.in_features()], x.dtype())?;
-        let dtype = match forward {
-            Forward::Batched | Forward::RowsIndependent => self.forward_batched(&probe)?.dtype(),
-        };
+    /// What the rows-independent forward cannot split into rows: a batched
+    /// weight, or a bias that widens the output past `x`'s rows.
+    fn check_rows_independent(&self, x: &Array) -> Result<(), LayerError> {
+        if !self.payload.leading_shape().is_empty() {
+            self.payload.require_rank(2)?;
+        }
+        if let Some(bias) = &self.bias {
+            let y_shape = self.row_output_shape(x);
+            if crate::shape::broadcast(&y_shape, bias.shape()).as_ref() != Some(&y_shape) {
+                return Err(PayloadError::BiasShape {
+                    expected: y_shape,
+                    actual: bias.shape().to_vec(),
+                }
+                .into());
+            }
+        }
+        Ok(())
+    }
+
+    /// `x.shape[:-1] + [out]`: the output of a 2-D weight before the bias.
+    fn row_output_shape(&self, x: &Array) -> Vec<i32> {
         let mut shape = x.shape().to_vec();
         if let Some(last) = shape.last_mut() {
             *last = self.out_features();
         }
-        // From (no) host data: no kernel launch, which on CUDA fails for a
-        // zero-size grid.
-        Ok(ffi::array_from_bytes(&[], &shape, dtype)?)
+        shape
     }
 
-    fn forward_batched(&self, x: &Array) -> Result<Array, LayerError> {
+    /// The result for an input with a zero-size dimension: an empty array of
+    /// the shape and dtype the graph for `x` gives (built lazily, never
+    /// evaluated: MLX computes shapes when ops are created). MLX 0.32.2's
+    /// CPU quantized matmul dies with SIGFPE on an empty batch (the
+    /// reference does too), so the kernel is not called.
+    fn empty_output(&self, x: &Array) -> Result<Array, LayerError> {
+        let graph = self.forward_batched(x, self.bias.as_ref())?;
+        // From (no) host data: no kernel launch, which on CUDA fails for a
+        // zero-size grid.
+        Ok(ffi::array_from_bytes(&[], graph.shape(), graph.dtype())?)
+    }
+
+    fn forward_batched(&self, x: &Array, bias: Option<&Array>) -> Result<Array, LayerError> {
         let p = &self.payload;
         let spec = p.spec();
         let mut y = ffi::quantized_matmul(
@@ -371,7 +412,14 @@ impl QuantizedLinear {
             spec.bits,
             spec.mode,
         )?;
-        if let Some(bias) = &self.bias {
+        if let Some(bias) = bias {
+            if crate::shape::broadcast(y.shape(), bias.shape()).is_none() {
+                return Err(PayloadError::BiasShape {
+                    expected: y.shape().to_vec(),
+                    actual: bias.shape().to_vec(),
+                }
+                .into());
+            }
             y = ops::add(&y, bias)?;
         }
         for (_, adapter) in &self.adapters {
@@ -389,24 +437,71 @@ impl QuantizedLinear {
             .product();
         if rows <= 1 {
             // Zero rows or one row: the batched call already is the M=1 call.
-            return self.forward_batched(x);
+            return self.forward_batched(x, self.bias.as_ref());
         }
         let rows_i32 = i32::try_from(rows).map_err(|_| LayerError::InputShape {
             in_features: k,
             shape: shape.to_vec(),
         })?;
         let flat = x.reshape(&[rows_i32, k])?;
+        let out_shape = self.row_output_shape(x);
+        // A bias that differs per row ([B, out]) gives each row its own row
+        // of it: the same element-wise sum as the batched `y + bias`.
+        let row_biases = match &self.bias {
+            Some(b)
+                if b.shape()[..b.ndim().saturating_sub(1)]
+                    .iter()
+                    .any(|&d| d != 1) =>
+            {
+                Some(
+                    ops::broadcast_to(b, &out_shape)?
+                        .reshape(&[rows_i32, self.out_features()])?
+                        .split_equal(rows_i32, 0)?,
+                )
+            }
+            _ => None,
+        };
         let outputs = flat
             .split_equal(rows_i32, 0)?
             .iter()
-            .map(|row| self.forward_batched(row))
+            .enumerate()
+            .map(|(i, row)| {
+                let bias = row_biases
+                    .as_ref()
+                    .map_or(self.bias.as_ref(), |r| Some(&r[i]));
+                self.forward_batched(row, bias)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let y = ops::concatenate(&outputs, 0)?;
-        let mut out_shape = shape.to_vec();
-        if let Some(last) = out_shape.last_mut() {
-            *last = self.out_features();
-        }
         Ok(y.reshape(&out_shape)?)
+    }
+}
+
+/// A bias `x + bias` can add to some `[.., out]` output: a scalar, or a
+/// last axis of `out` or 1.
+pub(crate) fn check_bias_last_axis(bias: &Array, out: i32) -> Result<(), PayloadError> {
+    match bias.shape().last() {
+        None => Ok(()),
+        Some(&last) if last == out || last == 1 => Ok(()),
+        Some(_) => Err(PayloadError::BiasShape {
+            expected: vec![out],
+            actual: bias.shape().to_vec(),
+        }),
+    }
+}
+
+/// A bias of exactly `expected`, as `load_weights(strict=True)` installs
+/// one on a module that `__init__` built (`[out]`, `[E, out]`).
+pub(crate) fn check_bias_exact(
+    bias: Option<&Array>,
+    expected: Vec<i32>,
+) -> Result<(), PayloadError> {
+    match bias {
+        Some(b) if b.shape() != expected.as_slice() => Err(PayloadError::BiasShape {
+            expected,
+            actual: b.shape().to_vec(),
+        }),
+        _ => Ok(()),
     }
 }
 

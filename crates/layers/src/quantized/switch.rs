@@ -51,22 +51,17 @@ impl fmt::Debug for QuantizedSwitchLinear {
 
 impl QuantizedSwitchLinear {
     /// A layer from a 3-D payload and an optional per-expert `bias` `[E,
-    /// out]`.
+    /// out]`, or `[E, 1]` (one value per expert, broadcast over the outputs
+    /// as the reference's `x + expand_dims(bias[indices], -2)` broadcasts
+    /// it).
     ///
     /// # Errors
     /// [`PayloadError::Rank`] unless the weight is 3-D,
-    /// [`PayloadError::BiasShape`] for a bias not shaped `[E, out]`.
+    /// [`PayloadError::BiasShape`] for a bias not shaped `[E, out]` or `[E, 1]`.
     pub fn new(payload: QuantizedPayload, bias: Option<Array>) -> Result<Self, LayerError> {
         payload.require_rank(3)?;
         if let Some(b) = &bias {
-            let expected = vec![payload.leading_shape()[0], payload.out_features()];
-            if b.shape() != expected.as_slice() {
-                return Err(PayloadError::BiasShape {
-                    expected,
-                    actual: b.shape().to_vec(),
-                }
-                .into());
-            }
+            check_expert_bias(b, payload.leading_shape()[0], payload.out_features())?;
         }
         Ok(QuantizedSwitchLinear {
             payload: row_contiguous(payload)?,
@@ -101,7 +96,16 @@ impl QuantizedSwitchLinear {
         in_features: i32,
     ) -> Result<Self, LayerError> {
         let tensors = checkpoint.quantized_tensors(path, LayerKind::Switch, in_features)?;
-        Self::new(tensors.payload, tensors.bias).map_err(|e| checkpoint_payload_error(path, e))
+        Self::strict(tensors.payload, tensors.bias).map_err(|e| checkpoint_payload_error(path, e))
+    }
+
+    /// [`QuantizedSwitchLinear::new`] with the bias shape `load_weights(strict=True)`
+    /// requires of the module `__init__` built: exactly `[E, out]`.
+    fn strict(payload: QuantizedPayload, bias: Option<Array>) -> Result<Self, LayerError> {
+        payload.require_rank(3)?;
+        let expected = vec![payload.leading_shape()[0], payload.out_features()];
+        super::check_bias_exact(bias.as_ref(), expected)?;
+        Self::new(payload, bias)
     }
 
     /// As [`QuantizedSwitchLinear::from_checkpoint`], but the expert weight
@@ -136,7 +140,7 @@ impl QuantizedSwitchLinear {
         if let Some(gs) = global_scale {
             payload = payload.with_global_scale(gs).map_err(payload_error)?;
         }
-        Self::new(payload, tensors.bias).map_err(|e| checkpoint_payload_error(path, e))
+        Self::strict(payload, tensors.bias).map_err(|e| checkpoint_payload_error(path, e))
     }
 
     /// The quantized payload.
@@ -269,6 +273,18 @@ pub(crate) fn add_expert_bias(
     }
 }
 
+/// A per-expert bias the reference adds as `expand_dims(bias[indices], -2)`
+/// without changing the output's shape: `[E, out]` or `[E, 1]`.
+pub(crate) fn check_expert_bias(bias: &Array, experts: i32, out: i32) -> Result<(), PayloadError> {
+    match *bias.shape() {
+        [e, last] if e == experts && (last == out || last == 1) => Ok(()),
+        _ => Err(PayloadError::BiasShape {
+            expected: vec![experts, out],
+            actual: bias.shape().to_vec(),
+        }),
+    }
+}
+
 /// The result of a switch layer when `x` or `indices` has a zero-size
 /// dimension, as the reference gives it: an empty array of shape
 /// `broadcast(x.shape[:-2], indices.shape) + [M, out]`, in the dtype of
@@ -292,7 +308,7 @@ pub(crate) fn empty_switch_output(
         });
     }
     let batch = &shape[..shape.len() - 2];
-    let mut out = broadcast_shapes(batch, indices.shape()).ok_or_else(|| {
+    let mut out = crate::shape::broadcast(batch, indices.shape()).ok_or_else(|| {
         LayerError::Mlx(ffi::MlxError {
             op: "gather",
             message: format!(
@@ -307,20 +323,6 @@ pub(crate) fn empty_switch_output(
         &Array::from_slice(&[0u32], &[1]),
     )?;
     Ok(ffi::array_from_bytes(&[], &out, probe.dtype())?)
-}
-
-/// NumPy's broadcasting of two shapes (MLX's `broadcast_shapes`).
-pub(crate) fn broadcast_shapes(a: &[i32], b: &[i32]) -> Option<Vec<i32>> {
-    let n = a.len().max(b.len());
-    let at = |s: &[i32], i: usize| (i + s.len()).checked_sub(n).map_or(1, |j| s[j]);
-    (0..n)
-        .map(|i| match (at(a, i), at(b, i)) {
-            (x, y) if x == y => Some(x),
-            (1, y) => Some(y),
-            (x, 1) => Some(x),
-            _ => None,
-        })
-        .collect()
 }
 
 /// Every index in `0..num_experts`, checked on the host.

@@ -39,9 +39,10 @@ def _q_install(layer, weight, scales, biases, bias):
 
 def _q_linear(weight, scales, biases, bias, mode, bits, group_size):
     """`mlx.nn.QuantizedLinear` (mlx 0.32.2), built by its own __init__, then
-    holding exactly these tensors (as `load_weights` would install them)."""
+    holding exactly these tensors (as `load_weights` would install them;
+    a weight with leading batch axes is installed as given)."""
     import mlx.nn as nn
-    out_dims, packed = weight.shape
+    *_, out_dims, packed = weight.shape
     layer = nn.QuantizedLinear(packed * 32 // bits, out_dims, bias=bias is not None,
                                group_size=group_size, bits=bits, mode=mode)
     return _q_install(layer, weight, scales, biases, bias)

@@ -33,6 +33,7 @@ use crate::inputs::Inputs;
 use crate::reference::quantized::QuantizedTensors;
 use crate::relation::Relation;
 
+pub mod accepted;
 pub mod adapters;
 pub mod checkpoint;
 pub mod embedding;
@@ -58,6 +59,7 @@ pub fn descriptions() -> Vec<crate::families::describe::Described> {
     cases.extend(global_scale::descriptions());
     cases.extend(adapters::descriptions());
     cases.extend(refused::descriptions());
+    cases.extend(accepted::descriptions());
     cases
 }
 
