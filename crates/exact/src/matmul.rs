@@ -331,7 +331,7 @@ pub fn add_bias(y: &[Tracked], bias: &[f64], t: Float) -> Vec<Tracked> {
 
 /// The LoRA residual as mlx-lm's `LoRALinear.__call__` writes it:
 /// `y + (scale * ((x @ lora_a) @ lora_b)).astype(x.dtype)`; `lora_a`
-/// `[K, r]`, `lora_b` `[r, N]`. `z_dtype` is the dtype of `x @ lora_a`
+/// `[K, r]`, `lora_b` `[r, N]` or `[r, 1]` (broadcast over the outputs). `z_dtype` is the dtype of `x @ lora_a`
 /// (the promotion of x's and the adapters' dtypes); the Python float scale
 /// is cast to it (a weak scalar); `out` is the promotion of `y` and `x`.
 #[allow(clippy::too_many_arguments)]
@@ -359,17 +359,26 @@ pub fn lora_residual(
     let xt: Vec<Tracked> = x.iter().map(|&v| Tracked::exact(v)).collect();
     let t = matmul(&xt, lora_a, k, rank, z_dtype, model)?;
     let z = matmul(&t, lora_b, rank, n, z_dtype, model)?;
-    if z.len() != y.len() {
-        return err(format!(
-            "LoRA delta of {} values for an output of {}",
-            z.len(),
-            y.len()
-        ));
-    }
+    // A `lora_b` of one column ([r, 1]) broadcasts its one delta per row
+    // over the row's outputs, as the add broadcasts it.
+    let per_delta = match (z.len(), n) {
+        (len, _) if len == y.len() => 1,
+        (len, 1) if len > 0 && y.len().is_multiple_of(len) => y.len() / len,
+        _ => {
+            return err(format!(
+                "LoRA delta of {} values for an output of {}",
+                z.len(),
+                y.len()
+            ))
+        }
+    };
     let s = Tracked::exact(scale).round(z_dtype);
     Ok(y.iter()
-        .zip(&z)
-        .map(|(y, z)| y.add(s.mul(*z).round(z_dtype).round(x_dtype)).round(out))
+        .enumerate()
+        .map(|(i, y)| {
+            let z = z[i / per_delta];
+            y.add(s.mul(z).round(z_dtype).round(x_dtype)).round(out)
+        })
         .collect())
 }
 

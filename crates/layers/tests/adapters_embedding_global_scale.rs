@@ -116,14 +116,33 @@ fn bad_adapter_directories_are_typed_errors() {
         AdapterSet::open(dir.path(), AdapterFormat::MlxLm).unwrap_err(),
         AdapterError::InvalidValue { .. }
     ));
-    // Half an adapter.
+    // Half an adapter: without A (random in the reference) refused; without
+    // B loaded with B's zeros, as the reference loads it.
     let dir = tempdir();
-    write_dir(dir.path(), lm_config(4), &[("m.lora_a", &a)]);
+    write_dir(dir.path(), lm_config(4), &[("m.lora_b", &b)]);
     let e = AdapterSet::open(dir.path(), AdapterFormat::MlxLm).unwrap_err();
     assert!(
-        matches!(&e, AdapterError::HalfAdapter { missing, .. } if missing == "m.lora_b"),
+        matches!(&e, AdapterError::HalfAdapter { missing, .. } if missing == "m.lora_a"),
         "{e}"
     );
+    let dir = tempdir();
+    write_dir(dir.path(), lm_config(4), &[("m.lora_a", &a)]);
+    let set = AdapterSet::open(dir.path(), AdapterFormat::MlxLm).unwrap();
+    let zero_b = set.get("m").unwrap().lora_b();
+    assert_eq!(
+        (zero_b.shape(), zero_b.dtype()),
+        (&[4, 1][..], mlx_rs::Dtype::Float32)
+    );
+    // mlx-vlm keeps a tensor that is no adapter matrix aside (strict=False).
+    let dir = tempdir();
+    write_dir(
+        dir.path(),
+        lm_config(4),
+        &[("m.lora_a", &a), ("m.lora_b", &b), ("optimizer.step", &b)],
+    );
+    let set = AdapterSet::open(dir.path(), AdapterFormat::MlxVlm).unwrap();
+    assert_eq!(set.extra_tensors(), ["optimizer.step"]);
+    assert_eq!(set.adapters().len(), 1);
     // A rank other than the config's.
     let dir = tempdir();
     write_dir(

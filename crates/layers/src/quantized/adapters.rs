@@ -125,8 +125,9 @@ pub enum AdapterError {
     /// The weights file could not be read.
     #[error(transparent)]
     Weights(#[from] CheckpointError),
-    /// A tensor whose name is not `<module>.<a>` / `<module>.<b>` of this
-    /// format.
+    /// A tensor of an mlx-lm file whose name is not `<module>.lora_a` /
+    /// `<module>.lora_b` (mlx-lm's `load_adapters` raises too). mlx-vlm
+    /// files keep such tensors aside ([`AdapterSet::extra_tensors`]).
     #[error("{}: tensor `{name}` is not an adapter parameter of the {format:?} format (expected names ending in .{a} and .{b})", .file.display())]
     UnexpectedTensor {
         /// The file.
@@ -140,7 +141,9 @@ pub enum AdapterError {
         /// The B-matrix suffix.
         b: &'static str,
     },
-    /// A module with only one of its two matrices.
+    /// A module with a B matrix but no A: the reference keeps A's random
+    /// initialisation (reference undefined). A module with an A but no B
+    /// is loaded with B's initialisation, zeros, as the reference loads it.
     #[error("{}: module `{module}` has `{present}` but no `{missing}`", .file.display())]
     HalfAdapter {
         /// The file.
@@ -192,6 +195,7 @@ pub struct AdapterSet {
     scale: f32,
     scale_f64: f64,
     adapters: BTreeMap<String, LoraAdapter>,
+    extra_tensors: Vec<String>,
 }
 
 impl AdapterSet {
@@ -224,6 +228,7 @@ impl AdapterSet {
         let weights_path = dir.join(ADAPTER_WEIGHTS);
         let weights = SafetensorsFile::open(&weights_path)?;
         let mut halves: BTreeMap<String, (Option<String>, Option<String>)> = BTreeMap::new();
+        let mut extra_tensors = Vec::new();
         for (name, _) in weights.tensors() {
             let (module, leaf) = name.rsplit_once('.').unwrap_or(("", name));
             let slot = halves.entry(module.to_string()).or_default();
@@ -231,6 +236,9 @@ impl AdapterSet {
                 slot.0 = Some(name.to_string());
             } else if leaf == b && !module.is_empty() {
                 slot.1 = Some(name.to_string());
+            } else if format != AdapterFormat::MlxLm {
+                // mlx-vlm's `load_weights(strict=False)`: see `extra_tensors`.
+                extra_tensors.push(name.to_string());
             } else {
                 return Err(AdapterError::UnexpectedTensor {
                     file: weights_path.clone(),
@@ -244,24 +252,34 @@ impl AdapterSet {
         let mut adapters = BTreeMap::new();
         for (module, (a_name, b_name)) in halves {
             let (a_name, b_name) = match (a_name, b_name) {
-                (Some(x), Some(y)) => (x, y),
-                (Some(x), None) | (None, Some(x)) => {
-                    let missing = if x.ends_with(&format!(".{a}")) {
-                        format!("{module}.{b}")
-                    } else {
-                        format!("{module}.{a}")
-                    };
+                (Some(x), y) => (x, y),
+                (None, Some(y)) => {
+                    // lora_a would keep its random initialisation.
                     return Err(AdapterError::HalfAdapter {
                         file: weights_path.clone(),
+                        missing: format!("{module}.{a}"),
                         module,
-                        present: x,
-                        missing,
+                        present: y,
                     });
                 }
                 (None, None) => continue,
             };
             let lora_a = weights.array(&a_name)?;
-            let lora_b = weights.array(&b_name)?;
+            let lora_b = match &b_name {
+                Some(name) => weights.array(name)?,
+                // The B matrix keeps its initialisation, zeros [r, out] in
+                // float32; one zero column [r, 1] adds the same +0.0 to
+                // every output (the layer broadcasts it, `LoraAdapter::fits`).
+                None => mlx_rs::ops::zeros_dtype(
+                    &[lora_a.shape().get(1).copied().unwrap_or(0), 1],
+                    mlx_rs::Dtype::Float32,
+                )
+                .map_err(|e| AdapterError::Adapter {
+                    module: module.clone(),
+                    source: Box::new(LayerError::Mlx(e.into())),
+                })?,
+            };
+            let b_name = b_name.unwrap_or_else(|| format!("{module}.{b} (absent: zeros)"));
             for (tensor, shape, axis) in
                 [(&a_name, lora_a.shape(), 1), (&b_name, lora_b.shape(), 0)]
             {
@@ -289,6 +307,7 @@ impl AdapterSet {
             scale,
             scale_f64,
             adapters,
+            extra_tensors,
         })
     }
 
@@ -315,6 +334,16 @@ impl AdapterSet {
     /// Module paths with their adapters, sorted.
     pub fn adapters(&self) -> &BTreeMap<String, LoraAdapter> {
         &self.adapters
+    }
+
+    /// Tensors of an mlx-vlm file that are no adapter matrix, by name. The
+    /// reference loads the file with `load_weights(strict=False)`: a name
+    /// that matches no parameter of its model is ignored, one that matches
+    /// a parameter **replaces** it. The port has no model: the engine must
+    /// check these names against its own (an empty list is the common case).
+    /// mlx-lm refuses such tensors ([`AdapterError::UnexpectedTensor`]).
+    pub fn extra_tensors(&self) -> &[String] {
+        &self.extra_tensors
     }
 
     /// The adapter of module `path`.

@@ -250,7 +250,8 @@ impl QuantizedLinear {
     /// # Errors
     /// [`LayerError::DuplicateAdapter`] if `name` is attached,
     /// [`LayerError::AdapterShape`] unless `lora_a` is `[in, r]` and `lora_b`
-    /// `[r, out]`.
+    /// `[r, out]` (or `[r, 1]`, broadcast over the outputs as the reference
+    /// broadcasts it: [`LoraAdapter::fits`]).
     pub fn attach_adapter(
         &mut self,
         name: impl Into<String>,
@@ -300,9 +301,7 @@ impl QuantizedLinear {
     }
 
     fn check_adapter(&self, name: &str, adapter: &LoraAdapter) -> Result<(), LayerError> {
-        if adapter.in_features() != self.in_features()
-            || adapter.out_features() != self.out_features()
-        {
+        if !adapter.fits(self.in_features(), self.out_features()) {
             return Err(LayerError::AdapterShape {
                 name: name.to_owned(),
                 in_features: self.in_features(),

@@ -94,6 +94,15 @@ impl LoraAdapter {
         self.lora_b.shape()[1]
     }
 
+    /// Whether the adapter fits a layer `in -> out`: `lora_a` `[in, r]` and
+    /// `lora_b` `[r, out]`, or `[r, 1]`, whose one output column the
+    /// reference's `y + residual` (and `weight + delta` in `fuse`)
+    /// broadcasts over every output.
+    pub fn fits(&self, in_features: i32, out_features: i32) -> bool {
+        self.in_features() == in_features
+            && (self.out_features() == out_features || self.out_features() == 1)
+    }
+
     /// `(scale * ((x @ lora_a) @ lora_b)).astype(x.dtype)` for `x` `[.., in]`;
     /// result `[.., out]` in `x`'s dtype.
     ///
@@ -132,9 +141,7 @@ pub fn fused_weight(
     linear: &super::QuantizedLinear,
     adapter: &LoraAdapter,
 ) -> Result<Array, LayerError> {
-    if adapter.in_features() != linear.in_features()
-        || adapter.out_features() != linear.out_features()
-    {
+    if !adapter.fits(linear.in_features(), linear.out_features()) {
         return Err(LayerError::AdapterShape {
             name: "fuse".to_owned(),
             in_features: linear.in_features(),

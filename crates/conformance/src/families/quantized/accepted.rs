@@ -2,8 +2,9 @@
 //! refused while the reference's layer computes with them
 //! (`crates/layers/REFUSALS.md`, "Gaps closed"): additive biases that
 //! broadcast (a scalar, `[1]`, `[1, N]`, one row per input row, one that
-//! widens the output), a quantized weight with a leading batch axis, an
-//! integer weight in a float `Linear`, and a per-expert bias `[E, 1]`.
+//! widens the output), a quantized weight with a leading batch axis, a LoRA
+//! `lora_b` of one output column, an integer weight in a float `Linear`,
+//! and a per-expert bias `[E, 1]`.
 //!
 //! The reference holds exactly these tensors (its glue installs them on a
 //! layer its own `__init__` built, as `load_weights` would without its
@@ -13,7 +14,7 @@
 //! float layers). Inputs and tensors are perturbed under `--perturb`.
 
 use layers::dense::{Linear, SwitchLinear};
-use layers::quantized::QuantizedLinear;
+use layers::quantized::{LoraAdapter, QuantizedLinear};
 use oracle::{DType, HostTensor};
 
 use super::{activation, affine, host, layer_tensors, port, quantized_weight};
@@ -33,12 +34,14 @@ pub const ACCEPTED: &[(&str, &str)] = &[
     ("quantized/accepted/bias-per-row-2xN", QUANTIZED),
     ("quantized/accepted/bias-widens-2x1xN", QUANTIZED),
     ("quantized/accepted/weight-batched-1xNxP", QUANTIZED),
+    ("quantized/accepted/lora-b-rx1", LORA),
     ("float/accepted/linear-int32-weight", LINEAR),
     ("float/accepted/linear-bias-per-row-2xN", LINEAR),
     ("float/accepted/switch-bias-Ex1", SWITCH),
 ];
 
 const QUANTIZED: &str = "mlx.nn.QuantizedLinear.__call__ holding the tensors (mlx 0.32.2)";
+const LORA: &str = "mlx_lm.tuner.lora.LoRALinear.__call__ around mlx.nn.QuantizedLinear, holding the tensors (mlx-lm 0.32.2)";
 const LINEAR: &str = "mlx.nn.Linear.__call__ holding the tensors (mlx 0.32.2)";
 const SWITCH: &str =
     "mlx_lm.models.switch_layers.SwitchLinear.__call__ holding the tensors (mlx-lm 0.32.2)";
@@ -91,7 +94,7 @@ fn quantized(
         "bias-1xN" => Some(&[1, N]),
         "bias-per-row-2xN" => Some(&[2, N]),
         "bias-widens-2x1xN" => Some(&[2, 1, N]),
-        "weight-batched-1xNxP" => None,
+        "weight-batched-1xNxP" | "lora-b-rx1" => None,
         other => return Err(CaseError::Harness(format!("no accepted input `{other}`"))),
     };
     let bias = bias_shape.map(|s| activation(inputs, DType::Bfloat16, s));
@@ -107,6 +110,16 @@ fn quantized(
         tensors.scales = batched(&tensors.scales)?;
         tensors.biases = tensors.biases.as_ref().map(batched).transpose()?;
     }
+    // lora_b [r, 1]: one output column, broadcast over the 32 outputs.
+    let adapters: Vec<reference::quantized::Adapter> = if tail == "lora-b-rx1" {
+        vec![reference::quantized::Adapter {
+            lora_a: inputs.uniform(DType::Float32, &[K, 4], 0.1),
+            lora_b: inputs.uniform(DType::Float32, &[4, 1], 0.1),
+            scale: 2.0,
+        }]
+    } else {
+        Vec::new()
+    };
     let y = QuantizedLinear::from_arrays(
         tensors.weight.to_array(),
         tensors.scales.to_array(),
@@ -114,9 +127,20 @@ fn quantized(
         tensors.spec,
         tensors.bias.as_ref().map(HostTensor::to_array),
     )
-    .and_then(|layer| layer.forward(&x.to_array()))
+    .and_then(|mut layer| {
+        for (i, a) in adapters.iter().enumerate() {
+            let adapter =
+                LoraAdapter::new(a.lora_a.to_array(), a.lora_b.to_array(), a.scale as f32)?;
+            layer.attach_adapter(format!("a{i}"), adapter)?;
+        }
+        layer.forward(&x.to_array())
+    })
     .map_err(port)?;
-    let expected = reference::quantized::quantized_linear_unchecked(ctx, &x, &tensors)?;
+    let expected = if adapters.is_empty() {
+        reference::quantized::quantized_linear_unchecked(ctx, &x, &tensors)?
+    } else {
+        reference::quantized::quantized_lora(ctx, &x, &tensors, &adapters)?
+    };
     let mut out = CaseOutput::new("mlx.core");
     out.compare("y", &host(&y)?, &expected);
     Ok(out)

@@ -68,6 +68,9 @@ pub enum AdapterCase {
         spec: QuantSpec,
         dtype: DType,
     },
+    /// Must-equal: as `Load` (affine 4-bit gs64, f32), with the written
+    /// file edited before either side reads it ([`EDITS`]).
+    Edited { library: Library, edit: String },
     /// Finding: the legacy mlx-vlm fuse.
     LegacyFuse {
         #[serde(with = "crate::families::describe::spec")]
@@ -87,7 +90,19 @@ impl Params for AdapterCase {
                     Library::MlxVlm => VLM_REFERENCE,
                     Library::MlxVlmLegacy => LEGACY_REFERENCE,
                 };
-                Case::must_equal(name, FAMILY, reference, move |ctx| run(ctx, library, spec, dtype))
+                Case::must_equal(name, FAMILY, reference, move |ctx| {
+                    run(ctx, library, spec, dtype, None)
+                })
+            }
+            AdapterCase::Edited { library, edit } => {
+                let reference = match library {
+                    Library::MlxLm => LM_REFERENCE,
+                    Library::MlxVlm => VLM_REFERENCE,
+                    Library::MlxVlmLegacy => LEGACY_REFERENCE,
+                };
+                Case::must_equal(name, FAMILY, reference, move |ctx| {
+                    run(ctx, library, affine(4, 64), DType::Float32, Some(&edit))
+                })
             }
             AdapterCase::LegacyFuse { spec } => {
                 Case::finding(name, FAMILY, LEGACY_REFERENCE, move |ctx| legacy_fuse(ctx, spec))
@@ -124,6 +139,15 @@ pub(super) fn descriptions() -> Vec<Described> {
             ));
         }
     }
+    for &(library, edit) in EDITS {
+        cases.push(described(
+            format!("{FAMILY}/{}/edited/{edit}", library.as_str()),
+            &AdapterCase::Edited {
+                library,
+                edit: edit.into(),
+            },
+        ));
+    }
     let spec = affine(4, 64);
     cases.push(described(
         format!("{FAMILY}/mlx-vlm-legacy/{spec}/legacy-fuse"),
@@ -134,6 +158,50 @@ pub(super) fn descriptions() -> Vec<Described> {
         &AdapterCase::ScaleConvention,
     ));
     cases
+}
+
+/// Edits of a written adapter file the reference still loads (its
+/// `load_weights(strict=False)`): the first module's B matrix removed (it
+/// keeps its zero initialisation), or a tensor that names nothing in the
+/// model added (ignored).
+pub const EDITS: &[(Library, &str)] = &[
+    (Library::MlxLm, "without-lora-b"),
+    (Library::MlxVlm, "without-lora-b"),
+    (Library::MlxVlmLegacy, "without-lora-b"),
+    (Library::MlxVlm, "extra-tensor"),
+    (Library::MlxVlmLegacy, "extra-tensor"),
+];
+
+/// Rewrites the adapter file of `s` with `edit` applied.
+fn edit_file(s: &Setup, library: Library, edit: &str) -> Result<(), CaseError> {
+    let path = s.dir().join("adapters.safetensors");
+    let file = layers::checkpoint::SafetensorsFile::open(&path).map_err(port)?;
+    let b = match library {
+        Library::MlxVlmLegacy => "B",
+        Library::MlxLm | Library::MlxVlm => "lora_b",
+    };
+    let first = &s.paths[0].0;
+    let mut arrays = Vec::new();
+    for (name, _) in file.tensors() {
+        if edit == "without-lora-b" && name == format!("{first}.{b}") {
+            continue;
+        }
+        arrays.push((name.to_owned(), file.array(name).map_err(port)?));
+    }
+    match edit {
+        "without-lora-b" if arrays.len() == file.tensors().count() => {
+            return Err(CaseError::Harness(format!("no `{first}.{b}` in the file")))
+        }
+        "without-lora-b" => {}
+        "extra-tensor" => arrays.push((
+            "trainer_state.step".to_owned(),
+            mlx_rs::Array::from_slice(&[7.0f32], &[1]),
+        )),
+        other => return Err(CaseError::Harness(format!("no edit `{other}`"))),
+    }
+    drop(file);
+    let named: Vec<(&str, &mlx_rs::Array)> = arrays.iter().map(|(n, a)| (n.as_str(), a)).collect();
+    layers::checkpoint::write_arrays(&path, &named).map_err(port)
 }
 
 /// `[in, out]` of each key for a spec: q_proj K → 64, down_proj 2K → K.
@@ -282,8 +350,12 @@ fn run(
     library: Library,
     spec: QuantSpec,
     dtype: DType,
+    edit: Option<&str>,
 ) -> Result<CaseOutput, CaseError> {
     let s = setup(ctx, library, spec, dtype)?;
+    if let Some(edit) = edit {
+        edit_file(&s, library, edit)?;
+    }
     let set = AdapterSet::open(s.dir(), format_of(library)).map_err(port)?;
     if set.adapters().len() != s.paths.len() {
         return Err(CaseError::Port(format!(
