@@ -105,17 +105,6 @@ impl<'a> Obj<'a> {
         }
     }
 
-    /// A boolean, or `None` when absent.
-    pub(crate) fn opt_bool(&self, k: &str) -> Result<Option<bool>, ConfigError> {
-        match self.get(k) {
-            None => Ok(None),
-            Some(v) => v
-                .as_bool()
-                .map(Some)
-                .ok_or_else(|| self.wrong(k, "a boolean", v)),
-        }
-    }
-
     /// A list of non-negative integers, or `None` when absent.
     pub(crate) fn opt_usize_list(&self, k: &str) -> Result<Option<Vec<usize>>, ConfigError> {
         match self.get(k) {

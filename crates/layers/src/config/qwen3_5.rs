@@ -66,7 +66,10 @@ impl RopeTheta {
 /// after `__post_init__`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Qwen3_5RopeParameters {
-    /// `type` (or `rope_type`, renamed by the reference).
+    /// `type` (or `rope_type`, renamed by the reference). The reference
+    /// only checks that the key is present and never reads its value (the
+    /// rotary is always interleaved): a value that is not a string is kept
+    /// as its JSON text.
     pub rope_type: String,
     /// `rope_theta`.
     pub rope_theta: RopeTheta,
@@ -74,7 +77,9 @@ pub struct Qwen3_5RopeParameters {
     pub partial_rotary_factor: f64,
     /// `mrope_section` (t, h, w frequencies).
     pub mrope_section: Vec<usize>,
-    /// `mrope_interleaved`, when present (not read by the reference).
+    /// `mrope_interleaved`, when present as a bool (not read by the
+    /// reference, so a value of another type is accepted and kept as
+    /// `None`).
     pub mrope_interleaved: Option<bool>,
 }
 
@@ -448,7 +453,8 @@ fn rope_parameters(text: &Obj<'_>, v: &Value) -> Result<Qwen3_5RopeParameters, C
     }
     let rope_type = match rope.get(type_key) {
         Some(Value::String(s)) => s.clone(),
-        Some(other) => return Err(rope.wrong(type_key, "a string", other)),
+        // Never read by the reference: any value loads there.
+        Some(other) => other.to_string(),
         None => unreachable!("checked above"),
     };
     let rope_theta = match rope.get("rope_theta") {
@@ -463,12 +469,15 @@ fn rope_parameters(text: &Obj<'_>, v: &Value) -> Result<Qwen3_5RopeParameters, C
             }
         },
         Some(Value::Number(n)) => RopeTheta::Float(n.as_f64().unwrap_or(f64::NAN)),
+        // A Python bool is an int: `True ** x` is 1 (and `False` 0, which
+        // the rotary's base check then refuses, as its NaN angles deserve).
+        Some(Value::Bool(b)) => RopeTheta::Int(i64::from(*b)),
         Some(other) => return Err(rope.wrong("rope_theta", "a number", other)),
         None => unreachable!("checked above"),
     };
     let partial_rotary_factor = rope.opt_f64("partial_rotary_factor")?.unwrap_or_default();
     let mrope_section = rope.opt_usize_list("mrope_section")?.unwrap_or_default();
-    let mrope_interleaved = rope.opt_bool("mrope_interleaved")?;
+    let mrope_interleaved = rope.get("mrope_interleaved").and_then(Value::as_bool);
     Ok(Qwen3_5RopeParameters {
         rope_type,
         rope_theta,

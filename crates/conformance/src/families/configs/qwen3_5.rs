@@ -37,7 +37,7 @@ const PROMPT: [Piece; 5] = [
 /// reference does.
 const VARIANT_BASE: &str = "Qwen3.5-0.8B";
 type Edit = fn(&mut Json);
-const VARIANTS: [(&str, Edit); 5] = [
+const VARIANTS: [(&str, Edit); 7] = [
     // rope_theta as a JSON float (every shipped config writes an integer).
     ("theta-float", |c| {
         c["text_config"]["rope_parameters"]["rope_theta"] = Json::from(10_000_000.0)
@@ -62,6 +62,17 @@ const VARIANTS: [(&str, Edit); 5] = [
     // Half the head rotated: 128 rotary dims.
     ("partial-0.5", |c| {
         c["text_config"]["rope_parameters"]["partial_rotary_factor"] = Json::from(0.5)
+    }),
+    // Keys the reference checks for presence but never reads, with values
+    // of other types (the port once refused them: REFUSALS.md).
+    ("unread-keys-of-other-types", |c| {
+        let rope = &mut c["text_config"]["rope_parameters"];
+        rope["rope_type"] = Json::from(3);
+        rope["mrope_interleaved"] = Json::from("yes");
+    }),
+    // A Python bool is an int: base True is 1.
+    ("rope-theta-true", |c| {
+        c["text_config"]["rope_parameters"]["rope_theta"] = Json::from(true)
     }),
     // No vision_config: mlx-vlm's VisionConfig defaults (spatial_merge_size 2).
     ("no-vision-config", |c| {
