@@ -115,8 +115,15 @@ pub fn summary(report: &Report) -> String {
         + s.orphaned_snapshots.len()
         + usize::from(s.missing_snapshot_set.is_some() && s.missing_set_fails);
     let (passed, findings) = (count("pass"), count("finding"));
+    let e = &report.environment;
+    // The set was not read: say so where the reader looks, not only in report.md.
+    let unchecked = if e.snapshots_checked || e.perturb {
+        ""
+    } else {
+        " (not checked in this run: --no-snapshots or another --seed)"
+    };
     out.push_str(&format!(
-        "snapshot set {} · MLX {} · {} ({}, {})\n",
+        "snapshot set {}{unchecked} · MLX {} · {} ({}, {})\n",
         report.environment.snapshot_set,
         report.environment.mlx_version,
         report.environment.backend,

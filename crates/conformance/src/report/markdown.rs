@@ -224,6 +224,31 @@ pub fn render(report: &Report) -> String {
             f.map_or("-".into(), |f| f.to_string())
         );
     }
+    // Both-refuse cases record each side's message beside their verdict.
+    let refusals: Vec<_> = report
+        .cases
+        .iter()
+        .filter(|r| r.result.verdict != Verdict::Finding)
+        .filter_map(|r| {
+            let f = r.result.output.as_ref()?.finding.as_ref()?;
+            Some((r, f.get("port")?.as_str()?, f.get("reference")?.as_str()?))
+        })
+        .collect();
+    if !refusals.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Refusals ({}): each side's message\n",
+            refusals.len()
+        );
+        for (row, port, reference) in refusals {
+            let _ = writeln!(
+                md,
+                "- `{}` ({}): port: {port} · reference: {reference}",
+                row.result.name,
+                row.result.verdict.word()
+            );
+        }
+    }
     if let Some(vs) = &report.vs_cpu {
         let _ = writeln!(
             md,
