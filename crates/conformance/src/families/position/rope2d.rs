@@ -194,6 +194,14 @@ pub const REFUSED: &[(&str, &str, &str)] = &[
     ),
     // The 1-D form with an odd head dim: cos/sin have head_dim - 1 channels.
     ("odd-head-dim-1d", "broadcast_shapes", "OddHeadDim"),
+    // positions [1, 5, 2] for inputs of 4 patches.
+    (
+        "positions-of-another-length",
+        "broadcast_shapes",
+        "PositionIdsShape",
+    ),
+    // positions [4]: one axis only.
+    ("positions-rank-1", "expand_dims", "Rank"),
 ];
 
 /// A `position/rope2d/refused` case as data: what is broken ([`REFUSED`]).
@@ -237,6 +245,10 @@ fn refused(ctx: &Ctx, broken: &str) -> Result<CaseOutput, CaseError> {
         "head-dim-too-small" => (2, two_axes.clone()),
         "no-position-axes" => (8, int32_tensor(&[], &[1, 4, 0])),
         "odd-head-dim-1d" => (7, int32_tensor(&[0, 1, 2, 3], &[1, 4])),
+        "positions-of-another-length" => {
+            (8, int32_tensor(&[0, 0, 1, 0, 0, 1, 1, 1, 2, 0], &[1, 5, 2]))
+        }
+        "positions-rank-1" => (8, int32_tensor(&[0, 1, 2, 3], &[4])),
         other => return Err(CaseError::Harness(format!("no breakage `{other}`"))),
     };
     let x = inputs.uniform(DType::Float32, &[1, 4, 2, head_dim], 2.0);

@@ -1,5 +1,6 @@
 //! `position/mrope/refused`: mRoPE configurations both sides refuse, applied
-//! to a text prompt of 4 tokens (q `[1, 2, 4, 32]`, k `[1, 1, 4, 32]`, f32).
+//! to a text prompt of 4 tokens (q `[1, 2, 4, 32]`, k `[1, 1, 4, 32]`, f32),
+//! and q / positions both sides refuse, applied directly.
 //! The proof mode gives the reference a valid configuration (head_dim 32,
 //! section `[6, 5, 5]`: its 16 frequencies), on which it computes.
 
@@ -27,6 +28,14 @@ pub const REFUSED: &[(&str, &str, &str)] = &[
         "broadcast_shapes",
         "RotaryDimExceedsHeadDim",
     ),
+    // Positions [1, 5] for q and k of 4 tokens (the direct apply).
+    (
+        "position-ids-of-another-length",
+        "broadcast_shapes",
+        "PositionIdsShape",
+    ),
+    // q [2, 4, 48]: three axes, 16 pass-through channels (the direct apply).
+    ("q-three-axes", "concatenate", "Rank"),
 ];
 
 /// A refused mRoPE configuration as data ([`REFUSED`]).
@@ -71,6 +80,9 @@ fn run(ctx: &Ctx, broken: &str) -> Result<CaseOutput, CaseError> {
     let (config_head_dim, section): (usize, &[usize]) = match broken {
         "section-of-two" => (HEAD_DIM, &[8, 8]),
         "rotary-dim-past-head-dim" => (2 * HEAD_DIM, &[11, 11, 10]),
+        "position-ids-of-another-length" | "q-three-axes" => {
+            return run_direct(ctx, broken, expected, variant)
+        }
         other => return Err(CaseError::Harness(format!("no breakage `{other}`"))),
     };
     let mut inputs = ctx.inputs();
@@ -114,6 +126,69 @@ fn run(ctx: &Ctx, broken: &str) -> Result<CaseOutput, CaseError> {
             },
             path.as_str(),
         ),
+        expected,
+    )?;
+    refusal_output(path.as_str(), port_said, reference)
+}
+
+/// A breakage of the tensors rather than the rotary: the port's apply and
+/// the reference's `apply_rotary` on the same q, k and positions (the
+/// proof gives the reference the unbroken tensors).
+fn run_direct(
+    ctx: &Ctx,
+    broken: &str,
+    expected: &str,
+    variant: &str,
+) -> Result<CaseOutput, CaseError> {
+    let mut inputs = ctx.inputs();
+    let (q_shape, bad_q_shape, bad_len): (&[usize], &[usize], usize) = match broken {
+        "position-ids-of-another-length" => (&[1, 2, 4, 32], &[1, 2, 4, 32], 5),
+        _ => (&[1, 2, 4, 48], &[2, 4, 48], 4),
+    };
+    let q = inputs.uniform(DType::Float32, q_shape, 1.0);
+    let bad_q = oracle::HostTensor::new(DType::Float32, bad_q_shape.to_vec(), q.bytes.clone())?;
+    let k = inputs.uniform(DType::Float32, &[1, 1, 4, 32], 1.0);
+    let positions = inputs.integers(DType::Int32, &[1, 4], 0, 100);
+    let bad_positions = inputs.integers(DType::Int32, &[1, bad_len], 0, 100);
+    let path = mrope_path(ctx)?;
+    let rotary = (HEAD_DIM, 1.0, THETA, VALID_SECTION);
+    let port_said = port_refused(
+        Mrope::new(MropeConfig::qwen3_5(
+            rotary.0,
+            rotary.1,
+            rotary.2,
+            rotary.3.to_vec(),
+        ))
+        .and_then(|m| {
+            m.apply_with_path(
+                path,
+                &bad_q.to_array(),
+                &k.to_array(),
+                &bad_positions.to_array(),
+            )
+        }),
+        variant,
+    )?;
+    let (given_q, given_positions) = if ctx.perturbed() {
+        (&q, &positions)
+    } else {
+        (&bad_q, &bad_positions)
+    };
+    let reference = reference::refusal(
+        reference::position::position_mrope_apply(
+            ctx,
+            given_q,
+            &k,
+            given_positions,
+            reference::position::Rotary {
+                head_dim: rotary.0,
+                partial_rotary_factor: rotary.1,
+                rope_theta: rotary.2,
+                mrope_section: &rotary.3,
+            },
+            path.as_str(),
+        )
+        .map(|r| r.q),
         expected,
     )?;
     refusal_output(path.as_str(), port_said, reference)
