@@ -215,19 +215,14 @@ fn both_refuse(ctx: &Ctx, form: &str) -> Result<CaseOutput, CaseError> {
         reference::checkpoint::safetensors_load(ctx, reference_path),
         expected,
     )?;
-    let port = match SafetensorsFile::open(&path) {
-        Err(e) if format!("{e:?}").starts_with(variant) => (1u8, e.to_string()),
-        Err(other) => return Err(port(other)),
-        Ok(_) => (0, "computed".to_owned()),
-    };
-    let mut out = CaseOutput::new("mlx.core");
-    let flag = HostTensor::new(oracle::DType::Uint8, vec![1], vec![port.0])?;
-    out.compare("refused", &flag, &reference.refused);
+    let (flag, said) =
+        crate::families::support::port_refused(SafetensorsFile::open(&path), variant)?;
     let shown = |m: &str| m.replace(&path.display().to_string(), "<file>");
-    Ok(out.with_finding(serde_json::json!({
-        "port": shown(&port.1),
-        "reference": shown(&reference.message),
-    })))
+    let reference = reference::Refusal {
+        message: shown(&reference.message),
+        ..reference
+    };
+    crate::families::support::refusal_output(ctx, "mlx.core", (flag, shown(&said)), reference)
 }
 
 /// `shape-2e62x4-no-data`: what `mx.load` returns, and what the port says.

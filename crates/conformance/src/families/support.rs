@@ -42,19 +42,39 @@ pub(crate) fn port_refused<T, E: std::fmt::Debug + std::fmt::Display>(
     variant: &str,
 ) -> Result<(u8, String), CaseError> {
     match result {
-        Err(e) if format!("{e:?}").contains(variant) => Ok((1, e.to_string())),
+        Err(e) if names_variant(&format!("{e:?}"), variant) => Ok((1, e.to_string())),
         Err(other) => Err(port(other)),
         Ok(_) => Ok((0, "computed".to_owned())),
     }
 }
 
+/// Whether an error's Debug form names `variant` as a whole identifier
+/// (`Payload(BiasShape { .. })` names `BiasShape` and `Payload`, not
+/// `Bias`): a short variant name must not match a longer one.
+pub(crate) fn names_variant(debug: &str, variant: &str) -> bool {
+    !variant.is_empty()
+        && debug
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .any(|word| word == variant)
+}
+
 /// A refusal case's output: "refused" compared (uint8 `[1]`), and each
 /// side's message in the report.
+///
+/// An unperturbed run where neither side refused is an error, not a pass:
+/// the case's breakage no longer breaks anything, so it tests no refusal
+/// (the proof mode hands the reference a valid twin on purpose).
 pub(crate) fn refusal_output(
+    ctx: &crate::case::Ctx,
     path: &str,
     port_said: (u8, String),
     reference: crate::reference::Refusal,
 ) -> Result<crate::case::CaseOutput, CaseError> {
+    if !ctx.perturbed() && port_said.0 == 0 && !reference.raised {
+        return Err(CaseError::Harness(
+            "both sides computed: this input is no refusal; fix the case's breakage".into(),
+        ));
+    }
     let mut out = crate::case::CaseOutput::new(path);
     let flag = HostTensor::new(DType::Uint8, vec![1], vec![port_said.0])?;
     out.compare("refused", &flag, &reference.refused);

@@ -464,6 +464,8 @@ pub struct Refusal {
     /// The reference's exception line (`RuntimeError: …`) up to the end of
     /// the text the case expects, or `computed`.
     pub message: String,
+    /// Whether the reference raised (the value of `refused`).
+    pub raised: bool,
 }
 
 /// What `result` (a reference call) says about refusing. A raise whose
@@ -471,6 +473,13 @@ pub struct Refusal {
 /// the case then errors instead of counting another failure as the
 /// refusal it expects.
 pub fn refusal<T>(result: Result<T, CaseError>, expected: &str) -> Result<Refusal, CaseError> {
+    // An empty text would match any exception.
+    if expected.trim().is_empty() {
+        return Err(CaseError::Harness(
+            "a refusal case needs the text the reference's exception must hold (empty given)"
+                .into(),
+        ));
+    }
     let flag = |v: u8| {
         Expected::from_reference(
             HostTensor::new(DType::Uint8, vec![1], vec![v]).expect("sized by construction"),
@@ -480,6 +489,7 @@ pub fn refusal<T>(result: Result<T, CaseError>, expected: &str) -> Result<Refusa
         Ok(_) => Ok(Refusal {
             refused: flag(0),
             message: "computed".into(),
+            raised: false,
         }),
         Err(CaseError::Reference(oracle::OracleError::Python { traceback, .. }))
             if traceback.contains(expected) =>
@@ -498,6 +508,7 @@ pub fn refusal<T>(result: Result<T, CaseError>, expected: &str) -> Result<Refusa
             Ok(Refusal {
                 refused: flag(1),
                 message,
+                raised: true,
             })
         }
         Err(e) => Err(e),

@@ -8,6 +8,7 @@ use oracle::HostTensor;
 use super::{fixed, list, one_array, opt_tensor, tensor, tensors, varied, Fields, Param, Perturb};
 use crate::case::{CaseError, Ctx, Expected};
 use crate::exactness::quantized as q;
+use crate::exactness::Calls;
 
 /// One quantized layer's tensors and spec, as the reference's layer holds
 /// them (`weight` uint32 packed, `scales`, `biases` for affine only, the
@@ -92,12 +93,21 @@ pub fn quantized_linear(
     x: &HostTensor,
     layer: &QuantizedTensors,
 ) -> Result<Expected, CaseError> {
-    const F: &str = "quantized_linear";
+    let (value, calls) = quantized_linear_call(ctx, x, layer)?;
+    let exact = calls.exact(QUANTIZED_LINEAR, |s, m| q::linear(s, m, "weight", false))?;
+    Ok(one_array(QUANTIZED_LINEAR, value)?.with_exact(exact))
+}
+
+const QUANTIZED_LINEAR: &str = "quantized_linear";
+
+fn quantized_linear_call(
+    ctx: &Ctx,
+    x: &HostTensor,
+    layer: &QuantizedTensors,
+) -> Result<(oracle::Value, Calls), CaseError> {
     let mut params = vec![tensor("x", x)];
     params.extend(layer.params());
-    let (value, calls) = ctx.call_sent(F, params)?;
-    let exact = calls.exact(F, |s, m| q::linear(s, m, "weight", false))?;
-    Ok(one_array(F, value)?.with_exact(exact))
+    ctx.call_sent(QUANTIZED_LINEAR, params)
 }
 
 /// [`quantized_linear`] for tensors the reference broadcasts (biases of
@@ -108,10 +118,7 @@ pub fn quantized_linear_unchecked(
     x: &HostTensor,
     layer: &QuantizedTensors,
 ) -> Result<Expected, CaseError> {
-    const F: &str = "quantized_linear";
-    let mut params = vec![tensor("x", x)];
-    params.extend(layer.params());
-    one_array(F, ctx.call_sent(F, params)?.0)
+    one_array(QUANTIZED_LINEAR, quantized_linear_call(ctx, x, layer)?.0)
 }
 
 /// The reference layer (LoRA-wrapped when `adapters` is not empty) called
@@ -214,15 +221,25 @@ pub fn float_linear(
     weight: &HostTensor,
     bias: Option<&HostTensor>,
 ) -> Result<Expected, CaseError> {
-    const F: &str = "float_linear";
+    let (value, calls) = float_linear_call(ctx, x, weight, bias)?;
+    let exact = calls.exact(FLOAT_LINEAR, q::float_linear)?;
+    Ok(one_array(FLOAT_LINEAR, value)?.with_exact(exact))
+}
+
+const FLOAT_LINEAR: &str = "float_linear";
+
+fn float_linear_call(
+    ctx: &Ctx,
+    x: &HostTensor,
+    weight: &HostTensor,
+    bias: Option<&HostTensor>,
+) -> Result<(oracle::Value, Calls), CaseError> {
     let params = vec![
         tensor("x", x),
         tensor("weight", weight),
         opt_tensor("bias", bias),
     ];
-    let (value, calls) = ctx.call_sent(F, params)?;
-    let exact = calls.exact(F, q::float_linear)?;
-    Ok(one_array(F, value)?.with_exact(exact))
+    ctx.call_sent(FLOAT_LINEAR, params)
 }
 
 /// [`float_linear`] for tensors the reference broadcasts or promotes (a
@@ -233,13 +250,7 @@ pub fn float_linear_unchecked(
     weight: &HostTensor,
     bias: Option<&HostTensor>,
 ) -> Result<Expected, CaseError> {
-    const F: &str = "float_linear";
-    let params = vec![
-        tensor("x", x),
-        tensor("weight", weight),
-        opt_tensor("bias", bias),
-    ];
-    one_array(F, ctx.call_sent(F, params)?.0)
+    one_array(FLOAT_LINEAR, float_linear_call(ctx, x, weight, bias)?.0)
 }
 
 /// [`float_switch`] (unsorted) for a bias the reference broadcasts (`[E,
@@ -251,15 +262,8 @@ pub fn float_switch_unchecked(
     weight: &HostTensor,
     bias: Option<&HostTensor>,
 ) -> Result<Expected, CaseError> {
-    const F: &str = "float_switch";
-    let params = vec![
-        tensor("x", x),
-        tensor("indices", indices),
-        tensor("weight", weight),
-        opt_tensor("bias", bias),
-        fixed("sort", false),
-    ];
-    one_array(F, ctx.call_sent(F, params)?.0)
+    let call = float_switch_call(ctx, x, indices, weight, bias, false)?;
+    one_array(FLOAT_SWITCH, call.0)
 }
 
 /// mlx-lm's `SwitchLinear` holding `weight` [E, N, K] and `bias`, driven
@@ -272,7 +276,21 @@ pub fn float_switch(
     bias: Option<&HostTensor>,
     sort: bool,
 ) -> Result<Expected, CaseError> {
-    const F: &str = "float_switch";
+    let (value, calls) = float_switch_call(ctx, x, indices, weight, bias, sort)?;
+    let exact = calls.exact_if_defined(FLOAT_SWITCH, q::float_switch)?;
+    Ok(one_array(FLOAT_SWITCH, value)?.with_exact(exact))
+}
+
+const FLOAT_SWITCH: &str = "float_switch";
+
+fn float_switch_call(
+    ctx: &Ctx,
+    x: &HostTensor,
+    indices: &HostTensor,
+    weight: &HostTensor,
+    bias: Option<&HostTensor>,
+    sort: bool,
+) -> Result<(oracle::Value, Calls), CaseError> {
     let params = vec![
         tensor("x", x),
         tensor("indices", indices),
@@ -280,9 +298,7 @@ pub fn float_switch(
         opt_tensor("bias", bias),
         fixed("sort", sort),
     ];
-    let (value, calls) = ctx.call_sent(F, params)?;
-    let exact = calls.exact_if_defined(F, q::float_switch)?;
-    Ok(one_array(F, value)?.with_exact(exact))
+    ctx.call_sent(FLOAT_SWITCH, params)
 }
 
 /// The outputs of a list of results (`None` items kept as `None`).

@@ -105,5 +105,5 @@ fn run(ctx: &Ctx, edit: &str) -> Result<CaseOutput, CaseError> {
     )?;
     let given = if ctx.perturbed() { &text } else { &edited };
     let reference = reference::refusal(reference::configs::config_qwen3_5(ctx, given), expected)?;
-    refusal_output("mlx-vlm", port_said, reference)
+    refusal_output(ctx, "mlx-vlm", port_said, reference)
 }

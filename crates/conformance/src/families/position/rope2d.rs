@@ -271,5 +271,5 @@ fn refused(ctx: &Ctx, broken: &str) -> Result<CaseOutput, CaseError> {
         reference::position::position_rope2d(ctx, given_x, given_positions, BASE_FREQUENCY),
         expected,
     )?;
-    super::super::support::refusal_output("pure-mlx", port_said, reference)
+    super::super::support::refusal_output(ctx, "pure-mlx", port_said, reference)
 }

@@ -332,13 +332,7 @@ fn run_refused(ctx: &Ctx, rows: &[Vec<Piece>], refused: &Refused) -> Result<Case
         ),
         &refused.reference,
     )?;
-    let mut out = CaseOutput::new("pure-mlx");
-    let flag = oracle::HostTensor::new(oracle::DType::Uint8, vec![1], vec![port_said.0])?;
-    out.compare("refused", &flag, &reference.refused);
-    Ok(out.with_finding(serde_json::json!({
-        "port": port_said.1,
-        "reference": reference.message,
-    })))
+    crate::families::support::refusal_output(ctx, "pure-mlx", port_said, reference)
 }
 
 /// Left-pads every row to the longest; returns ids, mask and row lengths.

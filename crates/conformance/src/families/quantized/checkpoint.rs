@@ -373,7 +373,7 @@ fn refused(ctx: &Ctx, fixture: &str, edit: &str) -> Result<CaseOutput, CaseError
         expected,
     )?;
     reference.message = reference.message.replace(&shown, "<dir>");
-    crate::families::support::refusal_output("mlx-lm", port_said, reference)
+    crate::families::support::refusal_output(ctx, "mlx-lm", port_said, reference)
 }
 
 /// The activation `x` (as wide as the widest module) and expert indices

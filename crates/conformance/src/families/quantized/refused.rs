@@ -148,13 +148,7 @@ fn run(ctx: &Ctx, broken: &str) -> Result<CaseOutput, CaseError> {
         reference::quantized::quantized_linear(ctx, given_x, given),
         expected,
     )?;
-    let mut out = CaseOutput::new("mlx.core");
-    let flag = HostTensor::new(DType::Uint8, vec![1], vec![port_said.0])?;
-    out.compare("refused", &flag, &reference.refused);
-    Ok(out.with_finding(serde_json::json!({
-        "port": port_said.1,
-        "reference": reference.message,
-    })))
+    crate::families::support::refusal_output(ctx, "mlx.core", port_said, reference)
 }
 
 /// The port on the broken tensors: `(1, message)` when it refuses with
@@ -173,7 +167,9 @@ fn port_refusal(
     )
     .and_then(|layer| layer.forward(&x.to_array()));
     match result {
-        Err(e) if format!("{e:?}").contains(variant) => Ok((1, e.to_string())),
+        Err(e) if crate::families::support::names_variant(&format!("{e:?}"), variant) => {
+            Ok((1, e.to_string()))
+        }
         Err(other) => Err(super::port(other)),
         Ok(y) => {
             // Evaluated: a lazy refusal would surface here.

@@ -128,7 +128,7 @@ fn run(ctx: &Ctx, broken: &str) -> Result<CaseOutput, CaseError> {
         ),
         expected,
     )?;
-    refusal_output(path.as_str(), port_said, reference)
+    refusal_output(ctx, path.as_str(), port_said, reference)
 }
 
 /// A breakage of the tensors rather than the rotary: the port's apply and
@@ -191,5 +191,5 @@ fn run_direct(
         .map(|r| r.q),
         expected,
     )?;
-    refusal_output(path.as_str(), port_said, reference)
+    refusal_output(ctx, path.as_str(), port_said, reference)
 }
