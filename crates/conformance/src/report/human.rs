@@ -117,10 +117,10 @@ pub fn summary(report: &Report) -> String {
     let (passed, findings) = (count("pass"), count("finding"));
     let e = &report.environment;
     // The set was not read: say so where the reader looks, not only in report.md.
-    let unchecked = if e.snapshots_checked || e.perturb {
+    let unchecked = if e.snapshots_checked {
         ""
     } else {
-        " (not checked in this run: --no-snapshots or another --seed)"
+        " (not checked in this run: --perturb, --no-snapshots or another --seed)"
     };
     out.push_str(&format!(
         "snapshot set {}{unchecked} · MLX {} · {} ({}, {})\n",
