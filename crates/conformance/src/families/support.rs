@@ -83,3 +83,25 @@ pub(crate) fn refusal_output(
         "reference": reference.message,
     })))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::names_variant;
+
+    #[test]
+    fn a_variant_is_named_as_a_whole_identifier() {
+        let debug = "Payload(BiasShape { expected: [32], actual: [33] })";
+        assert!(names_variant(debug, "BiasShape"));
+        assert!(names_variant(debug, "Payload"));
+        assert!(!names_variant(debug, "Bias"));
+        assert!(!names_variant("RankMismatch { .. }", "Rank"));
+        assert!(!names_variant(debug, ""));
+    }
+
+    #[test]
+    fn an_empty_expected_text_is_refused() {
+        let computed: Result<(), crate::case::CaseError> = Ok(());
+        let err = crate::reference::refusal(computed, " ").unwrap_err();
+        assert!(err.to_string().contains("empty"), "{err}");
+    }
+}
