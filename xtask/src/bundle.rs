@@ -9,6 +9,8 @@
 //!                                 `cargo xtask conformance`
 //! bin/conformance                 the runner, built against the backend's env
 //! bin/conformance-explore         the shape explorer (`<bundle>/conformance explore …`)
+//! bin/bench-<name>                (`--benches`) the release bench targets
+//!                                 (`<bundle>/conformance bench serving`)
 //! python/lib/libpython3.X.so.1.0  the embedded interpreter's own libpython
 //! python/lib/python3.X/           its standard library (tests, tkinter, idle,
 //!                                 ensurepip and the static-build config left out)
@@ -89,6 +91,11 @@ pub struct Args {
     /// GPU of the same architecture skips NVRTC compilation.
     #[arg(long, value_name = "DIR")]
     kernel_cache: Option<PathBuf>,
+    /// Also build the bench targets (release) into `bin/bench-<name>`, run
+    /// as `<bundle>/conformance bench <name>` (e.g. `serving`, `quantized`)
+    /// on a machine with no Rust.
+    #[arg(long)]
+    benches: bool,
 }
 
 impl BundleBackend {
@@ -226,6 +233,11 @@ pub fn run(root: &Path, args: &Args) -> Result<i32> {
         env.target_dir(root).display()
     );
     let (binary, explorer) = build_runner(root, &env)?;
+    let benches = if args.benches {
+        build_benches(root, &env)?
+    } else {
+        Vec::new()
+    };
 
     // 3. The directory.
     prepare_out(&out)?;
@@ -236,6 +248,9 @@ pub fn run(root: &Path, args: &Args) -> Result<i32> {
     fs::create_dir_all(out.join("bin"))?;
     copy_file(&binary, &out.join("bin/conformance"))?;
     copy_file(&explorer, &out.join("bin/conformance-explore"))?;
+    for (name, path) in &benches {
+        copy_file(path, &out.join(format!("bin/bench-{name}")))?;
+    }
     copy_file(&libpython, &lib.join(&facts.soname))?;
     println!(
         "bundle: python {} standard library from {}",
@@ -463,6 +478,50 @@ fn build_runner(root: &Path, env: &Layout) -> Result<(PathBuf, PathBuf)> {
     ))
 }
 
+/// `cargo bench -p conformance --no-run` (release) against the backend's
+/// env; every bench target's name and executable as cargo reports them.
+fn build_benches(root: &Path, env: &Layout) -> Result<Vec<(String, PathBuf)>> {
+    let mut cmd = env.cargo(root);
+    cmd.args([
+        "bench",
+        "-p",
+        "conformance",
+        "--no-run",
+        "--message-format=json-render-diagnostics",
+    ])
+    .stdout(Stdio::piped());
+    let mut child = cmd.spawn().context("could not run cargo bench --no-run")?;
+    let mut benches = Vec::new();
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line?;
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(&line) else {
+            continue;
+        };
+        let is_bench = message["target"]["kind"]
+            .as_array()
+            .is_some_and(|k| k.iter().any(|k| k == "bench"));
+        if message["reason"] == "compiler-artifact" && is_bench {
+            if let (Some(name), Some(path)) = (
+                message["target"]["name"].as_str(),
+                message["executable"].as_str(),
+            ) {
+                benches.push((name.to_owned(), PathBuf::from(path)));
+            }
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!(
+            "cargo bench -p conformance --no-run failed (exit {})",
+            util::exit_code(status)
+        );
+    }
+    if benches.is_empty() {
+        bail!("cargo reported no bench executables");
+    }
+    Ok(benches)
+}
+
 /// Empties `out` if it is a previous bundle (or empty); refuses anything else.
 fn prepare_out(out: &Path) -> Result<()> {
     if out.exists() {
@@ -614,6 +673,7 @@ fn elf_requirements(out: &Path) -> Result<serde_json::Value> {
         if name.contains(".so")
             || file.ends_with("bin/conformance")
             || file.ends_with("bin/conformance-explore")
+            || name.starts_with("bench-")
         {
             scan(&file)?;
         }
@@ -976,6 +1036,16 @@ done
 if [ "${1:-}" = explore ]; then
     shift
     exec "$here/bin/conformance-explore" "$@"
+fi
+# `<bundle>/conformance bench NAME …` runs a bench target (`bundle --benches`).
+if [ "${1:-}" = bench ]; then
+    if [ -z "${2:-}" ] || [ ! -x "$here/bin/bench-$2" ]; then
+        echo "conformance bundle: bench ${2:-<name>}: not in this bundle; it has: $(cd "$here/bin" && ls bench-* 2>/dev/null | sed 's/^bench-//' | tr '\n' ' ')(build one with \`cargo xtask bundle --benches\`)" >&2
+        exit 3
+    fi
+    name=$2
+    shift 2
+    exec "$here/bin/bench-$name" "$@"
 fi
 exec "$here/bin/conformance" "$@"
 "#;

@@ -77,6 +77,23 @@ impl Backend {
         })
     }
 
+    /// The backend of MLX's default device now (`Device::default()`): the
+    /// CPU, or the linked GPU backend.
+    ///
+    /// # Errors
+    /// An [`Exception`] if mlx-c cannot answer, or the default device is a
+    /// GPU this libmlx cannot run.
+    pub fn of_default_device() -> Result<Backend, Exception> {
+        match mlx_rs::Device::default().get_type()? {
+            mlx_rs::DeviceType::Cpu => Ok(Backend::Cpu),
+            mlx_rs::DeviceType::Gpu => Backend::linked_gpu()?.ok_or_else(|| {
+                Exception::custom(
+                    "the default device is a GPU, and this libmlx has no usable GPU backend here",
+                )
+            }),
+        }
+    }
+
     /// The mlx-rs device that runs this backend (`Device::gpu()` for Metal
     /// and CUDA).
     pub fn device(self) -> mlx_rs::Device {

@@ -7,7 +7,8 @@
 //! | [`QuantizedLinear::forward`] | `mlx.nn.QuantizedLinear.__call__` (mlx 0.32.2), then `mlx_lm.tuner.lora.LoRALinear.__call__` (mlx-lm 0.32.2) per adapter |
 //! | [`QuantizedPayload::in_features`] | `QuantizedLinear._extra_repr` / `LoRALinear.from_base` (`packed * 32 // bits`) |
 //! | [`QuantSpec::validate`] | the checks of `mlx.core.quantize` |
-//! | [`QuantizedSwitchLinear::forward`] | `mlx_lm.models.switch_layers.QuantizedSwitchLinear.__call__` (mlx-lm 0.32.2) |
+//! | [`QuantizedSwitchLinear::forward`], [`QuantizedSwitchLinear::forward_routed`] | `mlx_lm.models.switch_layers.QuantizedSwitchLinear.__call__` (mlx-lm 0.32.2) |
+//! | [`ExpertIndices::top_k`] | `mx.argpartition(gates, kth=-k, axis=-1)[..., -k:]` in `mlx_lm.models.qwen3_moe` / `qwen3_next` (mlx-lm 0.32.2) |
 //! | [`QuantizedEmbedding::lookup`], [`QuantizedEmbedding::as_linear`] | `mlx.nn.QuantizedEmbedding.__call__`, `.as_linear` (mlx 0.32.2) |
 //! | [`QuantizedPayload::quantize_with_global_scale`] | `mlx.core.quantize(..., global_scale=)` (mlx 0.32.2) |
 //! | [`QuantizedPayload::quantize_experts_with_global_scale`] | `mlx_lm.models.switch_layers._quantize_experts` (mlx-lm 0.32.2) |
@@ -24,6 +25,7 @@ mod error;
 mod linear;
 pub mod lora;
 mod payload;
+pub mod rows_regime;
 mod spec;
 pub(crate) mod switch;
 
@@ -37,5 +39,6 @@ pub(crate) use linear::{check_bias_exact, check_bias_last_axis};
 pub use linear::{Forward, QuantizedLinear};
 pub use lora::LoraAdapter;
 pub use payload::QuantizedPayload;
+pub use rows_regime::{RowsCall, RowsLimit, RowsRegime};
 pub use spec::QuantSpec;
-pub use switch::QuantizedSwitchLinear;
+pub use switch::{ExpertIndices, QuantizedSwitchLinear};

@@ -199,6 +199,7 @@ builders!(
     super::quantized::linear::LinearCase,
     super::quantized::lora::LoraCase,
     super::quantized::rows::RowsCase,
+    super::quantized::rows_regime::RowsRegimeCase,
     super::quantized::switch::SwitchCase,
     super::quantized::checkpoint::CheckpointCase,
     super::quantized::float::FloatCase,

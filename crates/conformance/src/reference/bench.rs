@@ -104,3 +104,62 @@ pub fn position_bench_rope2d(
     ];
     seconds(F, oracle.call("bench/position", F, &[], &kwargs)?)
 }
+
+/// The decode-step stack both sides of `benches/serving.rs` build: `layers`
+/// layers of Qwen3.5-sized quantized projections (see the glue's
+/// `decode_bench` for the graph).
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeStack<'a> {
+    /// `dense` (gate/up/down MLP) or `moe` (router + switch projections).
+    pub kind: &'a str,
+    pub layers: usize,
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub intermediate: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    pub moe_intermediate: usize,
+    pub partial_rotary_factor: f64,
+    pub rope_theta: f64,
+    pub mrope_section: &'a [usize],
+    /// The decoded token's position (all three mRoPE axes).
+    pub position: i32,
+    pub spec: layers::quantized::QuantSpec,
+    /// `bfloat16`, `float16` or `float32`.
+    pub dtype: &'a str,
+    pub seed: u64,
+}
+
+/// Seconds per decode step of the reference stack.
+pub fn decode_bench(
+    oracle: &Oracle,
+    s: &DecodeStack,
+    iterations: usize,
+) -> Result<f64, OracleError> {
+    const F: &str = "decode_bench";
+    let kwargs = [
+        ("kind", Arg::from(s.kind)),
+        ("layers", Arg::from(s.layers)),
+        ("hidden", Arg::from(s.hidden)),
+        ("heads", Arg::from(s.heads)),
+        ("kv_heads", Arg::from(s.kv_heads)),
+        ("head_dim", Arg::from(s.head_dim)),
+        ("intermediate", Arg::from(s.intermediate)),
+        ("experts", Arg::from(s.experts)),
+        ("top_k", Arg::from(s.top_k)),
+        ("moe_intermediate", Arg::from(s.moe_intermediate)),
+        ("partial_rotary_factor", Arg::from(s.partial_rotary_factor)),
+        ("rope_theta", Arg::from(s.rope_theta)),
+        ("mrope_section", ints(s.mrope_section)),
+        ("position", Arg::from(s.position)),
+        ("mode", Arg::from(s.spec.mode.as_str())),
+        ("bits", Arg::from(s.spec.bits)),
+        ("group_size", Arg::from(s.spec.group_size)),
+        ("dtype", Arg::from(s.dtype)),
+        ("seed", Arg::from(s.seed as i64)),
+        ("iterations", Arg::from(iterations)),
+    ];
+    seconds(F, oracle.call("bench/serving", F, &[], &kwargs)?)
+}

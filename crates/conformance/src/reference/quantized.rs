@@ -184,6 +184,39 @@ pub fn quantized_switch(
     Ok(one_array(F, value)?.with_exact(exact))
 }
 
+/// [`quantized_switch`] (unsorted, contiguous experts) bit-compared only:
+/// for measurements that compare the reference with itself.
+pub fn quantized_switch_unchecked(
+    ctx: &Ctx,
+    x: &HostTensor,
+    indices: &HostTensor,
+    layer: &QuantizedTensors,
+) -> Result<Expected, CaseError> {
+    const F: &str = "quantized_switch";
+    let mut params = vec![tensor("x", x), tensor("indices", indices)];
+    params.extend(layer.params());
+    params.push(fixed("sort", false));
+    params.push(fixed("expert0_views", false));
+    one_array(F, ctx.call_sent(F, params)?.0)
+}
+
+/// The reference projection (as [`quantized_switch`], unsorted) called once
+/// per token of `x` `[T.., D]` / `indices` `[T.., top_k]`, tokens
+/// concatenated: what a rows-independent engine must reproduce.
+pub fn quantized_switch_rows(
+    ctx: &Ctx,
+    x: &HostTensor,
+    indices: &HostTensor,
+    layer: &QuantizedTensors,
+) -> Result<Expected, CaseError> {
+    const F: &str = "quantized_switch_rows";
+    let mut params = vec![tensor("x", x), tensor("indices", indices)];
+    params.extend(layer.params());
+    let (value, calls) = ctx.call_sent(F, params)?;
+    let exact = calls.exact_if_defined(F, q::switch)?;
+    Ok(one_array(F, value)?.with_exact(exact))
+}
+
 /// What `QuantizedSwitchLinear.__call__` does exactly as pinned.
 #[derive(Debug, Clone)]
 pub enum AsPinned {

@@ -270,6 +270,33 @@ pub enum LayerError {
         /// The number of experts.
         num_experts: i32,
     },
+    /// [`crate::quantized::ExpertIndices`] made for another number of
+    /// experts than the layer has.
+    #[error("expert indices were made for {indices_for} experts, the layer has {num_experts}: build them from this layer's router scores or with ExpertIndices::checked(ids, {num_experts})")]
+    ExpertCount {
+        /// The `num_experts` the indices were made (and checked) for.
+        indices_for: i32,
+        /// The layer's.
+        num_experts: i32,
+    },
+    /// A top-k selection that cannot be made: `k` outside `1..=E`, or
+    /// scores with no experts axis.
+    #[error("cannot take the top {k} experts of router scores {scores:?}: need scores [.., E] with 1 <= k <= E")]
+    TopK {
+        /// The `k` asked for.
+        k: i32,
+        /// The scores' shape.
+        scores: Vec<i32>,
+    },
+    /// A rows-independent switch forward of a layout it cannot split into
+    /// tokens.
+    #[error("the rows-independent switch forward takes x [T.., 1 | top_k, M, in] and indices [T.., top_k] with the same leading (token) axes; got x {x:?}, indices {indices:?} (use forward_routed for other layouts)")]
+    RowsLayout {
+        /// `x`'s shape.
+        x: Vec<i32>,
+        /// The indices' shape.
+        indices: Vec<i32>,
+    },
     /// A token id outside the embedding table.
     #[error(
         "token id {id} at flat position {position} is out of range for {num_embeddings} embeddings"

@@ -7,6 +7,7 @@ use mlx_rs::{ops, Array};
 use crate::checkpoint::{Checkpoint, LayerKind};
 use crate::ffi;
 
+use super::rows_regime::{RowsCall, RowsLimit, RowsRegime};
 use super::{LayerError, LoraAdapter, PayloadError, QuantSpec, QuantizedPayload};
 
 /// How [`QuantizedLinear::forward`] treats the rows (the M query rows) of its
@@ -23,20 +24,21 @@ pub enum Forward {
     /// row i's bits may depend on how many rows were sent.
     #[default]
     Batched,
-    /// The input is flattened to `[N, K]` and every row goes through the
-    /// whole layer (matmul, bias, LoRA) as its own `M = 1` call; the rows are
-    /// then concatenated and reshaped back. Row i's result is therefore
-    /// bit-identical to sending that row alone (the decode case), whatever M.
+    /// Every row's result is bit-identical to sending that row alone (the
+    /// decode case, M = 1), whatever M, in the fewest calls the backend
+    /// allows: the input is flattened to `[rows, K]` and sent in chunks of
+    /// at most the [`RowsRegime`]'s [`RowsCall::QuantizedMatmul`] limit for
+    /// the layer's spec and `x`'s dtype (MLX picks its kernel from the row
+    /// count, and kernels round differently); the chunks' outputs are
+    /// concatenated and reshaped back. The regime is the backend of MLX's
+    /// default device at the call, unless pinned with
+    /// [`QuantizedLinear::set_rows_regime`].
     ///
-    /// The origin ran only the quantized matmul per row and applied the LoRA
-    /// residual to the whole batch, so with adapters attached its rows were
-    /// not independent; here the residual is per row too.
-    ///
-    /// Measured on the CPU backend of MLX 0.32.2: both modes gave identical
-    /// bits for M in {2, 7, 16, 33, 64}, every mode, f32/f16/bf16, with and
-    /// without a LoRA adapter; the CPU kernels do not change with M. The mode
-    /// exists for backends that do (Metal picks a different kernel for small
-    /// M), where this cannot be measured here.
+    /// With LoRA adapters attached every row is still its own call: the
+    /// residual's float matmuls have a row regime of their own that the
+    /// table does not measure. (The origin ran only the quantized matmul
+    /// per row and applied the residual to the whole batch, so with
+    /// adapters its rows were not independent.)
     RowsIndependent,
 }
 
@@ -65,6 +67,9 @@ pub struct QuantizedLinear {
     bias: Option<Array>,
     adapters: Vec<(String, LoraAdapter)>,
     forward: Forward,
+    /// The rows regime pinned for [`Forward::RowsIndependent`]; `None`: the
+    /// default device's backend at each call.
+    rows_regime: Option<RowsRegime>,
 }
 
 impl fmt::Debug for QuantizedLinear {
@@ -77,6 +82,10 @@ impl fmt::Debug for QuantizedLinear {
             )
             .field("adapters", &self.adapters)
             .field("forward", &self.forward)
+            .field(
+                "rows_regime",
+                &self.rows_regime.as_ref().map(RowsRegime::backend),
+            )
             .finish()
     }
 }
@@ -111,6 +120,7 @@ impl QuantizedLinear {
             bias,
             adapters: Vec::new(),
             forward: Forward::Batched,
+            rows_regime: None,
         })
     }
 
@@ -200,6 +210,38 @@ impl QuantizedLinear {
     pub fn with_forward_mode(mut self, forward: Forward) -> Self {
         self.forward = forward;
         self
+    }
+
+    /// Pins the rows regime [`Forward::RowsIndependent`] chunks by (`None`:
+    /// the table of the default device's backend at each call). A regime
+    /// of one row per call (a backend the table has not measured) gives the
+    /// same bits as any other that is right for the backend.
+    pub fn set_rows_regime(&mut self, regime: Option<RowsRegime>) {
+        self.rows_regime = regime;
+    }
+
+    /// The rows limit the rows-independent forward uses for `dtype` now.
+    ///
+    /// # Errors
+    /// [`LayerError::Mlx`] when the default device's backend cannot be read.
+    pub fn rows_limit(&self, dtype: mlx_rs::Dtype) -> Result<RowsLimit, LayerError> {
+        if !self.adapters.is_empty() {
+            return Ok(RowsLimit::AtMost(1));
+        }
+        let limit = |r: &RowsRegime| {
+            r.limit(
+                RowsCall::QuantizedMatmul,
+                self.spec(),
+                dtype,
+                self.in_features(),
+            )
+        };
+        Ok(match &self.rows_regime {
+            Some(r) => limit(r),
+            None => limit(&RowsRegime::for_backend(
+                crate::backend::Backend::of_default_device()?,
+            )),
+        })
     }
 
     /// Atomically installs `next` (weight, scales, biases, spec) and returns
@@ -444,9 +486,14 @@ impl QuantizedLinear {
         })?;
         let flat = x.reshape(&[rows_i32, k])?;
         let out_shape = self.row_output_shape(x);
-        // A bias that differs per row ([B, out]) gives each row its own row
-        // of it: the same element-wise sum as the batched `y + bias`.
-        let row_biases = match &self.bias {
+        let chunk = self.rows_limit(x.dtype())?.chunk(rows as usize);
+        let offsets: Vec<i32> = (chunk..rows as usize)
+            .step_by(chunk)
+            .map(|o| o as i32)
+            .collect();
+        // A bias that differs per row ([B, out]) gives each chunk its own
+        // rows of it: the same element-wise sum as the batched `y + bias`.
+        let chunk_biases = match &self.bias {
             Some(b)
                 if b.shape()[..b.ndim().saturating_sub(1)]
                     .iter()
@@ -455,20 +502,20 @@ impl QuantizedLinear {
                 Some(
                     ops::broadcast_to(b, &out_shape)?
                         .reshape(&[rows_i32, self.out_features()])?
-                        .split_equal(rows_i32, 0)?,
+                        .split_at_indices(&offsets, 0)?,
                 )
             }
             _ => None,
         };
         let outputs = flat
-            .split_equal(rows_i32, 0)?
+            .split_at_indices(&offsets, 0)?
             .iter()
             .enumerate()
-            .map(|(i, row)| {
-                let bias = row_biases
+            .map(|(i, rows)| {
+                let bias = chunk_biases
                     .as_ref()
                     .map_or(self.bias.as_ref(), |r| Some(&r[i]));
-                self.forward_batched(row, bias)
+                self.forward_batched(rows, bias)
             })
             .collect::<Result<Vec<_>, _>>()?;
         let y = ops::concatenate(&outputs, 0)?;

@@ -8,6 +8,7 @@ use crate::checkpoint::{Checkpoint, ExpertOffload, LayerKind};
 use crate::ffi;
 
 use super::linear::checkpoint_payload_error;
+use super::rows_regime::{RowsCall, RowsRegime};
 use super::{LayerError, PayloadError, QuantSpec, QuantizedPayload};
 
 /// The MoE expert projection: mirrors
@@ -173,7 +174,9 @@ impl QuantizedSwitchLinear {
         self.payload.out_features()
     }
 
-    /// Projects each row of `x` with the expert `indices` selects.
+    /// Projects each row of `x` with the expert `indices` selects, after
+    /// checking the indices on the host: [`ExpertIndices::checked`] (one
+    /// synchronisation) then [`QuantizedSwitchLinear::forward_routed`].
     ///
     /// * `x`: `[.., M, in]` (from `SwitchGLU`: `[B, L, 1, 1, in]`, or the
     ///   sorted `[N*K, 1, in]`), broadcast against `indices` by `gather_qmm`.
@@ -182,8 +185,7 @@ impl QuantizedSwitchLinear {
     ///   sorts when `indices.size >= 64`).
     ///
     /// Output `indices.shape + [M, out]` (after broadcasting), then `+
-    /// expand_dims(bias[indices], -2)` if the layer has a bias. The indices
-    /// are evaluated and checked on the host first (one synchronisation).
+    /// expand_dims(bias[indices], -2)` if the layer has a bias.
     ///
     /// # Errors
     /// [`LayerError::IndicesDtype`] for non-integer indices,
@@ -196,24 +198,37 @@ impl QuantizedSwitchLinear {
         indices: &Array,
         sorted_indices: bool,
     ) -> Result<Array, LayerError> {
-        if self.payload.global_scale().is_some() {
-            return Err(LayerError::GlobalScaleRefused {
-                layer: "QuantizedSwitchLinear",
-                op: "mlx.core.gather_qmm",
-            });
-        }
-        if x.shape().last() != Some(&self.in_features()) {
-            return Err(LayerError::InputShape {
-                in_features: self.in_features(),
-                shape: x.shape().to_vec(),
-            });
-        }
+        self.check_input(x)?;
         if x.size() == 0 || indices.size() == 0 {
             let (k, n) = (self.in_features(), self.out_features());
             let e = self.num_experts();
             return empty_switch_output(x, indices, e, k, n, |x, i| self.forward(x, i, false));
         }
-        check_indices(indices, self.num_experts())?;
+        let indices = ExpertIndices::checked(indices.clone(), self.num_experts())?;
+        self.forward_routed(x, &indices, sorted_indices)
+    }
+
+    /// [`QuantizedSwitchLinear::forward`] for indices that are in range by
+    /// construction ([`ExpertIndices`]): no host synchronisation, so a
+    /// decode step evaluates the router, the gather and everything after in
+    /// the caller's one `eval`.
+    ///
+    /// # Errors
+    /// [`LayerError::ExpertCount`] when the indices were made for another
+    /// number of experts, [`LayerError::InputShape`] when `x` does not end in
+    /// in_features, [`LayerError::Mlx`] with MLX's message otherwise.
+    pub fn forward_routed(
+        &self,
+        x: &Array,
+        indices: &ExpertIndices,
+        sorted_indices: bool,
+    ) -> Result<Array, LayerError> {
+        self.check_input(x)?;
+        indices.require_experts(self.num_experts())?;
+        let indices = indices.array();
+        if x.size() == 0 || indices.size() == 0 {
+            return self.forward(x, indices, sorted_indices);
+        }
         let p = &self.payload;
         let spec = p.spec();
         let y = ffi::gather_qmm(
@@ -230,6 +245,189 @@ impl QuantizedSwitchLinear {
             sorted_indices,
         )?;
         add_expert_bias(y, self.bias.as_ref(), indices)
+    }
+
+    /// The switch layer over T tokens with every token's rows bit-identical
+    /// to a call for that token alone (the decode case), in the fewest calls
+    /// the backend's measured [`RowsRegime`] allows: chunks of whole tokens
+    /// of at most its [`RowsCall::GatherQmm`] limit of routed rows (a token
+    /// carries `top_k × M` of them).
+    ///
+    /// * `x`: `[T.., 1 | top_k, M, in]` (SwitchGLU's unsorted
+    ///   `expand_dims(x, (-2, -3))` is `[B, L, 1, 1, in]`);
+    /// * `indices`: `[T.., top_k]`, the same leading (token) axes.
+    ///
+    /// Output as [`QuantizedSwitchLinear::forward_routed`] gives it,
+    /// `[T.., top_k, M, out]`. Indices are unsorted per token (as SwitchGLU
+    /// passes them below 64 ids).
+    ///
+    /// # Errors
+    /// [`LayerError::RowsLayout`] for other layouts, and as
+    /// [`QuantizedSwitchLinear::forward_routed`].
+    pub fn forward_rows_independent(
+        &self,
+        x: &Array,
+        indices: &ExpertIndices,
+        regime: &RowsRegime,
+    ) -> Result<Array, LayerError> {
+        self.check_input(x)?;
+        let (xs, is) = (x.shape(), indices.array().shape());
+        let layout = || LayerError::RowsLayout {
+            x: xs.to_vec(),
+            indices: is.to_vec(),
+        };
+        if xs.len() < 3 || is.is_empty() || xs.len() != is.len() + 2 {
+            return Err(layout());
+        }
+        let top_k = is[is.len() - 1];
+        let (a, m) = (xs[xs.len() - 3], xs[xs.len() - 2]);
+        let lead = &is[..is.len() - 1];
+        if &xs[..xs.len() - 3] != lead || (a != 1 && a != top_k) {
+            return Err(layout());
+        }
+        let tokens: usize = lead.iter().map(|&d| d as usize).product();
+        if tokens <= 1 || x.size() == 0 || indices.array().size() == 0 {
+            return self.forward_routed(x, indices, false);
+        }
+        let limit = regime.limit(
+            RowsCall::GatherQmm,
+            self.spec(),
+            x.dtype(),
+            self.in_features(),
+        );
+        let per_call = limit.units(top_k as usize * m as usize, tokens);
+        let t = i32::try_from(tokens).map_err(|_| layout())?;
+        let flat_x = x.reshape(&[t, a, m, self.in_features()])?;
+        let flat_i = indices.array().reshape(&[t, top_k])?;
+        let offsets: Vec<i32> = (per_call..tokens)
+            .step_by(per_call)
+            .map(|o| o as i32)
+            .collect();
+        let outputs = flat_x
+            .split_at_indices(&offsets, 0)?
+            .iter()
+            .zip(flat_i.split_at_indices(&offsets, 0)?)
+            .map(|(xc, ic)| {
+                let ic = ExpertIndices {
+                    indices: ic,
+                    num_experts: indices.num_experts,
+                };
+                self.forward_routed(xc, &ic, false)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let y = ops::concatenate(&outputs, 0)?;
+        let mut shape = lead.to_vec();
+        shape.extend([top_k, m, self.out_features()]);
+        Ok(y.reshape(&shape)?)
+    }
+
+    fn check_input(&self, x: &Array) -> Result<(), LayerError> {
+        if self.payload.global_scale().is_some() {
+            return Err(LayerError::GlobalScaleRefused {
+                layer: "QuantizedSwitchLinear",
+                op: "mlx.core.gather_qmm",
+            });
+        }
+        if x.shape().last() != Some(&self.in_features()) {
+            return Err(LayerError::InputShape {
+                in_features: self.in_features(),
+                shape: x.shape().to_vec(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Expert ids a switch layer gathers with no further check: every id is in
+/// `0..num_experts`, and that is guaranteed by how the value was made, not
+/// by a check at each forward.
+///
+/// * [`ExpertIndices::checked`]: ids from anywhere, checked once on the
+///   host (one synchronisation, where they are made, not on the hot path);
+/// * [`ExpertIndices::top_k`]: the router's top-k selection, in range by
+///   construction (argpartition returns positions along the experts axis),
+///   built lazily with no synchronisation.
+///
+/// The fields are private, so no other value can reach
+/// [`QuantizedSwitchLinear::forward_routed`]: out-of-range ids are a typed
+/// error, never a silent wrong answer (MLX's gather does not bound-check on
+/// every backend).
+#[derive(Clone)]
+pub struct ExpertIndices {
+    indices: Array,
+    num_experts: i32,
+}
+
+impl fmt::Debug for ExpertIndices {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExpertIndices")
+            .field("shape", &self.indices.shape())
+            .field("dtype", &self.indices.dtype())
+            .field("num_experts", &self.num_experts)
+            .finish()
+    }
+}
+
+impl ExpertIndices {
+    /// `indices` (any integer dtype, any shape) for a layer of
+    /// `num_experts` experts, after evaluating them and checking every id
+    /// on the host.
+    ///
+    /// # Errors
+    /// [`LayerError::IndicesDtype`] for non-integer indices,
+    /// [`LayerError::ExpertIndexOutOfRange`] (the first offending id and its
+    /// flat position).
+    pub fn checked(indices: Array, num_experts: i32) -> Result<Self, LayerError> {
+        check_indices(&indices, num_experts)?;
+        Ok(ExpertIndices {
+            indices,
+            num_experts,
+        })
+    }
+
+    /// The `k` experts with the largest router `scores` (`[.., E]`) per
+    /// row, as mlx-lm's MoE blocks route: `mx.argpartition(scores, kth=-k,
+    /// axis=-1)[..., -k:]` (`mlx_lm.models.qwen3_moe.Qwen3MoeSparseMoeBlock`
+    /// and `qwen3_next.Qwen3NextSparseMoeBlock.__call__`, mlx-lm 0.32.2);
+    /// `uint32 [.., k]`, unsorted. Lazy: nothing is evaluated.
+    ///
+    /// # Errors
+    /// [`LayerError::TopK`] unless `scores` has a last axis and `1 <= k <=
+    /// E`; [`LayerError::Mlx`] with MLX's message otherwise.
+    pub fn top_k(scores: &Array, k: i32) -> Result<Self, LayerError> {
+        let experts = scores.shape().last().copied().unwrap_or(0);
+        if scores.ndim() == 0 || k < 1 || k > experts {
+            return Err(LayerError::TopK {
+                k,
+                scores: scores.shape().to_vec(),
+            });
+        }
+        let order = ops::argpartition_axis(scores, -k, -1)?;
+        let top = order.split_at_indices(&[experts - k], -1)?.remove(1);
+        Ok(ExpertIndices {
+            indices: top,
+            num_experts: experts,
+        })
+    }
+
+    /// The ids.
+    pub fn array(&self) -> &Array {
+        &self.indices
+    }
+
+    /// The number of experts they index.
+    pub fn num_experts(&self) -> i32 {
+        self.num_experts
+    }
+
+    fn require_experts(&self, num_experts: i32) -> Result<(), LayerError> {
+        if self.num_experts != num_experts {
+            return Err(LayerError::ExpertCount {
+                indices_for: self.num_experts,
+                num_experts,
+            });
+        }
+        Ok(())
     }
 }
 

@@ -28,3 +28,20 @@ def quantized_switch_as_pinned(x, indices, weight, scales, biases, bias, mode, b
             lines = str(e).splitlines()
             return {"raised": True, "type": type(e).__name__, "message": lines[0] if lines else ""}
     return {"raised": False, "y": y}
+
+
+def quantized_switch_rows(x, indices, weight, scales, biases, bias, mode, bits, group_size):
+    """The reference projection called once per token (x[t:t+1],
+    indices[t:t+1], unsorted, as SwitchGLU drives it), tokens concatenated
+    back to `indices.shape + (out,)`: how a rows-independent engine calls
+    the layer."""
+    layer = _q_switch(weight, scales, biases, bias, mode, bits, group_size)
+    flat_x = x.reshape(-1, x.shape[-1])
+    flat_i = indices.reshape(-1, indices.shape[-1])
+    with _QNoGlobalScale():
+        rows = [_q_switch_apply(layer, flat_x[t:t + 1], flat_i[t:t + 1], False)
+                for t in range(flat_x.shape[0])]
+    y = mx.concatenate(rows, axis=0)
+    y = y.reshape(*indices.shape, y.shape[-1])
+    mx.eval(y)
+    return y

@@ -6,6 +6,7 @@
 //! | `quantized/linear` | `QuantizedLinear::forward` | `mlx.nn.QuantizedLinear.__call__` |
 //! | `quantized/lora` | adapters, `exchange_payload` | `mlx_lm.tuner.lora.LoRALinear.__call__` |
 //! | `quantized/rows` | `Forward::RowsIndependent` | the reference layer called once per row |
+//! | `quantized/rows-regime` | the shipped `RowsRegime`: chunked rows-independent linear and switch forwards, and its finder | the reference called once per row / token; its batched call against that |
 //! | `quantized/switch` | `QuantizedSwitchLinear::forward` | `mlx_lm.models.switch_layers.QuantizedSwitchLinear.__call__` |
 //! | `quantized/checkpoint` | `Checkpoint` + `resolve_quant_spec` + `from_checkpoint` | `mlx_lm.utils.load_model` |
 //! | `quantized/embedding` | `QuantizedEmbedding::{lookup, as_linear}` | `mlx.nn.QuantizedEmbedding.__call__`, `.as_linear` |
@@ -45,6 +46,7 @@ pub mod linear;
 pub mod lora;
 pub mod refused;
 pub mod rows;
+pub mod rows_regime;
 pub mod switch;
 
 pub fn descriptions() -> Vec<crate::families::describe::Described> {
@@ -52,6 +54,7 @@ pub fn descriptions() -> Vec<crate::families::describe::Described> {
     cases.extend(linear::descriptions());
     cases.extend(lora::descriptions());
     cases.extend(rows::descriptions());
+    cases.extend(rows_regime::descriptions());
     cases.extend(switch::descriptions());
     cases.extend(checkpoint::descriptions());
     cases.extend(float::descriptions());
