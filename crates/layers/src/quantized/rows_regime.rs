@@ -35,6 +35,12 @@ pub enum RowsLimit {
     /// At most this many (at least 1): calls of more rows take another
     /// kernel, whose bits may differ from M = 1.
     AtMost(usize),
+    /// Two kernel classes, each independent of the row count: calls of at
+    /// most this many rows take one, calls of more the other. A unit of
+    /// more rows than this (a switch token routed to `top_k` experts with
+    /// `top_k` above it) is already in the second class on its own, so any
+    /// number of such units share one call.
+    Boundary(usize),
 }
 
 impl RowsLimit {
@@ -42,7 +48,7 @@ impl RowsLimit {
     pub fn chunk(self, rows: usize) -> usize {
         match self {
             RowsLimit::Unbounded => rows.max(1),
-            RowsLimit::AtMost(n) => n.clamp(1, rows.max(1)),
+            RowsLimit::AtMost(n) | RowsLimit::Boundary(n) => n.clamp(1, rows.max(1)),
         }
     }
 
@@ -53,6 +59,8 @@ impl RowsLimit {
         match self {
             RowsLimit::Unbounded => units.max(1),
             RowsLimit::AtMost(n) => (n / rows_per_unit.max(1)).clamp(1, units.max(1)),
+            RowsLimit::Boundary(n) if rows_per_unit > n => units.max(1),
+            RowsLimit::Boundary(n) => (n / rows_per_unit.max(1)).clamp(1, units.max(1)),
         }
     }
 
@@ -60,7 +68,7 @@ impl RowsLimit {
     pub fn as_option(self) -> Option<usize> {
         match self {
             RowsLimit::Unbounded => None,
-            RowsLimit::AtMost(n) => Some(n),
+            RowsLimit::AtMost(n) | RowsLimit::Boundary(n) => Some(n),
         }
     }
 }
@@ -127,27 +135,42 @@ pub const MEASURED_SPECS: [(Mode, i32, i32); 6] = [
 /// The activation dtypes the table measures.
 pub const MEASURED_DTYPES: [Dtype; 3] = [Dtype::Bfloat16, Dtype::Float16, Dtype::Float32];
 
-/// The CUDA limit of MLX 0.32.2, by measurement: calls of up to 7 rows
-/// match M = 1, calls of 8 or more do not.
+/// The CUDA quantized-matmul limit of MLX 0.32.2, by measurement: calls of
+/// up to 7 rows match M = 1, calls of 8 or more do not.
 ///
 /// Measured 2026-12-02 on an NVIDIA H200 (sm_90, CUDA 13.0, `mlx-cuda-13`
-/// 0.32.2) by the finder (`quantized/rows-regime/<spec>/<dtype>/<call>`),
-/// every spec of [`MEASURED_SPECS`] and dtype of [`MEASURED_DTYPES`], at
-/// K = 512, N = 256 and at the suite's small shapes; evidence under
+/// 0.32.2) by the finder (`quantized/rows-regime/<spec>/<dtype>/linear/finder`,
+/// M = 1 ..= 24 at K = 512, N = 256), every spec of [`MEASURED_SPECS`] and
+/// dtype of [`MEASURED_DTYPES`]: the batched call matched the calls per row
+/// up to M = 7 and differed at every M from 8 to 24, except mxfp8 bf16,
+/// which also matched at M = 8 (then differed from 9: the limit is not
+/// raised for one coincidence). Evidence under
 /// `fixtures/gpu-runs/h200-2026-12-02/rows-regime/` in the conformance
 /// repository. It agrees with the dispatch in
 /// `mlx/backend/cuda/quantized/quantized.cpp`: `qmv` while `M * B < 8`,
 /// then a tiled `qmm` kernel.
-const CUDA_ROWS: RowsLimit = RowsLimit::AtMost(7);
+const CUDA_QMM: RowsLimit = RowsLimit::AtMost(7);
+
+/// The CUDA `gather_qmm` regime of MLX 0.32.2, by measurement: two classes
+/// split at 7 routed rows, each independent of the count.
+///
+/// Same run, `…/switch-E8-top{2,8}/finder` (E = 8, T = 1 ..= 12 tokens):
+/// at top-2 a batched call matched the calls per token up to 3 tokens (6
+/// routed rows) and differed from 4 (8 rows) on, in every spec and dtype
+/// (affine-8b bf16 matched once more at 4, mxfp8 bf16 up to 9); at top-8
+/// every token is 8 routed rows on its own, and a batched call matched the
+/// calls per token at every T up to 12 (96 rows) in every spec and dtype.
+/// It agrees with `GatherQMM::eval_gpu`: `gather_qmv` while `M * B < 8`.
+const CUDA_GATHER: RowsLimit = RowsLimit::Boundary(7);
 
 /// The table as shipped: every measured row.
 ///
 /// * CPU (MLX 0.32.2, x86-64 `mlx-cpu` wheel): unbounded for every spec,
 ///   dtype and call: the CPU kernels loop over rows one at a time
 ///   (`_qmm_t_simd` / `_qmm_t`), and the finder measured M = 1 ..= 24 (and
-///   1 ..= 12 tokens of a switch layer at top-k 1, 2 and 8) equal
-///   everywhere, 2026-12-02.
-/// * CUDA: [`CUDA_ROWS`] for both calls.
+///   1 ..= 12 tokens of a switch layer at top-k 2 and 8) equal everywhere,
+///   2026-12-02 (x86-64).
+/// * CUDA: [`CUDA_QMM`] and [`CUDA_GATHER`].
 /// * Metal: not measured (no Apple hardware here), so absent: every Metal
 ///   lookup gives one row per call until the Apple CI bootstrap measures
 ///   it.
@@ -157,7 +180,11 @@ pub fn shipped() -> Vec<RowsEntry> {
         for spec in MEASURED_SPECS {
             for dtype in MEASURED_DTYPES {
                 rows.push(entry(Backend::Cpu, call, spec, dtype, RowsLimit::Unbounded));
-                rows.push(entry(Backend::Cuda, call, spec, dtype, CUDA_ROWS));
+                let cuda = match call {
+                    RowsCall::QuantizedMatmul => CUDA_QMM,
+                    RowsCall::GatherQmm => CUDA_GATHER,
+                };
+                rows.push(entry(Backend::Cuda, call, spec, dtype, cuda));
             }
         }
     }
@@ -244,6 +271,9 @@ mod tests {
         assert_eq!(RowsLimit::AtMost(7).units(2, 10), 3);
         assert_eq!(RowsLimit::AtMost(7).units(8, 10), 1);
         assert_eq!(RowsLimit::Unbounded.units(8, 10), 10);
+        assert_eq!(RowsLimit::Boundary(7).units(2, 10), 3);
+        assert_eq!(RowsLimit::Boundary(7).units(8, 10), 10);
+        assert_eq!(RowsLimit::Boundary(7).chunk(8), 7);
     }
 
     #[test]
