@@ -136,7 +136,7 @@ fn routed_forward_equals_the_checked_forward() {
         None,
     )
     .unwrap()
-    .item_exact::<i32>()
+    .try_item_exact::<i32>()
     .unwrap();
     // Exactly the k = 2 picked scores of each of the 3 rows reach the
     // smallest picked one (normal scores have no ties).
@@ -216,4 +216,39 @@ fn switch_rows_independent_refuses_other_layouts() {
         assert!(matches!(e, LayerError::RowsLayout { .. }), "{shape:?}: {e}");
         assert!(e.to_string().contains("forward_routed"));
     }
+}
+
+/// The shipped table is the measurement: CPU unbounded (the finder, x86-64,
+/// M = 1..=24, 1..=12 switch tokens), CUDA `quantized_matmul` at most 7 rows
+/// and `gather_qmm` split at 7 routed rows (H200, 2026-12-02,
+/// `fixtures/gpu-runs/h200-2026-12-02/rows-regime/` in this repository),
+/// Metal absent (one row per call until Apple hardware measures it). The
+/// conformance finders `quantized/rows-regime/*/finder` re-measure it.
+#[test]
+fn the_shipped_table_is_the_measured_one() {
+    let rows = layers::quantized::rows_regime::shipped();
+    assert_eq!(
+        rows.len(),
+        2 * 2 * 6 * 3,
+        "CPU and CUDA, both calls, 6 specs, 3 dtypes"
+    );
+    for e in &rows {
+        let expected = match (e.backend, e.call) {
+            (Backend::Cpu, _) => RowsLimit::Unbounded,
+            (Backend::Cuda, RowsCall::QuantizedMatmul) => RowsLimit::AtMost(7),
+            (Backend::Cuda, RowsCall::GatherQmm) => RowsLimit::Boundary(7),
+            (Backend::Metal, _) => panic!("Metal has not been measured: {e:?}"),
+        };
+        assert_eq!(e.limit, expected, "{e:?}");
+    }
+    // Top-8 tokens batch at any count on CUDA; top-2 in threes.
+    let cuda = RowsRegime::for_backend(Backend::Cuda);
+    let gather = cuda.limit(
+        RowsCall::GatherQmm,
+        spec(Mode::Affine, 4, 64),
+        Dtype::Bfloat16,
+        512,
+    );
+    assert_eq!(gather.units(8, 12), 12);
+    assert_eq!(gather.units(2, 12), 3);
 }

@@ -167,8 +167,7 @@ pub fn quantized_switch(
     expert0_views: bool,
 ) -> Result<Expected, CaseError> {
     const F: &str = "quantized_switch";
-    let mut params = vec![tensor("x", x), tensor("indices", indices)];
-    params.extend(layer.params());
+    let mut params = switch_params(x, indices, layer);
     params.push(fixed("sort", sort));
     params.push(fixed("expert0_views", expert0_views));
     let (value, calls) = ctx.call_sent(F, params)?;
@@ -193,8 +192,7 @@ pub fn quantized_switch_unchecked(
     layer: &QuantizedTensors,
 ) -> Result<Expected, CaseError> {
     const F: &str = "quantized_switch";
-    let mut params = vec![tensor("x", x), tensor("indices", indices)];
-    params.extend(layer.params());
+    let mut params = switch_params(x, indices, layer);
     params.push(fixed("sort", false));
     params.push(fixed("expert0_views", false));
     one_array(F, ctx.call_sent(F, params)?.0)
@@ -210,11 +208,17 @@ pub fn quantized_switch_rows(
     layer: &QuantizedTensors,
 ) -> Result<Expected, CaseError> {
     const F: &str = "quantized_switch_rows";
-    let mut params = vec![tensor("x", x), tensor("indices", indices)];
-    params.extend(layer.params());
+    let params = switch_params(x, indices, layer);
     let (value, calls) = ctx.call_sent(F, params)?;
     let exact = calls.exact_if_defined(F, q::switch)?;
     Ok(one_array(F, value)?.with_exact(exact))
+}
+
+/// `x`, `indices` and the layer's tensors: what every switch call sends.
+fn switch_params(x: &HostTensor, indices: &HostTensor, layer: &QuantizedTensors) -> Vec<Param> {
+    let mut params = vec![tensor("x", x), tensor("indices", indices)];
+    params.extend(layer.params());
+    params
 }
 
 /// What `QuantizedSwitchLinear.__call__` does exactly as pinned.
@@ -234,8 +238,7 @@ pub fn quantized_switch_as_pinned(
     layer: &QuantizedTensors,
 ) -> Result<AsPinned, CaseError> {
     const F: &str = "quantized_switch_as_pinned";
-    let mut params = vec![tensor("x", x), tensor("indices", indices)];
-    params.extend(layer.params());
+    let params = switch_params(x, indices, layer);
     let mut r = Fields::of(F, ctx.call(F, params)?)?;
     Ok(if r.bool("raised")? {
         AsPinned::Raised {
