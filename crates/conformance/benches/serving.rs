@@ -209,7 +209,7 @@ fn build(shape: DecodeStack) -> Stack {
 }
 
 fn silu_mul(g: &Array, u: &Array) -> Array {
-    ops::multiply(&ops::multiply(g, &ops::sigmoid(g).unwrap()).unwrap(), u).unwrap()
+    ops::multiply(ops::multiply(g, ops::sigmoid(g).unwrap()).unwrap(), u).unwrap()
 }
 
 /// One decode step: the glue's `decode_bench` step, op for op.
@@ -238,7 +238,7 @@ fn step(s: &Stack, x: &Array) -> Vec<Array> {
             .unwrap()
             .reshape(&[1, 1, heads * hd])
             .unwrap();
-        x = ops::add(&x, &l.o.forward(&attn).unwrap()).unwrap();
+        x = ops::add(&x, l.o.forward(&attn).unwrap()).unwrap();
         let m = match &l.mlp {
             Mlp::Dense { gate, up, down } => {
                 let g = gate.forward(&x).unwrap();
@@ -263,7 +263,7 @@ fn step(s: &Stack, x: &Array) -> Vec<Array> {
                     .unwrap()
                     .squeeze_axes(&[-2])
                     .unwrap();
-                ops::multiply(&h, &scores.expand_dims(-1).unwrap())
+                ops::multiply(&h, scores.expand_dims(-1).unwrap())
                     .unwrap()
                     .sum_axis(-2, false)
                     .unwrap()
