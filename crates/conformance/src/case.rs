@@ -158,6 +158,28 @@ impl<'a> Ctx<'a> {
         // After too: the port's next call must not get the reference's
         // freed output buffer (it holds a correct result).
         crate::poison::poison();
+        crate::export::record(function, &kwargs, value.as_ref());
+        if crate::candidate::active() {
+            // The candidate gets what the port gets: the unperturbed
+            // arguments.
+            let sent = if self.perturb { &original } else { &kwargs };
+            match crate::candidate::call(self.case, function, sent) {
+                Ok(reply) => {
+                    crate::candidate::tape::record(value.as_ref().ok(), &reply);
+                    if let (Ok(_), crate::candidate::Reply::Raised(m)) = (&value, &reply) {
+                        return Err(CaseError::Port(format!(
+                            "the candidate raised where the reference computed (op of `{function}`): {m}"
+                        )));
+                    }
+                }
+                Err(crate::candidate::CallError::Unsupported(why)) => {
+                    return Err(CaseError::Unsupported(why))
+                }
+                Err(crate::candidate::CallError::Failed(why)) => {
+                    return Err(CaseError::Candidate(why))
+                }
+            }
+        }
         let value = value?;
         let calls = crate::exactness::Calls {
             reference: crate::exactness::Sent::new(kwargs),
@@ -181,6 +203,13 @@ pub enum CaseError {
     /// calls.
     #[error("harness: {0}")]
     Harness(String),
+    /// `--candidate`: the candidate does not implement an op the case
+    /// calls (a skip row with the reason, not a verdict).
+    #[error("unsupported by the candidate: {0}")]
+    Unsupported(String),
+    /// `--candidate`: the candidate crashed, hung, or broke the protocol.
+    #[error("{0}")]
+    Candidate(String),
 }
 
 /// Whether a case's error message is a [`CaseError::Port`] (its Display
@@ -223,11 +252,34 @@ impl From<oracle::TensorError> for CaseError {
 /// oracle, [`crate::exactness`]), attached by the same wrapper from the
 /// arguments the reference received.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Expected(HostTensor, Option<crate::exactness::ExactPair>);
+pub struct Expected(
+    HostTensor,
+    Option<crate::exactness::ExactPair>,
+    /// With `--candidate`: the candidate's arrays at this array's place in
+    /// its result (see `crate::candidate::tape`).
+    Option<Vec<crate::candidate::tape::Counterpart>>,
+);
 
 impl Expected {
     pub(crate) fn from_reference(t: HostTensor) -> Self {
-        Self(t, None)
+        let counterparts = crate::candidate::active()
+            .then(|| crate::candidate::tape::counterparts_of(&t))
+            .flatten();
+        Self(t, None, counterparts)
+    }
+    /// A reference flag whose candidate counterpart is whether the
+    /// candidate raised on the case's last call (refusal cases).
+    pub(crate) fn raised_flag(raised: bool) -> Self {
+        let flag = |v: bool| {
+            HostTensor::new(oracle::DType::Uint8, vec![1], vec![u8::from(v)])
+                .expect("sized by construction")
+        };
+        let counterparts = crate::candidate::active().then(|| {
+            vec![crate::candidate::tape::last_raised()
+                .map(flag)
+                .ok_or_else(|| "the candidate was not called".to_owned())]
+        });
+        Self(flag(raised), None, counterparts)
     }
     /// Attaches the exact value this output stands for.
     /// (`None`: the definition has no value for these inputs.)
@@ -248,12 +300,41 @@ impl Expected {
         self.0
     }
     /// A conversion of the reference output (e.g. int32 widened to int64)
-    /// is still a reference output (no longer the exact op's value).
-    pub fn map<E>(
+    /// is still a reference output (no longer the exact op's value); a
+    /// candidate's counterpart is converted the same way.
+    pub fn map<E: std::fmt::Display>(
         &self,
-        f: impl FnOnce(&HostTensor) -> Result<HostTensor, E>,
+        f: impl Fn(&HostTensor) -> Result<HostTensor, E>,
     ) -> Result<Expected, E> {
-        f(&self.0).map(|t| Expected(t, None))
+        let counterparts = self.2.as_ref().map(|cs| {
+            cs.iter()
+                .map(|c| c.as_ref().map_err(Clone::clone).and_then(|t| f(t).map_err(|e| e.to_string())))
+                .collect()
+        });
+        f(&self.0).map(|t| Expected(t, None, counterparts))
+    }
+    /// What stands for the port in a comparison with this output: `port`
+    /// itself, or with `--candidate` the candidate's counterpart (a
+    /// differing one first), or why there is none.
+    fn port_side<'a>(&'a self, port: &'a HostTensor) -> Result<&'a HostTensor, String> {
+        if !crate::candidate::active() {
+            return Ok(port);
+        }
+        let Some(counterparts) = &self.2 else {
+            return Err("the reference array has no counterpart in the candidate's results (a reader that derives it; see candidate/tape.rs)".into());
+        };
+        if let Some(e) = counterparts.iter().find_map(|c| c.as_ref().err()) {
+            return Err(e.clone());
+        }
+        let ok = counterparts.iter().filter_map(|c| c.as_ref().ok());
+        let mut first = None;
+        for t in ok {
+            if t != &self.0 {
+                return Ok(t);
+            }
+            first.get_or_insert(t);
+        }
+        first.ok_or_else(|| "no counterpart".to_owned())
     }
 }
 
@@ -298,6 +379,10 @@ pub struct CaseOutput {
     /// two environments' tensors element by element).
     #[serde(skip)]
     pub kept: Vec<(String, HostTensor)>,
+    /// With `--candidate`: outputs the candidate gave nothing comparable
+    /// for (it raised, its result lacked the place): the case is an ERROR.
+    #[serde(skip)]
+    pub candidate_errors: Vec<String>,
 }
 
 static KEEP_TENSORS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -332,6 +417,13 @@ impl CaseOutput {
     }
     /// Compares one port output with the reference's and records its digest.
     pub fn compare(&mut self, name: &str, port: &HostTensor, expected: &Expected) {
+        let port = match expected.port_side(port) {
+            Ok(t) => t,
+            Err(why) => {
+                self.candidate_errors.push(format!("output `{name}`: {why}"));
+                return;
+            }
+        };
         self.digest(name, port);
         if keeping() {
             self.kept
@@ -379,6 +471,7 @@ impl CaseOutput {
         let pair = expected
             .exact()
             .ok_or_else(|| CaseError::Harness(format!("`{name}` carries no exact value")))?;
+        let port = expected.port_side(port).map_err(CaseError::Candidate)?;
         let equal = compare(port, expected.tensor()).is_equal();
         let check = crate::exactness::ExactCheck::measure(port, expected.tensor(), pair, equal);
         self.exact_only.push((name.to_owned(), check.clone()));

@@ -44,6 +44,18 @@ fn from_safetensors(d: Dtype) -> Option<DType> {
 
 /// Writes `tensors` for `case` (temporary name, then rename).
 pub fn write(dir: &Path, case: &str, tensors: &[(String, HostTensor)]) -> Result<(), String> {
+    write_file(&file(dir, case), tensors, None)
+}
+
+/// Writes `tensors` (and string `metadata`) to `path` as one safetensors
+/// file: a temporary name beside it, then a rename, so a reader never sees
+/// a half-written file. safetensors orders tensors by dtype alignment and
+/// name, so the same tensors always give the same bytes.
+pub fn write_file(
+    path: &Path,
+    tensors: &[(String, HostTensor)],
+    metadata: Option<std::collections::HashMap<String, String>>,
+) -> Result<(), String> {
     let views = tensors
         .iter()
         .map(|(name, t)| {
@@ -52,12 +64,11 @@ pub fn write(dir: &Path, case: &str, tensors: &[(String, HostTensor)]) -> Result
                 .map_err(|e| format!("{name}: {e}"))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let path = file(dir, case);
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    let written = safetensors::serialize_to_file(views, None, &tmp)
+    let written = safetensors::serialize_to_file(views, metadata, &tmp)
         .map_err(|e| format!("{}: {e}", tmp.display()))
         .and_then(|()| {
-            std::fs::rename(&tmp, &path).map_err(|e| format!("{}: {e}", path.display()))
+            std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
         });
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -68,20 +79,30 @@ pub fn write(dir: &Path, case: &str, tensors: &[(String, HostTensor)]) -> Result
 /// Reads a case's tensors (`None` when the file does not exist).
 pub fn read(dir: &Path, case: &str) -> Result<Option<Vec<(String, HostTensor)>>, String> {
     let path = file(dir, case);
-    let bytes = match std::fs::read(&path) {
-        Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("{}: {e}", path.display())),
-    };
+    match std::fs::metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        _ => read_file(&path).map(Some),
+    }
+}
+
+/// Reads every tensor of a safetensors file, in the file's order; the
+/// error names the file and the tensor.
+pub fn read_file(path: &Path) -> Result<Vec<(String, HostTensor)>, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let st = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let mut out = Vec::new();
     for (name, view) in st.tensors() {
-        let dtype = from_safetensors(view.dtype())
-            .ok_or_else(|| format!("{}: {name}: unsupported dtype", path.display()))?;
+        let dtype = from_safetensors(view.dtype()).ok_or_else(|| {
+            format!(
+                "{}: {name}: dtype {:?} is none of MLX's array dtypes this suite exchanges",
+                path.display(),
+                view.dtype()
+            )
+        })?;
         let t = HostTensor::new(dtype, view.shape().to_vec(), view.data().to_vec())
             .map_err(|e| format!("{}: {name}: {e}", path.display()))?;
         out.push((name, t));
     }
-    Ok(Some(out))
+    Ok(out)
 }

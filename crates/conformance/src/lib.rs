@@ -9,9 +9,11 @@
 #[macro_use]
 pub mod console;
 pub mod bench;
+pub mod candidate;
 pub mod case;
 pub mod exactness;
 pub mod explore;
+pub mod export;
 pub mod families;
 pub mod gate;
 pub mod home;

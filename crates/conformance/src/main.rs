@@ -108,6 +108,21 @@ struct Cli {
         requires = "explore_samples"
     )]
     explore_seed: u64,
+    /// Check an external implementation instead of the linked port: the
+    /// shell command that starts it, spoken to through the candidate
+    /// protocol (README "Checking your own port"; ops in docs/ops.md).
+    /// Findings are skipped (they measure the reference).
+    #[arg(long, value_name = "CMD", conflicts_with_all = ["in_process", "explore_samples"])]
+    candidate: Option<String>,
+    /// Seconds the candidate may take to answer one call (its start
+    /// included) before the case is an ERROR and the candidate is killed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, requires = "candidate")]
+    candidate_timeout: u64,
+    /// Also write golden vectors: every must-equal case's reference calls
+    /// (inputs, the reference's outputs) as safetensors, and
+    /// DIR/manifest.json (`cargo xtask export`).
+    #[arg(long, value_name = "DIR")]
+    export: Option<PathBuf>,
     /// Where reports are written.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -180,6 +195,11 @@ impl Cli {
         }
     }
 
+    /// `--candidate-timeout` (at least a second).
+    fn candidate_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.candidate_timeout.max(1))
+    }
+
     /// Whether this run checks snapshots: they pin seed 0's unperturbed
     /// outputs.
     fn snapshots_checked(&self) -> bool {
@@ -207,6 +227,16 @@ fn worker_main(cli: &Cli) -> Result<ExitCode, Exit> {
     if let Some(dir) = &cli.keep_outputs {
         runner::keep_outputs(dir.clone());
     }
+    if let Some(command) = &cli.candidate {
+        conformance::candidate::enable(conformance::candidate::Config {
+            command: command.clone(),
+            timeout: cli.candidate_timeout(),
+            backend: backend.as_str().into(),
+        });
+    }
+    if let Some(dir) = &cli.export {
+        conformance::export::enable(dir.clone());
+    }
     let oracle = Oracle::start().map_err(|e| fail(format!("worker: {e}")))?;
     runner::set_device(backend);
     oracle
@@ -220,7 +250,7 @@ fn worker_main(cli: &Cli) -> Result<ExitCode, Exit> {
     };
     // A panic inside a case is that case's harness error (runner::run_one).
     std::panic::set_hook(Box::new(|_| {}));
-    Ok(ExitCode::from(
-        runner::worker::serve(&cases, &oracle, &options) as u8,
-    ))
+    let code = runner::worker::serve(&cases, &oracle, &options);
+    conformance::candidate::stop();
+    Ok(ExitCode::from(code as u8))
 }

@@ -480,11 +480,9 @@ pub fn refusal<T>(result: Result<T, CaseError>, expected: &str) -> Result<Refusa
                 .into(),
         ));
     }
-    let flag = |v: u8| {
-        Expected::from_reference(
-            HostTensor::new(DType::Uint8, vec![1], vec![v]).expect("sized by construction"),
-        )
-    };
+    // With `--candidate`, the flag's counterpart is whether the candidate
+    // raised on the same call.
+    let flag = |v: u8| Expected::raised_flag(v == 1);
     match result {
         Ok(_) => Ok(Refusal {
             refused: flag(0),

@@ -59,6 +59,9 @@ pub struct Environment {
     /// Whether MLX's buffer cache was poisoned (`MLX_CONFORMANCE_POISON`;
     /// off, an unwritten output may hold a lucky zero or a stale result).
     pub poison: bool,
+    /// `--candidate`: the command whose outputs stood for the port's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate: Option<String>,
 }
 
 /// One case in the report.
@@ -636,6 +639,7 @@ mod tests {
             perturb: false,
             snapshots_checked: true,
             poison: true,
+            candidate: None,
         }
     }
 

@@ -234,6 +234,15 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
         return skip;
     }
     let mut result = blank(case);
+    if crate::candidate::active() && case.expect == Expect::Finding {
+        result.message = Some(
+            "a finding: it measures the reference (and this repository's port), not a candidate"
+                .to_owned(),
+        );
+        return result;
+    }
+    crate::candidate::tape::begin();
+    crate::export::begin(case.expect == Expect::MustEqual);
     let ctx = Ctx::new(
         oracle,
         options.backend,
@@ -264,6 +273,10 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
                 output.duplicate_name().unwrap_or_default()
             ));
         }
+        Ok(Ok(output)) if !output.candidate_errors.is_empty() => {
+            result.verdict = Verdict::Error;
+            result.message = Some(output.candidate_errors.join("; "));
+        }
         Ok(Ok(mut output)) => {
             result.verdict = match case.expect {
                 Expect::MustEqual if output.all_equal() => Verdict::Pass,
@@ -279,6 +292,10 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
             }
             result.output = Some(output);
         }
+        Ok(Err(e @ crate::case::CaseError::Unsupported(_))) => {
+            result.verdict = Verdict::Skip;
+            result.message = Some(e.to_string());
+        }
         Ok(Err(e)) => {
             result.verdict = Verdict::Error;
             result.message = Some(e.to_string());
@@ -292,6 +309,11 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
             result.verdict = Verdict::Error;
             result.message = Some(format!("harness error: the case panicked: {text}"));
         }
+    }
+    let kept = matches!(result.verdict, Verdict::Pass | Verdict::Fail);
+    if let Err(e) = crate::export::finish(&case.name, case.reference, kept) {
+        result.verdict = Verdict::Error;
+        result.message = Some(format!("harness error: --export: {e}"));
     }
     result
 }

@@ -190,6 +190,15 @@ impl WorkerCommand {
             args.push("--keep-outputs".into());
             args.push(dir.as_os_str().to_owned());
         }
+        if let Some(config) = crate::candidate::config() {
+            args.extend(["--candidate".into(), config.command.clone().into()]);
+            args.push("--candidate-timeout".into());
+            args.push(config.timeout.as_secs().to_string().into());
+        }
+        if let Some(dir) = crate::export::dir() {
+            args.push("--export".into());
+            args.push(dir.as_os_str().to_owned());
+        }
         if let Some(file) = crate::families::cases_file() {
             let file = file.map_err(std::io::Error::other)?;
             args.extend(["--cases".into(), file.as_os_str().to_owned()]);

@@ -128,7 +128,22 @@ impl Session {
             perturb: cli.perturb,
             snapshots_checked: cli.snapshots_checked(),
             poison: conformance::poison::enabled(),
+            candidate: cli.candidate.clone(),
         };
+        if let Some(command) = &cli.candidate {
+            conformance::candidate::enable(conformance::candidate::Config {
+                command: command.clone(),
+                timeout: cli.candidate_timeout(),
+                backend: backend.as_str().into(),
+            });
+        }
+        if let Some(dir) = cli.export.as_deref().map(absolute) {
+            std::fs::create_dir_all(&dir).map_err(|e| {
+                fail(format!("--export {}: {e}; choose a writable directory", dir.display()))
+            })?;
+            conformance::export::clear(&dir).map_err(|e| fail(format!("--export: {e}")))?;
+            conformance::export::enable(dir);
+        }
 
         let options = RunOptions {
             backend,
@@ -162,6 +177,9 @@ fn gate_mode(cli: &Cli) -> Result<Mode, Exit> {
         GateMode::Review => Mode::Review,
         GateMode::Accept => Mode::Accept,
     };
+    if mode == Mode::Accept && cli.candidate.is_some() {
+        return Err(fail("--candidate runs never write snapshots: the set pins this repository's port (check a candidate against it with --fixtures check)"));
+    }
     if mode == Mode::Accept && ci {
         return Err(fail("snapshots are never written under CI=true; run `cargo xtask fixtures accept` locally and commit"));
     }

@@ -52,6 +52,20 @@ impl Session {
                 out_dir.display()
             ))
         })?;
+        if let Some(dir) = conformance::export::dir() {
+            let environment = serde_json::json!({
+                "backend": self.environment.backend,
+                "device": self.environment.device,
+                "device_name": self.environment.device_name,
+                "architecture": self.environment.architecture,
+                "mlx_version": self.environment.mlx_version,
+                "lock_sha256": self.environment.lock_sha256,
+                "kernel_settings": self.environment.kernel_settings,
+            });
+            let n = conformance::export::write_manifest(dir, environment, self.environment.seed)
+                .map_err(|e| fail(format!("--export: {e}")))?;
+            errln!("export: {n} must-equal cases' vectors in {}", dir.display());
+        }
         if let Some(failed) = write_failed {
             errln!("reports: {}", out_dir.display());
             return Err(fail(failed));

@@ -1,0 +1,315 @@
+//! The runner's side of the protocol: one long-lived candidate process per
+//! worker, started with `sh -c CMD` in its own process group, spoken to
+//! in line-JSON on its stdin and stdout, arrays exchanged as safetensors
+//! files in a private scratch directory.
+//!
+//! Every way a candidate can go wrong ends one call, never the run:
+//! exiting, a signal, no answer within the timeout, a line that is not
+//! the protocol's JSON, a reply for another call, a missing or unreadable
+//! tensor file. The process is then killed (its whole group) and the next
+//! call starts a fresh one.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use oracle::{Arg, Value};
+use serde_json::{json, Value as Json};
+
+use super::ops::Op;
+use super::wire;
+
+/// The protocol version this runner speaks.
+pub const PROTOCOL: u64 = 1;
+/// How many of the candidate's last stderr lines an error quotes.
+const STDERR_TAIL: usize = 8;
+
+/// What `--candidate` configured.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The shell command that starts the candidate.
+    pub command: String,
+    /// How long one answer (the hello included) may take.
+    pub timeout: Duration,
+    /// `cpu`, `metal` or `cuda`: told to the candidate in the hello.
+    pub backend: String,
+}
+
+/// How a candidate answered a call.
+#[derive(Debug)]
+pub enum Reply {
+    /// It computed: the result tree.
+    Value(Value),
+    /// It raised (as the reference may): its message.
+    Raised(String),
+}
+
+/// Why a call has no reply.
+#[derive(Debug)]
+pub enum CallError {
+    /// The candidate does not implement the op (or this version of it).
+    Unsupported(String),
+    /// The candidate broke the protocol or died: the reason.
+    Failed(String),
+}
+
+/// A live candidate.
+pub struct Client {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<std::io::Result<String>>,
+    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    scratch: tempfile::TempDir,
+    next_id: u64,
+    /// What the candidate implements: op name -> version.
+    ops: BTreeMap<String, u64>,
+    /// The name it gave in its hello.
+    pub name: String,
+    timeout: Duration,
+    /// Killed and reaped: its pid may belong to another process now.
+    dead: bool,
+}
+
+impl Client {
+    /// Starts the candidate and exchanges hellos.
+    pub fn start(config: &Config) -> Result<Client, String> {
+        let scratch = tempfile::Builder::new()
+            .prefix("conformance-candidate-")
+            .tempdir()
+            .map_err(|e| format!("cannot make the candidate's scratch directory: {e}"))?;
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(&config.command)
+            .env("MLX_CONFORMANCE_PROTOCOL", PROTOCOL.to_string())
+            // Its own group, so a kill reaches what `sh` started too.
+            .process_group(0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot start `sh -c {:?}`: {e}", config.command))?;
+        let stdin = child.stdin.take().expect("piped");
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || loop {
+            let mut line = String::new();
+            match stdout.read_line(&mut line) {
+                Ok(0) => break,
+                read => {
+                    let failed = read.is_err();
+                    if tx.send(read.map(|_| line)).is_err() || failed {
+                        break;
+                    }
+                }
+            }
+        });
+        let stderr = child.stderr.take().expect("piped");
+        let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
+        let tail = Arc::clone(&stderr_tail);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                errln!("candidate: {line}");
+                let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
+                if tail.len() == STDERR_TAIL {
+                    tail.pop_front();
+                }
+                tail.push_back(line);
+            }
+        });
+        let mut client = Client {
+            child,
+            stdin,
+            lines,
+            stderr_tail,
+            scratch,
+            next_id: 0,
+            ops: BTreeMap::new(),
+            name: String::new(),
+            timeout: config.timeout,
+            dead: false,
+        };
+        let hello = json!({
+            "type": "hello",
+            "protocol": PROTOCOL,
+            "backend": config.backend,
+            "scratch": client.scratch.path(),
+        });
+        let answer = client.exchange(&hello).map_err(|e| format!("hello: {e}"))?;
+        if answer.get("type").and_then(Json::as_str) != Some("hello") {
+            return Err(client.fail(&format!("hello: expected a `hello` reply, got {}", clip(&answer.to_string()))));
+        }
+        if answer.get("protocol").and_then(Json::as_u64) != Some(PROTOCOL) {
+            return Err(client.fail(&format!(
+                "hello: the candidate speaks protocol {}, this runner {PROTOCOL}",
+                answer.get("protocol").map_or("(none)".into(), Json::to_string)
+            )));
+        }
+        let Some(ops) = answer.get("ops").and_then(Json::as_object) else {
+            return Err(client.fail("hello: `ops` must be an object of op name -> version"));
+        };
+        for (name, version) in ops {
+            let Some(v) = version.as_u64() else {
+                return Err(client.fail(&format!("hello: op `{name}` has version {version}, not an integer")));
+            };
+            client.ops.insert(name.clone(), v);
+        }
+        client.name = answer
+            .get("name")
+            .and_then(Json::as_str)
+            .unwrap_or("candidate")
+            .to_owned();
+        Ok(client)
+    }
+
+    /// Whether the candidate said it implements `op` at its version.
+    pub fn supports(&self, op: &Op) -> Result<(), String> {
+        match self.ops.get(op.name) {
+            Some(&v) if v == u64::from(op.version) => Ok(()),
+            Some(&v) => Err(format!(
+                "`{}` implements op `{}` version {v}; this suite calls version {}",
+                self.name, op.name, op.version
+            )),
+            None => Err(format!("`{}` does not implement op `{}`", self.name, op.name)),
+        }
+    }
+
+    /// One call: the arguments the reference got, the candidate's reply.
+    pub fn call(&mut self, case: &str, op: &Op, args: &[(&str, Arg)]) -> Result<Reply, CallError> {
+        self.supports(op).map_err(CallError::Unsupported)?;
+        self.next_id += 1;
+        let id = self.next_id;
+        let encoded = wire::encode_args(args);
+        let inputs = self.scratch.path().join(format!("{id}.in.safetensors"));
+        let outputs = self.scratch.path().join(format!("{id}.out.safetensors"));
+        crate::kept::write_file(&inputs, &encoded.tensors, None)
+            .map_err(|e| CallError::Failed(format!("writing the call's inputs: {e}")))?;
+        let request = json!({
+            "type": "call",
+            "id": id,
+            "case": case,
+            "op": op.name,
+            "version": op.version,
+            "args": encoded.json,
+            "inputs": inputs,
+            "outputs": outputs,
+        });
+        let answer = self.exchange(&request);
+        let _ = std::fs::remove_file(&inputs);
+        let answer = answer.map_err(|e| CallError::Failed(format!("op `{}`: {e}", op.name)))?;
+        let reply = self.read_reply(&answer, id, &outputs, op);
+        let _ = std::fs::remove_file(&outputs);
+        reply
+    }
+
+    fn read_reply(&mut self, answer: &Json, id: u64, outputs: &std::path::Path, op: &Op) -> Result<Reply, CallError> {
+        let bad = |this: &mut Self, what: String| CallError::Failed(this.fail(&format!("op `{}`: {what}", op.name)));
+        if answer.get("id").and_then(Json::as_u64) != Some(id) {
+            return Err(bad(self, format!("the reply is for call {}, not {id}", answer.get("id").map_or("(none)".into(), Json::to_string))));
+        }
+        match answer.get("type").and_then(Json::as_str) {
+            Some("result") => {
+                let Some(value) = answer.get("value") else {
+                    return Err(bad(self, "a `result` reply without `value`".into()));
+                };
+                let tensors = if outputs.exists() {
+                    wire::read_tensors(outputs).map_err(|e| bad(self, format!("its outputs file: {e}")))?
+                } else {
+                    BTreeMap::new()
+                };
+                wire::decode_value(value, &tensors)
+                    .map(Reply::Value)
+                    .map_err(|e| bad(self, format!("its result: {e}")))
+            }
+            Some("error") => {
+                let message = answer.get("message").and_then(Json::as_str).unwrap_or("(no message)").to_owned();
+                match answer.get("kind").and_then(Json::as_str) {
+                    Some("unsupported") => Err(CallError::Unsupported(format!("`{}` answered unsupported: {message}", self.name))),
+                    Some("raised") => Ok(Reply::Raised(message)),
+                    other => Err(bad(self, format!("an `error` reply of kind {other:?} (`raised` or `unsupported`)"))),
+                }
+            }
+            other => Err(bad(self, format!("a reply of type {other:?} (`result` or `error`)"))),
+        }
+    }
+
+    /// Sends one line and waits for one line (within the timeout).
+    fn exchange(&mut self, message: &Json) -> Result<Json, String> {
+        if let Err(e) = writeln!(self.stdin, "{message}").and_then(|()| self.stdin.flush()) {
+            return Err(self.fail(&format!("cannot write to the candidate ({e})")));
+        }
+        match self.lines.recv_timeout(self.timeout) {
+            Ok(Ok(line)) => serde_json::from_str(line.trim_end()).map_err(|e| {
+                self.fail(&format!("answered a line that is not JSON ({e}): {}", clip(line.trim_end())))
+            }),
+            Ok(Err(e)) => Err(self.fail(&format!("its stdout could not be read ({e})"))),
+            Err(RecvTimeoutError::Timeout) => Err(self.fail(&format!(
+                "no answer within {} s (--candidate-timeout)",
+                self.timeout.as_secs_f64()
+            ))),
+            Err(RecvTimeoutError::Disconnected) => {
+                let status = self.child.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+                self.dead = true;
+                // The stderr thread may still be reading its last lines.
+                std::thread::sleep(Duration::from_millis(50));
+                Err(self.describe(&format!("the candidate exited ({status}) without answering")))
+            }
+        }
+    }
+
+    /// Kills the candidate and says why, with its last stderr lines.
+    fn fail(&mut self, why: &str) -> String {
+        self.kill();
+        self.describe(why)
+    }
+
+    fn describe(&self, why: &str) -> String {
+        let tail = self.stderr_tail.lock().unwrap_or_else(|e| e.into_inner());
+        if tail.is_empty() {
+            format!("candidate: {why}")
+        } else {
+            let lines: Vec<&str> = tail.iter().map(String::as_str).collect();
+            format!("candidate: {why}; its stderr ended:\n  {}", lines.join("\n  "))
+        }
+    }
+
+    /// Whether the process was killed (the next call needs a new one).
+    pub fn is_dead(&self) -> bool {
+        self.dead
+    }
+
+    fn kill(&mut self) {
+        if self.dead {
+            return;
+        }
+        self.dead = true;
+        // SAFETY: a signal to the candidate's own process group (not yet
+        // reaped, so the group id is still its own).
+        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Client {
+    /// The candidate holds no state worth a polite end: its group is
+    /// killed, so nothing it started outlives the worker's run.
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn clip(s: &str) -> String {
+    if s.len() > 200 {
+        let mut end = 200;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}…", &s[..end])
+    } else {
+        s.to_owned()
+    }
+}

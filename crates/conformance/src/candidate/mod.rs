@@ -1,0 +1,74 @@
+//! `conformance --candidate CMD`: an external implementation checked in
+//! place of the linked port, through a documented protocol (README
+//! "Checking your own port").
+//!
+//! The seam is the typed reference boundary. Every reference call a
+//! must-equal case makes ([`crate::case::Ctx::call_sent`]) is also sent to
+//! the candidate as an op of the vocabulary ([`ops`]), with the arguments
+//! the reference received (unperturbed under `--perturb`, as the port's
+//! are). Each reference array the case then reads as an
+//! [`crate::case::Expected`] carries the candidate's array from the same
+//! place in its result, and [`crate::case::CaseOutput::compare`] compares
+//! that one instead of the linked port's. Reports, exit codes, first
+//! differences and the snapshot gate are the linked run's.
+//!
+//! - [`wire`]: the value encoding (JSON tree + safetensors).
+//! - [`client`]: the process, its hello, calls, timeouts, failures.
+//! - [`tape`]: a case's candidate results, looked up by the reference
+//!   array they stand beside.
+
+pub mod client;
+pub mod ops;
+pub mod tape;
+pub mod wire;
+
+use std::sync::{Mutex, OnceLock};
+
+use oracle::Arg;
+
+pub use client::{CallError, Config, Reply};
+
+static CONFIG: OnceLock<Config> = OnceLock::new();
+static CLIENT: Mutex<Option<client::Client>> = Mutex::new(None);
+
+/// Makes this process check `config`'s candidate instead of the linked port.
+pub fn enable(config: Config) {
+    let _ = CONFIG.set(config);
+}
+
+/// The candidate of this process, if any.
+pub fn config() -> Option<&'static Config> {
+    CONFIG.get()
+}
+
+/// Whether a candidate stands in for the linked port in this process.
+pub fn active() -> bool {
+    CONFIG.get().is_some()
+}
+
+/// Sends glue function `glue`'s call to the candidate (started on first
+/// use, and again after a failure killed it).
+pub fn call(case: &str, glue: &str, args: &[(&str, Arg)]) -> Result<Reply, CallError> {
+    let config = CONFIG.get().ok_or_else(|| CallError::Failed("no --candidate".into()))?;
+    let op = ops::by_glue(glue).ok_or_else(|| {
+        CallError::Failed(format!(
+            "harness: reference call `{glue}` is in no op of the vocabulary (candidate/ops.rs)"
+        ))
+    })?;
+    let mut slot = CLIENT.lock().unwrap_or_else(|e| e.into_inner());
+    if slot.as_ref().is_none_or(client::Client::is_dead) {
+        *slot = None;
+        *slot = Some(client::Client::start(config).map_err(CallError::Failed)?);
+    }
+    let client = slot.as_mut().expect("started above");
+    let reply = client.call(case, op, args);
+    if client.is_dead() {
+        *slot = None;
+    }
+    reply
+}
+
+/// Ends this process's candidate (a worker's last step).
+pub fn stop() {
+    *CLIENT.lock().unwrap_or_else(|e| e.into_inner()) = None;
+}

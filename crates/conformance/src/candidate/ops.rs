@@ -1,0 +1,511 @@
+//! The op vocabulary: every reference call a must-equal case makes, as a
+//! named op with a versioned signature. A candidate (`--candidate`) is
+//! sent exactly the arguments the reference received, by these names, and
+//! must return what the reference returned: the same tree (see
+//! [`super::wire`]) with arrays of the same dtype, shape and bits.
+//!
+//! `docs/ops.md` is generated from [`OPS`] (`cargo xtask ops-doc`); a test
+//! checks it is current and that each op's inputs are exactly its glue
+//! function's parameters, in order.
+
+/// One input of an op: its name (the glue's parameter) and what it holds.
+#[derive(Debug, Clone, Copy)]
+pub struct Input {
+    pub name: &'static str,
+    /// Kind, dtype and shape, e.g. `array bfloat16|float16|float32 [*, M, K]`.
+    pub what: &'static str,
+}
+
+/// One op of the vocabulary.
+#[derive(Debug, Clone, Copy)]
+pub struct Op {
+    /// The published name (`quantized_linear`).
+    pub name: &'static str,
+    /// Bumped whenever the inputs, the outputs or their meaning change.
+    pub version: u32,
+    /// The glue function that calls the reference (`reference_glue.<glue>`).
+    pub glue: &'static str,
+    /// The reference function mirrored (module, function, pinned version).
+    pub reference: &'static str,
+    pub inputs: &'static [Input],
+    /// The result tree: its keys, dtypes and shapes.
+    pub outputs: &'static str,
+}
+
+const fn i(name: &'static str, what: &'static str) -> Input {
+    Input { name, what }
+}
+
+const X: Input = i("x", "array float [*, M, K]: the activation");
+const MODE: Input = i("mode", "str: `affine`, `mxfp4`, `mxfp8` or `nvfp4`");
+const BITS: Input = i("bits", "int: bits per code (affine 2..8; mxfp4/nvfp4 4; mxfp8 8)");
+const GROUP: Input = i("group_size", "int: elements per scale (affine 32/64/128; mxfp 32; nvfp4 16)");
+const WEIGHT: Input = i("weight", "array uint32 [N, K*bits/32]: packed codes, as `mx.quantize` returns them");
+const SCALES: Input = i("scales", "array [N, K/group_size]: float (affine) or uint8 (mx/nv formats)");
+const BIASES: Input = i("biases", "array [N, K/group_size] or None: affine offsets (None for the mx/nv formats)");
+const BIAS: Input = i("bias", "array [N] or None: additive bias");
+const SW_WEIGHT: Input = i("weight", "array uint32 [E, N, K*bits/32]: packed codes per expert");
+const SW_SCALES: Input = i("scales", "array [E, N, K/group_size]");
+const SW_BIASES: Input = i("biases", "array [E, N, K/group_size] or None");
+const SW_BIAS: Input = i("bias", "array [E, N] or None");
+const INDICES: Input = i("indices", "array uint32|int32 [T.., k]: expert ids per token");
+const HEAD_DIM: Input = i("head_dim", "int");
+const PRF: Input = i("partial_rotary_factor", "float: rotary_dim = int(head_dim * factor)");
+const THETA: Input = i("rope_theta", "float");
+const SECTION: Input = i("mrope_section", "list of 3 ints: the interleaved section sizes (t, h, w)");
+const PATH: Input = i("path", "str: the reference path the case expects (`pure-mlx` or `metal-kernel`); informational");
+const CONFIG: Input = i("config_text", "str: a `config.json`'s text");
+const Q: Input = i("q", "array float [B, Hq, L, head_dim]");
+const K: Input = i("k", "array float [B, Hk, L, head_dim]");
+const IDS: Input = i("input_ids", "array int [B, L]: token ids (image/video pad tokens mark vision spans)");
+const IMAGE_GRID: Input = i("image_grid_thw", "array int [n, 3] or None");
+const VIDEO_GRID: Input = i("video_grid_thw", "array int [n, 3] or None");
+const QW: &str = "array uint32: packed affine codes";
+const QS: &str = "array float: scales";
+const QB: &str = "array float: biases";
+
+/// Every op, in documentation order.
+pub const OPS: &[Op] = &[
+    Op {
+        name: "quantized_matmul",
+        version: 1,
+        glue: "smoke_quantized_matmul",
+        reference: "mlx.core.quantized_matmul(transpose=True) (mlx 0.32.2)",
+        inputs: &[
+            i("x", "array float [M, K]"),
+            i("w", "array uint32 [N, K*bits/32]"),
+            i("scales", "array float [N, K/group_size]"),
+            i("biases", "array float [N, K/group_size]"),
+            GROUP,
+            BITS,
+        ],
+        outputs: "array [M, N], x's dtype",
+    },
+    Op {
+        name: "quantized_linear",
+        version: 1,
+        glue: "quantized_linear",
+        reference: "mlx.nn.QuantizedLinear.__call__ (mlx 0.32.2)",
+        inputs: &[X, WEIGHT, SCALES, BIASES, BIAS, MODE, BITS, GROUP],
+        outputs: "array [*, M, N]: x's dtype (float32 when scales or bias promote it)",
+    },
+    Op {
+        name: "quantized_linear_rows",
+        version: 1,
+        glue: "quantized_linear_rows",
+        reference: "mlx.nn.QuantizedLinear.__call__ (and mlx_lm LoRALinear.__call__) (mlx 0.32.2, mlx-lm 0.32.2), called once per row (M = 1)",
+        inputs: &[
+            X, WEIGHT, SCALES, BIASES, BIAS, MODE, BITS, GROUP,
+            i("lora_a", "list of arrays [K, r] (may be empty)"),
+            i("lora_b", "list of arrays [r, N] (may be empty)"),
+            i("lora_scales", "list of floats, one per adapter"),
+        ],
+        outputs: "array [*, M, N]: each row computed alone, rows in x's order",
+    },
+    Op {
+        name: "lora_linear",
+        version: 1,
+        glue: "quantized_lora",
+        reference: "mlx_lm.tuner.lora.LoRALinear.__call__ (mlx-lm 0.32.2), nested once per adapter",
+        inputs: &[
+            X, WEIGHT, SCALES, BIASES, BIAS,
+            i("lora_a", "list of arrays [K, r]"),
+            i("lora_b", "list of arrays [r, N]"),
+            i("lora_scales", "list of floats"),
+            MODE, BITS, GROUP,
+        ],
+        outputs: "array [*, M, N]",
+    },
+    Op {
+        name: "quantized_switch_linear",
+        version: 1,
+        glue: "quantized_switch",
+        reference: "mlx_lm.models.switch_layers.QuantizedSwitchLinear.__call__ (mlx-lm 0.32.2; global_scale=None dropped)",
+        inputs: &[
+            i("x", "array float [T.., 1, M, K] (as SwitchGLU expands it)"),
+            INDICES, SW_WEIGHT, SW_SCALES, SW_BIASES, SW_BIAS, MODE, BITS, GROUP,
+            i("sort", "bool: sorted_indices (SwitchGLU sorts at >= 64 ids)"),
+            i("expert0_views", "bool: weights handed as views of expert 0 (layout test; values unchanged)"),
+        ],
+        outputs: "array [T.., k, M, N]",
+    },
+    Op {
+        name: "quantized_switch_linear_as_pinned",
+        version: 1,
+        glue: "quantized_switch_as_pinned",
+        reference: "mlx_lm.models.switch_layers.QuantizedSwitchLinear.__call__ (mlx-lm 0.32.2) exactly as pinned",
+        inputs: &[i("x", "array float [T.., 1, M, K]"), INDICES, SW_WEIGHT, SW_SCALES, SW_BIASES, SW_BIAS, MODE, BITS, GROUP],
+        outputs: "array [T.., k, M, N], or the exception the pinned code raises",
+    },
+    Op {
+        name: "quantized_switch_linear_rows",
+        version: 1,
+        glue: "quantized_switch_rows",
+        reference: "mlx_lm.models.switch_layers.QuantizedSwitchLinear.__call__ (mlx-lm 0.32.2), once per token",
+        inputs: &[i("x", "array float [T, 1, M, K]"), INDICES, SW_WEIGHT, SW_SCALES, SW_BIASES, SW_BIAS, MODE, BITS, GROUP],
+        outputs: "array [T, k, M, N]: each token computed alone",
+    },
+    Op {
+        name: "quantized_embedding",
+        version: 1,
+        glue: "quantized_embedding",
+        reference: "mlx.nn.QuantizedEmbedding.__call__ and .as_linear (mlx 0.32.2)",
+        inputs: &[
+            i("ids", "array int32|uint32 [*]: token ids"),
+            i("x", "array float [*, D]: for as_linear"),
+            i("weight", "array uint32 [V, D*bits/32]"),
+            i("scales", "array [V, D/group_size]"),
+            i("biases", "array [V, D/group_size] or None"),
+            GROUP, BITS, MODE,
+        ],
+        outputs: "dict: `lookup` [*, D], `logits` [*, V]",
+    },
+    Op {
+        name: "nvfp4_global_scale",
+        version: 1,
+        glue: "quantized_global_scale",
+        reference: "mlx.core.quantize / dequantize / quantized_matmul with global_scale (mlx 0.32.2)",
+        inputs: &[i("w", "array float [N, K]"), i("x", "array float [M, K]"), GROUP],
+        outputs: "dict: `global_scale`, `weight`, `scales`, `dequantized`, and the forwards the glue records (arrays, or the exception text)",
+    },
+    Op {
+        name: "switch_nvfp4_global_scale",
+        version: 1,
+        glue: "quantized_switch_global_scale",
+        reference: "mlx_lm SwitchLinear.to_quantized(mode=nvfp4, global_scale=True) (mlx-lm 0.32.2)",
+        inputs: &[i("w", "array float [E, N, K]"), i("x", "array float [T, 1, 1, K]"), INDICES, GROUP],
+        outputs: "dict: `weight`, `scales`, `global_scale`, and the forward (array or exception text)",
+    },
+    Op {
+        name: "linear",
+        version: 1,
+        glue: "float_linear",
+        reference: "mlx.nn.Linear.__call__ (mlx 0.32.2)",
+        inputs: &[X, i("weight", "array float [N, K]"), BIAS],
+        outputs: "array [*, M, N]",
+    },
+    Op {
+        name: "switch_linear",
+        version: 1,
+        glue: "float_switch",
+        reference: "mlx_lm.models.switch_layers.SwitchLinear.__call__ (mlx-lm 0.32.2)",
+        inputs: &[
+            i("x", "array float [T.., 1, M, K]"),
+            INDICES,
+            i("weight", "array float [E, N, K]"),
+            SW_BIAS,
+            i("sort", "bool: sorted_indices"),
+        ],
+        outputs: "array [T.., k, M, N]",
+    },
+    Op {
+        name: "safetensors_load",
+        version: 1,
+        glue: "safetensors_load",
+        reference: "mlx.core.load(path, return_metadata=True) (mlx 0.32.2)",
+        inputs: &[i("path", "str: a safetensors file")],
+        outputs: "dict: `arrays` (name -> array), `metadata` (name -> str)",
+    },
+    Op {
+        name: "checkpoint_load",
+        version: 1,
+        glue: "quantized_checkpoint_load",
+        reference: "mlx_lm.utils.load_model (mlx-lm 0.32.2) with the fixtures' tiny model class",
+        inputs: &[i("directory", "str: an MLX model directory (config.json + *.safetensors)")],
+        outputs: "what load_model raises or builds (see the glue)",
+    },
+    Op {
+        name: "quantized_checkpoint_forward",
+        version: 1,
+        glue: "quantized_checkpoint",
+        reference: "mlx_lm.utils.load_model (mlx-lm 0.32.2), then each quantized module's __call__",
+        inputs: &[
+            i("x", "array float [M, K]"),
+            i("indices", "array uint32 [M, k]: expert ids for switch modules"),
+            i("directory", "str: an MLX model directory"),
+            i("paths", "list of str: module paths"),
+        ],
+        outputs: "dict: `specs` int32 [n, 3] (mode id, bits, group_size per path), `outputs` (path -> array)",
+    },
+    Op {
+        name: "float_checkpoint_forward",
+        version: 1,
+        glue: "float_checkpoint",
+        reference: "mlx_lm.utils.load_model (mlx-lm 0.32.2), then the float module's __call__",
+        inputs: &[i("x", "array float [M, K]"), i("directory", "str"), i("path", "str: a module path")],
+        outputs: "dict: `module` (its class name), `y`",
+    },
+    Op {
+        name: "qwen3_5_config",
+        version: 1,
+        glue: "config_qwen3_5",
+        reference: "mlx_vlm.models.qwen3_5 ModelConfig / TextConfig.from_dict (mlx-vlm 0.7.6)",
+        inputs: &[CONFIG],
+        outputs: "dict of the fields the text attention and the rope index read (see the glue)",
+    },
+    Op {
+        name: "qwen3_5_config_mlx_lm",
+        version: 1,
+        glue: "config_qwen3_5_mlx_lm",
+        reference: "mlx_lm.models.<model_type>.ModelArgs.from_dict (mlx-lm 0.32.2)",
+        inputs: &[CONFIG],
+        outputs: "dict of the same fields as mlx-lm reads them",
+    },
+    Op {
+        name: "quantization_config_keys",
+        version: 1,
+        glue: "config_quantization_keys",
+        reference: "mlx_lm.utils quantization config handling and mlx_vlm's config (mlx-lm 0.32.2, mlx-vlm 0.7.6)",
+        inputs: &[CONFIG],
+        outputs: "dict: `written`, `mlx_vlm`: the quantization block's keys as each library keeps them",
+    },
+    Op {
+        name: "qwen3_5_config_mrope",
+        version: 1,
+        glue: "config_qwen3_5_mrope",
+        reference: "mlx_vlm.models.qwen3_5 LanguageModel.get_rope_index and the rotary built from the config (mlx-vlm 0.7.6)",
+        inputs: &[CONFIG, Q, K, IDS, IMAGE_GRID, VIDEO_GRID, PATH],
+        outputs: "dict: `q`, `k`, `position_ids`, `rope_deltas`, `path`",
+    },
+    Op {
+        name: "gemma4_vision_config",
+        version: 1,
+        glue: "config_gemma4_vision",
+        reference: "mlx_vlm.models.gemma4 VisionConfig.from_dict (mlx-vlm 0.7.6)",
+        inputs: &[CONFIG],
+        outputs: "dict: `fields` int64, `rope_theta` float, and the rest the vision attention reads",
+    },
+    Op {
+        name: "gemma4_config_rope2d",
+        version: 1,
+        glue: "config_gemma4_rope2d",
+        reference: "mlx_vlm.models.gemma4.vision.apply_multidimensional_rope with the config's rope_theta (mlx-vlm 0.7.6)",
+        inputs: &[CONFIG, i("inputs", "array float [B, L, H, D]"), i("positions", "array int [B, L, 2]")],
+        outputs: "array [B, L, H, D]",
+    },
+    Op {
+        name: "lora_adapters_write",
+        version: 1,
+        glue: "adapters_write",
+        reference: "mlx_lm.tuner (linear_to_lora_layers, save) / mlx_vlm.trainer adapter writing (mlx-lm 0.32.2, mlx-vlm 0.7.6)",
+        inputs: &[
+            i("library", "str: `mlx-lm` or `mlx-vlm`"),
+            i("directory", "str"),
+            i("blocks", "int"),
+            i("keys", "list of str"),
+            i("ins", "list of int"),
+            i("outs", "list of int"),
+            i("rank", "int"),
+            i("scale", "float"),
+            i("alpha", "float or None"),
+            i("num_layers", "int"),
+            i("paths", "list of str"),
+            i("lora_a", "list of arrays"),
+            i("lora_b", "list of arrays"),
+        ],
+        outputs: "the files written (see the glue)",
+    },
+    Op {
+        name: "lora_adapters_apply",
+        version: 1,
+        glue: "adapters_apply",
+        reference: "mlx_lm.tuner.utils.load_adapters / mlx_vlm.trainer.utils.apply_lora_layers, LoRALinear.__call__ and .fuse (mlx-lm 0.32.2, mlx-vlm 0.7.6)",
+        inputs: &[
+            i("library", "str"),
+            i("directory", "str: an adapter directory"),
+            i("blocks", "int"),
+            i("keys", "list of str"),
+            i("weights", "list of arrays uint32"),
+            i("scales", "list of arrays"),
+            i("biases", "list of arrays or None"),
+            GROUP, BITS, MODE,
+            i("paths", "list of str"),
+            i("x", "array float [M, K]"),
+        ],
+        outputs: "dict: per path, the adapted forward and the fused forward",
+    },
+    Op {
+        name: "attention_decode_step",
+        version: 1,
+        glue: "attention_decode_m1",
+        reference: "mlx_lm.models.glm4.Glm4Attention.__call__ on a KVCache (mlx-lm 0.32.2), one token at a time",
+        inputs: &[
+            i("x", "array float [T, hidden]"),
+            i("q_w", QW), i("q_s", QS), i("q_b", QB),
+            i("k_w", QW), i("k_s", QS), i("k_b", QB),
+            i("v_w", QW), i("v_s", QS), i("v_b", QB),
+            i("o_w", QW), i("o_s", QS), i("o_b", QB),
+            i("k0", "array float [1, n_kv_heads, S, head_dim]: the KV cache's keys before the step"),
+            i("v0", "array float [1, n_kv_heads, S, head_dim]"),
+            i("n_heads", "int"), i("n_kv_heads", "int"), HEAD_DIM,
+            i("rotary_dims", "int"), i("rope_base", "float"), GROUP, BITS,
+        ],
+        outputs: "list: attention rows [T, hidden], o_proj rows, keys and values per step",
+    },
+    Op {
+        name: "sdpa_kv_cache",
+        version: 1,
+        glue: "sdpa_kv_cache",
+        reference: "mlx_lm.models.base.scaled_dot_product_attention (mlx-lm 0.32.2) on KVCache state",
+        inputs: &[
+            i("queries", "array float [B, Hq, L, D]"),
+            i("keys", "array float [B, Hk, S, D]"),
+            i("values", "array float [B, Hk, S, D]"),
+            i("scale", "float"),
+        ],
+        outputs: "dict: the attention output and what the cache held",
+    },
+    Op {
+        name: "rope2d_apply",
+        version: 1,
+        glue: "position_rope2d",
+        reference: "optiq.vlm.gemma4.vision.apply_multidimensional_rope (mlx-optiq, pinned)",
+        inputs: &[
+            i("inputs", "array float [B, L, H, D]"),
+            i("positions", "array int [B, L, 2]: (x, y) per patch"),
+            i("base_frequency", "float"),
+        ],
+        outputs: "array [B, L, H, D], inputs' dtype",
+    },
+    Op {
+        name: "rope_index",
+        version: 1,
+        glue: "position_rope_index",
+        reference: "mlx_vlm.models.qwen3_5.language.LanguageModel.get_rope_index (mlx-vlm 0.7.6)",
+        inputs: &[i("attention_mask", "array int [B, L]"), IDS, IMAGE_GRID, VIDEO_GRID],
+        outputs: "dict: `position_ids` [3, B, L], `rope_deltas` [B, 1]",
+    },
+    Op {
+        name: "rope_decode_positions",
+        version: 1,
+        glue: "position_rope_decode",
+        reference: "mlx_vlm.models.qwen3_5.language.LanguageModel.__call__ (mlx-vlm 0.7.6): the positions it hands its body at a decode step",
+        inputs: &[
+            i("attention_mask", "array int [B, L]"), IDS, IMAGE_GRID, VIDEO_GRID,
+            i("cache_offset", "int"), i("length", "int: tokens in the step"),
+        ],
+        outputs: "dict: `position_ids` and how they were decided",
+    },
+    Op {
+        name: "mrope_kernel_source",
+        version: 1,
+        glue: "position_mrope_kernel_source",
+        reference: "mlx_vlm.models.qwen3_5 _mrope_apply_kernel (mlx-vlm 0.7.6): the Metal kernel text",
+        inputs: &[i("rotary_dim", "int"), i("position_ndim", "int"), i("pairing", "str")],
+        outputs: "dict: `template`, `output_dtypes`, `inputs`, the kernel's source",
+    },
+    Op {
+        name: "mrope_kernel_launch",
+        version: 1,
+        glue: "position_mrope_kernel_launch",
+        reference: "mlx_vlm.models.qwen3_5 _fast_mrope_apply (mlx-vlm 0.7.6): the launch it makes",
+        inputs: &[
+            i("batch", "int"), i("q_heads", "int"), i("kv_heads", "int"), i("length", "int"),
+            HEAD_DIM, i("dtype_name", "str"), i("position_ndim", "int"), i("rotary_dim", "int"),
+        ],
+        outputs: "list of dicts: grid, threadgroup, template, output shapes and dtypes per launch",
+    },
+    Op {
+        name: "mrope_apply",
+        version: 1,
+        glue: "position_mrope_apply",
+        reference: "mlx_vlm.models.qwen3_5.language.MRoPERotaryEmbedding.apply_rotary (mlx-vlm 0.7.6)",
+        inputs: &[Q, K, i("position_ids", "array int [3, B, L]: t/h/w positions"), HEAD_DIM, PRF, THETA, SECTION, PATH],
+        outputs: "dict: `q`, `k` (q's and k's shapes and dtypes), `path` (str: the path taken)",
+    },
+    Op {
+        name: "inv_freq",
+        version: 1,
+        glue: "position_inv_freq",
+        reference: "mlx_vlm rope_utils.compute_inv_freq (mlx-vlm 0.7.6), per dim, concatenated",
+        inputs: &[i("dims", "list of int"), i("base", "float")],
+        outputs: "array float32 [sum(dims)/2]",
+    },
+    Op {
+        name: "mrope_position_selector",
+        version: 1,
+        glue: "position_selectors",
+        reference: "mlx_vlm rope_utils._interleaved_position_selector (mlx-vlm 0.7.6), per pair, concatenated",
+        inputs: &[i("freq_dims", "list of int"), i("sections", "list of lists of 3 ints")],
+        outputs: "array int [sum(freq_dims)]",
+    },
+    Op {
+        name: "mrope_decode_step",
+        version: 1,
+        glue: "position_mrope_decode",
+        reference: "mlx_vlm.models.qwen3_5 get_rope_index, LanguageModel.__call__'s decode positions and MRoPERotaryEmbedding.apply_rotary (mlx-vlm 0.7.6)",
+        inputs: &[Q, K, IDS, IMAGE_GRID, VIDEO_GRID, i("cache_offset", "int"), HEAD_DIM, PRF, THETA, SECTION, PATH],
+        outputs: "dict: `q`, `k`, `position_ids`, `path`",
+    },
+    Op {
+        name: "mrope_prefill",
+        version: 1,
+        glue: "position_mrope_prompt",
+        reference: "mlx_vlm.models.qwen3_5 get_rope_index then MRoPERotaryEmbedding.apply_rotary (mlx-vlm 0.7.6)",
+        inputs: &[Q, K, IDS, IMAGE_GRID, VIDEO_GRID, HEAD_DIM, PRF, THETA, SECTION, PATH],
+        outputs: "dict: `q`, `k`, `position_ids`, `path`",
+    },
+    Op {
+        name: "mrope_text_vs_rope",
+        version: 1,
+        glue: "position_mrope_vs_rope",
+        reference: "mlx_vlm MRoPERotaryEmbedding.apply_rotary with three equal streams, and mlx.core.fast.rope (mlx-vlm 0.7.6, mlx 0.32.2)",
+        inputs: &[i("q", "array float [B, H, L, head_dim]"), i("position_ids", "array int [B, L]"), HEAD_DIM, PRF, THETA, SECTION, PATH],
+        outputs: "dict: `mrope`, `rope`, `path`",
+    },
+];
+
+/// The op a glue function is published as.
+pub fn by_glue(glue: &str) -> Option<&'static Op> {
+    OPS.iter().find(|op| op.glue == glue)
+}
+
+/// The op of a published name.
+pub fn by_name(name: &str) -> Option<&'static Op> {
+    OPS.iter().find(|op| op.name == name)
+}
+
+/// `docs/ops.md`: the vocabulary as a document (generated; never edited
+/// by hand).
+pub fn markdown() -> String {
+    let mut s = String::new();
+    s += "# The op vocabulary\n\n";
+    s += "<!-- Generated from crates/conformance/src/candidate/ops.rs by `cargo xtask ops-doc`; a test fails when it is stale. -->\n\n";
+    s += "Every reference call a must-equal case makes is one of these ops. A candidate \
+(`conformance --candidate CMD`, README \"Checking your own port\") receives exactly the \
+arguments the reference received, under these names, and must return what the reference \
+returned: the same tree, with arrays of the same dtype, shape and bits. Exported vectors \
+(`cargo xtask export`) name their calls by op and version. Arrays travel as safetensors; \
+the tree encoding is in the README's protocol section.\n\n";
+    s += "| op | version | reference |\n| --- | --- | --- |\n";
+    for op in OPS {
+        s += &format!("| [`{}`](#{}) | {} | {} |\n", op.name, op.name, op.version, op.reference);
+    }
+    for op in OPS {
+        s += &format!("\n## `{}`\n\n", op.name);
+        s += &format!("Version {}. Reference: {}. Glue: `reference_glue.{}`.\n\n", op.version, op.reference, op.glue);
+        s += "| input | what |\n| --- | --- |\n";
+        for input in op.inputs {
+            s += &format!("| `{}` | {} |\n", input.name, input.what.replace('|', "\\|"));
+        }
+        s += &format!("\nOutputs: {}.\n", op.outputs);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_glue_functions_are_unique() {
+        for (n, op) in OPS.iter().enumerate() {
+            assert!(OPS[n + 1..].iter().all(|o| o.name != op.name), "{} twice", op.name);
+            assert!(OPS[n + 1..].iter().all(|o| o.glue != op.glue), "{} twice", op.glue);
+            let mut seen = std::collections::BTreeSet::new();
+            for input in op.inputs {
+                assert!(seen.insert(input.name), "{}: input {} twice", op.name, input.name);
+            }
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! The protocol's value encoding, shared by `--candidate` requests and
+//! replies and by the exported vectors (`--export`): a JSON tree whose
+//! array leaves are `{"$tensor": "<key>"}`, the arrays themselves in one
+//! safetensors file beside it under those keys.
+//!
+//! | value | JSON |
+//! | --- | --- |
+//! | array | `{"$tensor": "x"}` (dtype and shape in the safetensors header) |
+//! | int, bool, string, None | a JSON integer, `true`/`false`, a string, `null` |
+//! | float | a JSON number with a fraction or exponent (`10000.0`); NaN and ±inf as `{"$float": "nan" \| "inf" \| "-inf"}` |
+//! | list (Python list or tuple) | a JSON array |
+//! | dict (results only) | a JSON object (no key starts with `$`) |
+//!
+//! Tensor keys are the leaf's path: argument `lora_a`'s second array is
+//! `lora_a/1`, a result dict's entry `y` is `y`, a result that is one
+//! array is `value`.
+
+use std::collections::BTreeMap;
+
+use oracle::{Arg, HostTensor, Value};
+use serde_json::{json, Map, Value as Json};
+
+/// A tree and the arrays its `$tensor` leaves name.
+#[derive(Debug, Default)]
+pub struct Encoded {
+    pub json: Json,
+    pub tensors: Vec<(String, HostTensor)>,
+}
+
+/// Encodes keyword arguments as one JSON object keyed by name.
+pub fn encode_args(args: &[(&str, Arg)]) -> Encoded {
+    let mut tensors = Vec::new();
+    let mut object = Map::new();
+    for (name, arg) in args {
+        object.insert((*name).to_owned(), arg_json(name, arg, &mut tensors));
+    }
+    Encoded {
+        json: Json::Object(object),
+        tensors,
+    }
+}
+
+fn float_json(v: f64) -> Json {
+    if v.is_finite() {
+        // serde_json writes a float with a fraction (`1.0`), so a reader
+        // in any language tells it from an integer.
+        Json::from(v)
+    } else if v.is_nan() {
+        json!({"$float": "nan"})
+    } else if v > 0.0 {
+        json!({"$float": "inf"})
+    } else {
+        json!({"$float": "-inf"})
+    }
+}
+
+fn arg_json(path: &str, arg: &Arg, tensors: &mut Vec<(String, HostTensor)>) -> Json {
+    match arg {
+        Arg::Tensor(t) => {
+            tensors.push((path.to_owned(), t.clone()));
+            json!({"$tensor": path})
+        }
+        Arg::Int(i) => Json::from(*i),
+        Arg::Float(f) => float_json(*f),
+        Arg::Bool(b) => Json::from(*b),
+        Arg::Str(s) => Json::from(s.as_str()),
+        Arg::None => Json::Null,
+        Arg::List(items) => Json::Array(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, a)| arg_json(&format!("{path}/{i}"), a, tensors))
+                .collect(),
+        ),
+    }
+}
+
+/// Encodes a result (a reference's or a candidate's).
+pub fn encode_value(v: &Value) -> Encoded {
+    let mut tensors = Vec::new();
+    let json = value_json("value", v, &mut tensors, true);
+    Encoded { json, tensors }
+}
+
+fn value_json(path: &str, v: &Value, tensors: &mut Vec<(String, HostTensor)>, top: bool) -> Json {
+    let child = |key: &str| {
+        if top {
+            key.to_owned()
+        } else {
+            format!("{path}/{key}")
+        }
+    };
+    match v {
+        Value::Tensor(t) => {
+            tensors.push((path.to_owned(), t.clone()));
+            json!({"$tensor": path})
+        }
+        Value::Int(i) => Json::from(*i),
+        Value::Float(f) => float_json(*f),
+        Value::Bool(b) => Json::from(*b),
+        Value::Str(s) => Json::from(s.as_str()),
+        Value::None => Json::Null,
+        Value::List(items) => Json::Array(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| value_json(&child(&i.to_string()), v, tensors, false))
+                .collect(),
+        ),
+        Value::Dict(map) => Json::Object(
+            map.iter()
+                .map(|(k, v)| (k.clone(), value_json(&child(k), v, tensors, false)))
+                .collect(),
+        ),
+    }
+}
+
+/// A leaf that is a `{"$...": ...}` marker, if `object` is one.
+fn marker<'a>(object: &'a Map<String, Json>, name: &str) -> Option<&'a Json> {
+    (object.len() == 1).then(|| object.get(name)).flatten()
+}
+
+/// Decodes a result tree; `tensors` are the arrays of its safetensors
+/// file. The error names the path of the first leaf that does not decode.
+pub fn decode_value(json: &Json, tensors: &BTreeMap<String, HostTensor>) -> Result<Value, String> {
+    decode_at("(the result)", json, tensors)
+}
+
+fn decode_at(path: &str, json: &Json, tensors: &BTreeMap<String, HostTensor>) -> Result<Value, String> {
+    Ok(match json {
+        Json::Null => Value::None,
+        Json::Bool(b) => Value::Bool(*b),
+        Json::Number(n) => match n.as_i64() {
+            Some(i) if !n.is_f64() => Value::Int(i),
+            _ => Value::Float(
+                n.as_f64()
+                    .ok_or_else(|| format!("`{path}`: the number {n} fits neither i64 nor f64"))?,
+            ),
+        },
+        Json::String(s) => Value::Str(s.clone()),
+        Json::Array(items) => Value::List(
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, j)| decode_at(&format!("{path}[{i}]"), j, tensors))
+                .collect::<Result<_, _>>()?,
+        ),
+        Json::Object(object) => {
+            if let Some(key) = marker(object, "$tensor") {
+                let key = key
+                    .as_str()
+                    .ok_or_else(|| format!("`{path}`: `$tensor` must name a key (a string)"))?;
+                let t = tensors.get(key).ok_or_else(|| {
+                    format!("`{path}`: `$tensor` names `{key}`, which the reply's safetensors file does not hold")
+                })?;
+                Value::Tensor(t.clone())
+            } else if let Some(f) = marker(object, "$float") {
+                Value::Float(match f.as_str() {
+                    Some("nan") => f64::NAN,
+                    Some("inf") => f64::INFINITY,
+                    Some("-inf") => f64::NEG_INFINITY,
+                    _ => return Err(format!("`{path}`: `$float` is \"nan\", \"inf\" or \"-inf\", not {f}")),
+                })
+            } else if let Some(k) = object.keys().find(|k| k.starts_with('$')) {
+                return Err(format!("`{path}`: unknown marker `{k}` (only `$tensor` and `$float` exist)"));
+            } else {
+                Value::Dict(
+                    object
+                        .iter()
+                        .map(|(k, j)| Ok((k.clone(), decode_at(&format!("{path}.{k}"), j, tensors)?)))
+                        .collect::<Result<_, String>>()?,
+                )
+            }
+        }
+    })
+}
+
+/// Decodes keyword arguments (the candidate's side of a request).
+pub fn decode_args(
+    json: &Json,
+    tensors: &BTreeMap<String, HostTensor>,
+) -> Result<Vec<(String, Value)>, String> {
+    let Json::Object(object) = json else {
+        return Err("`args` must be a JSON object".into());
+    };
+    object
+        .iter()
+        .map(|(k, j)| Ok((k.clone(), decode_at(k, j, tensors)?)))
+        .collect()
+}
+
+/// The tensors of a safetensors file by key.
+pub fn read_tensors(path: &std::path::Path) -> Result<BTreeMap<String, HostTensor>, String> {
+    Ok(crate::kept::read_file(path)?.into_iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use oracle::DType;
+
+    #[test]
+    fn trees_survive_the_round_trip() {
+        let t = HostTensor::new(DType::Bfloat16, vec![2], vec![1, 2, 3, 4]).unwrap();
+        let mut map = BTreeMap::new();
+        map.insert("y".to_owned(), Value::Tensor(t.clone()));
+        map.insert("n".to_owned(), Value::Int(3));
+        map.insert("theta".to_owned(), Value::Float(10000.0));
+        map.insert("inf".to_owned(), Value::Float(f64::INFINITY));
+        map.insert("l".to_owned(), Value::List(vec![Value::Tensor(t.clone()), Value::None]));
+        let v = Value::Dict(map);
+        let e = encode_value(&v);
+        let text = e.json.to_string();
+        assert!(text.contains("10000.0"), "{text}");
+        let tensors: BTreeMap<_, _> = e.tensors.into_iter().collect();
+        assert_eq!(tensors.len(), 2);
+        let back = decode_value(&serde_json::from_str(&text).unwrap(), &tensors).unwrap();
+        assert_eq!(format!("{back:?}"), format!("{v:?}"));
+    }
+
+    #[test]
+    fn a_missing_tensor_names_its_path() {
+        let err = decode_value(&json!({"y": {"$tensor": "y"}}), &BTreeMap::new()).unwrap_err();
+        assert!(err.contains("(the result).y") && err.contains("does not hold"), "{err}");
+    }
+}

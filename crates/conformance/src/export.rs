@@ -1,0 +1,262 @@
+//! `--export DIR` (`cargo xtask export`): golden vectors. For every
+//! must-equal case, every reference call it makes is written as one
+//! safetensors file (the arguments under `inputs/<key>`, the reference's
+//! result under `outputs/<key>`, keys as in [`crate::candidate::wire`]) and
+//! described in `DIR/manifest.json`:
+//!
+//! ```text
+//! DIR/manifest.json                         schema, environment, every case's calls
+//! DIR/vectors/<case, / as __>/<n>-<op>.safetensors
+//! ```
+//!
+//! Each call's entry gives the op and its version, the argument tree and
+//! the result tree (their arrays named by key in the file), the reference's
+//! exception line where it raised (refusal cases), the file's sha256, and
+//! a sha256 of every output array's bits (dtype name, shape as u64 LE,
+//! bytes: [`crate::case::digest_of`]). Nothing in it depends on time, paths
+//! of this machine outside the export, or run order: the same seed gives
+//! the same files.
+
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use oracle::{Arg, HostTensor, Value};
+use serde_json::{json, Value as Json};
+
+use crate::candidate::{ops, wire};
+
+/// The manifest's schema version.
+pub const SCHEMA_VERSION: u64 = 1;
+
+static DIR: OnceLock<PathBuf> = OnceLock::new();
+
+/// Makes this process record every must-equal case's reference calls.
+pub fn enable(dir: PathBuf) {
+    let _ = DIR.set(dir);
+}
+
+/// Empties an export directory of an earlier export's files (the
+/// manifest, `vectors/`, `cases/`); anything else in it is left alone.
+pub fn clear(dir: &Path) -> Result<(), String> {
+    for sub in ["vectors", "cases"] {
+        let p = dir.join(sub);
+        if p.is_dir() {
+            std::fs::remove_dir_all(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+        }
+    }
+    let m = dir.join("manifest.json");
+    if m.exists() {
+        std::fs::remove_file(&m).map_err(|e| format!("{}: {e}", m.display()))?;
+    }
+    Ok(())
+}
+
+/// The export directory of this process, if any.
+pub fn dir() -> Option<&'static Path> {
+    DIR.get().map(PathBuf::as_path)
+}
+
+struct Call {
+    glue: &'static str,
+    args: wire::Encoded,
+    outcome: Result<wire::Encoded, String>,
+}
+
+thread_local! {
+    /// The calls of the case in flight (`None`: not recording).
+    static CALLS: RefCell<Option<Vec<Call>>> = const { RefCell::new(None) };
+}
+
+/// Starts recording a case's calls (must-equal cases, while exporting).
+pub fn begin(record: bool) {
+    CALLS.with(|c| *c.borrow_mut() = (record && DIR.get().is_some()).then(Vec::new));
+}
+
+/// Records one reference call: its arguments and result, or the last line
+/// of what it raised.
+pub fn record(glue: &'static str, args: &[(&str, Arg)], result: Result<&Value, &oracle::OracleError>) {
+    CALLS.with(|c| {
+        if let Some(calls) = c.borrow_mut().as_mut() {
+            let args: Vec<(&str, Arg)> = args.iter().map(|(k, a)| (*k, portable(a))).collect();
+            calls.push(Call {
+                glue,
+                args: wire::encode_args(&args),
+                outcome: result.map(wire::encode_value).map_err(raised_line),
+            });
+        }
+    });
+}
+
+/// A path argument as the manifest gives it: relative to the suite's home
+/// (`fixtures/...`), or `$TMP/<name>` for a file a case wrote for the call
+/// (the pid and random parts of its name dropped), so the export does not
+/// depend on this machine. Other arguments unchanged.
+fn portable(a: &Arg) -> Arg {
+    match a {
+        Arg::Str(s) if s.starts_with('/') => {
+            let path = Path::new(s);
+            let fixtures = crate::home::Home::get().fixtures_dir();
+            if let Ok(rest) = path.strip_prefix(&fixtures) {
+                return Arg::Str(format!("fixtures/{}", rest.to_string_lossy()));
+            }
+            if path.starts_with(std::env::temp_dir()) {
+                let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let stable: String = name
+                    .split(['-', '.'])
+                    .filter(|part| !part.chars().all(|c| c.is_ascii_digit()) && !looks_random(part))
+                    .collect::<Vec<_>>()
+                    .join("-");
+                return Arg::Str(format!("$TMP/{stable}"));
+            }
+            a.clone()
+        }
+        Arg::List(items) => Arg::List(items.iter().map(portable).collect()),
+        other => other.clone(),
+    }
+}
+
+/// A tempfile-style random part (mixed letters and digits, 6+ long).
+fn looks_random(part: &str) -> bool {
+    part.len() >= 6
+        && part.chars().any(|c| c.is_ascii_digit())
+        && part.chars().any(|c| c.is_ascii_alphabetic())
+}
+
+/// The exception line of a reference error (`ValueError: ...`).
+fn raised_line(e: &oracle::OracleError) -> String {
+    match e {
+        oracle::OracleError::Python { traceback, .. } => traceback
+            .trim_end()
+            .lines()
+            .last()
+            .unwrap_or("")
+            .trim()
+            .to_owned(),
+        other => other.to_string(),
+    }
+}
+
+/// Where a case's vectors go, relative to the export directory.
+fn case_dir(case: &str) -> PathBuf {
+    Path::new("vectors").join(case.replace('/', "__"))
+}
+
+/// Writes the case's recorded calls (a `cases/<case>.json` fragment the
+/// run assembles into the manifest, and one safetensors file per call).
+/// `keep` is false for a case that ended in ERROR or was skipped: its calls
+/// may be incomplete. A failed case's vectors are written: they are the
+/// reference's, whatever the port did.
+pub fn finish(case: &str, reference: &str, keep: bool) -> Result<(), String> {
+    let Some(calls) = CALLS.with(|c| c.borrow_mut().take()) else {
+        return Ok(());
+    };
+    let Some(root) = DIR.get() else { return Ok(()) };
+    if !keep {
+        return Ok(());
+    }
+    let dir = case_dir(case);
+    std::fs::create_dir_all(root.join(&dir)).map_err(|e| format!("{}: {e}", root.join(&dir).display()))?;
+    let mut entries = Vec::new();
+    for (n, call) in calls.into_iter().enumerate() {
+        let op = ops::by_glue(call.glue)
+            .ok_or_else(|| format!("reference call `{}` is in no op of the vocabulary", call.glue))?;
+        let file = dir.join(format!("{n}-{}.safetensors", op.name));
+        let mut tensors: Vec<(String, HostTensor)> = call
+            .args
+            .tensors
+            .iter()
+            .map(|(k, t)| (format!("inputs/{k}"), t.clone()))
+            .collect();
+        let (result, raised, digests) = match &call.outcome {
+            Ok(e) => {
+                tensors.extend(e.tensors.iter().map(|(k, t)| (format!("outputs/{k}"), t.clone())));
+                let digests: serde_json::Map<String, Json> = e
+                    .tensors
+                    .iter()
+                    .map(|(k, t)| (k.clone(), Json::from(crate::case::digest_of(t))))
+                    .collect();
+                (prefixed(&e.json, "outputs/"), Json::Null, Json::Object(digests))
+            }
+            Err(line) => (Json::Null, Json::from(line.as_str()), json!({})),
+        };
+        crate::kept::write_file(&root.join(&file), &tensors, None)?;
+        let bytes = std::fs::read(root.join(&file)).map_err(|e| format!("{}: {e}", file.display()))?;
+        entries.push(json!({
+            "op": op.name,
+            "version": op.version,
+            "glue": op.glue,
+            "file": file.to_string_lossy().replace('\\', "/"),
+            "file_sha256": sha256_hex(&bytes),
+            "args": prefixed(&call.args.json, "inputs/"),
+            "result": result,
+            "raised": raised,
+            "output_sha256": digests,
+        }));
+    }
+    let fragment = json!({"case": case, "reference": reference, "calls": entries});
+    let path = root.join("cases").join(format!("{}.json", case.replace('/', "__")));
+    write_json(&path, &fragment)
+}
+
+/// `{"$tensor": k}` leaves renamed to the key they have in the file.
+fn prefixed(tree: &Json, prefix: &str) -> Json {
+    match tree {
+        Json::Array(items) => Json::Array(items.iter().map(|j| prefixed(j, prefix)).collect()),
+        Json::Object(o) if o.len() == 1 && o.get("$tensor").is_some_and(Json::is_string) => {
+            json!({"$tensor": format!("{prefix}{}", o["$tensor"].as_str().unwrap_or_default())})
+        }
+        Json::Object(o) => Json::Object(o.iter().map(|(k, v)| (k.clone(), prefixed(v, prefix))).collect()),
+        other => other.clone(),
+    }
+}
+
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    format!("{:x}", sha2::Sha256::digest(bytes))
+}
+
+fn write_json(path: &Path, value: &Json) -> Result<(), String> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+    }
+    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())? + "\n";
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| {
+            let _ = std::fs::remove_file(&tmp);
+            format!("{}: {e}", path.display())
+        })
+}
+
+/// The run's last step: the manifest from the cases' fragments (sorted by
+/// case name), with the environment the vectors came from. `environment`
+/// holds backend, device, MLX version and lock hash.
+pub fn write_manifest(root: &Path, environment: Json, seed: u64) -> Result<usize, String> {
+    let cases_dir = root.join("cases");
+    let mut fragments = Vec::new();
+    if cases_dir.is_dir() {
+        for entry in std::fs::read_dir(&cases_dir).map_err(|e| format!("{}: {e}", cases_dir.display()))? {
+            let path = entry.map_err(|e| e.to_string())?.path();
+            if path.extension().is_some_and(|e| e == "json") {
+                let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+                let j: Json = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+                fragments.push(j);
+            }
+        }
+    }
+    fragments.sort_by(|a, b| a["case"].as_str().cmp(&b["case"].as_str()));
+    let n = fragments.len();
+    let manifest = json!({
+        "schema_version": SCHEMA_VERSION,
+        "protocol": crate::candidate::client::PROTOCOL,
+        "what": "Golden vectors of the MLX conformance suite: per must-equal case, each reference call (op, arguments, the reference's result). Arrays are in the safetensors file named by `file`, under the keys the `$tensor` leaves name; output_sha256 is sha256(dtype name, shape as u64 LE, bytes). See docs/ops.md for the ops.",
+        "environment": environment,
+        "seed": seed,
+        "cases": fragments,
+    });
+    write_json(&root.join("manifest.json"), &manifest)?;
+    std::fs::remove_dir_all(&cases_dir).map_err(|e| format!("{}: {e}", cases_dir.display()))?;
+    Ok(n)
+}
