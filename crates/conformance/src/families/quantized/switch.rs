@@ -517,7 +517,7 @@ pub(super) fn expert_indices(
 /// `mlx_lm.models.switch_layers._gather_sort`, op for op:
 /// `order = argsort(indices.flatten())`, `inv_order = argsort(order)`,
 /// `x.flatten(0, -3)[order // M]`, `indices[order]`.
-pub(super) fn gather_sort(x: &Array, indices: &Array) -> Result<(Array, Array, Array), CaseError> {
+pub fn gather_sort(x: &Array, indices: &Array) -> Result<(Array, Array, Array), CaseError> {
     let m = *indices.shape().last().expect("indices have a last axis");
     let flat = indices.flatten(None, None)?;
     let order = ops::argsort_axis(&flat, -1)?;
@@ -530,7 +530,7 @@ pub(super) fn gather_sort(x: &Array, indices: &Array) -> Result<(Array, Array, A
 
 /// `mlx_lm.models.switch_layers._scatter_unsort`: `x[inv_order]`, then
 /// axis 0 unflattened to `shape`.
-pub(super) fn scatter_unsort(
+pub fn scatter_unsort(
     x: &Array,
     inv_order: &Array,
     shape: &[i32],

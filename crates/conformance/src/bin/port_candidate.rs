@@ -1,0 +1,376 @@
+//! `conformance-port-candidate`: this repository's port (crate `layers`)
+//! served through the candidate protocol, the protocol's self-test. Run
+//! `conformance --candidate target/debug/conformance-port-candidate`: every
+//! case it implements must get the verdict the linked run gets
+//! (`tests/candidate.rs`).
+//!
+//! Each op decodes the arguments the reference received, calls the port as
+//! the linked case does, and answers the reference's result tree. A port
+//! error is a `raised` reply (the port refused), as the linked run's port
+//! error is the case's. It links no Python: `oracle` is used for its
+//! tensor type only.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+
+use conformance::candidate::wire;
+use layers::quantized::{
+    ExpertIndices, Forward, LoraAdapter, Mode, QuantSpec, QuantizedEmbedding, QuantizedLinear,
+    QuantizedPayload, QuantizedSwitchLinear, RowsRegime,
+};
+use mlx_rs::Array;
+use oracle::{HostTensor, Value};
+use serde_json::{json, Value as Json};
+
+type Result<T> = std::result::Result<T, String>;
+
+/// A call's keyword arguments.
+struct Args(BTreeMap<String, Value>);
+
+impl Args {
+    fn get(&self, name: &str) -> Result<&Value> {
+        self.0.get(name).ok_or_else(|| format!("argument `{name}` missing"))
+    }
+    fn host(&self, name: &str) -> Result<HostTensor> {
+        match self.get(name)? {
+            Value::Tensor(t) => Ok(t.clone()),
+            _ => Err(format!("argument `{name}` is not an array")),
+        }
+    }
+    fn array(&self, name: &str) -> Result<Array> {
+        Ok(self.host(name)?.to_array())
+    }
+    fn opt_array(&self, name: &str) -> Result<Option<Array>> {
+        match self.0.get(name) {
+            None | Some(Value::None) => Ok(None),
+            Some(_) => self.array(name).map(Some),
+        }
+    }
+    fn arrays(&self, name: &str) -> Result<Vec<Array>> {
+        match self.0.get(name) {
+            None => Ok(Vec::new()),
+            Some(Value::List(items)) => items
+                .iter()
+                .map(|v| match v {
+                    Value::Tensor(t) => Ok(t.to_array()),
+                    _ => Err(format!("`{name}` holds a non-array")),
+                })
+                .collect(),
+            _ => Err(format!("argument `{name}` is not a list")),
+        }
+    }
+    fn int(&self, name: &str) -> Result<i64> {
+        match self.get(name)? {
+            Value::Int(i) => Ok(*i),
+            _ => Err(format!("argument `{name}` is not an int")),
+        }
+    }
+    fn float(&self, name: &str) -> Result<f64> {
+        match self.get(name)? {
+            Value::Float(f) => Ok(*f),
+            Value::Int(i) => Ok(*i as f64),
+            _ => Err(format!("argument `{name}` is not a number")),
+        }
+    }
+    fn floats(&self, name: &str) -> Result<Vec<f64>> {
+        match self.0.get(name) {
+            None => Ok(Vec::new()),
+            Some(Value::List(items)) => items
+                .iter()
+                .map(|v| match v {
+                    Value::Float(f) => Ok(*f),
+                    Value::Int(i) => Ok(*i as f64),
+                    _ => Err(format!("`{name}` holds a non-number")),
+                })
+                .collect(),
+            _ => Err(format!("argument `{name}` is not a list")),
+        }
+    }
+    fn usizes(&self, name: &str) -> Result<Vec<usize>> {
+        usizes(self.get(name)?, name)
+    }
+    fn string(&self, name: &str) -> Result<String> {
+        match self.get(name)? {
+            Value::Str(s) => Ok(s.clone()),
+            _ => Err(format!("argument `{name}` is not a string")),
+        }
+    }
+    fn flag(&self, name: &str) -> Result<bool> {
+        match self.0.get(name) {
+            None => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            _ => Err(format!("argument `{name}` is not a bool")),
+        }
+    }
+    /// mode, bits, group_size as a spec.
+    fn spec(&self) -> Result<QuantSpec> {
+        let mode: Mode = self.string("mode")?.parse().map_err(|e| format!("{e}"))?;
+        QuantSpec::new(mode, self.int("bits")? as i32, self.int("group_size")? as i32)
+            .map_err(|e| e.to_string())
+    }
+    /// weight, scales, biases with the spec.
+    fn payload(&self) -> Result<QuantizedPayload> {
+        QuantizedPayload::new(
+            self.array("weight")?,
+            self.array("scales")?,
+            self.opt_array("biases")?,
+            self.spec()?,
+        )
+        .map_err(|e| e.to_string())
+    }
+}
+
+fn usizes(v: &Value, name: &str) -> Result<Vec<usize>> {
+    match v {
+        Value::List(items) => items
+            .iter()
+            .map(|v| match v {
+                Value::Int(i) => usize::try_from(*i).map_err(|_| format!("`{name}` holds {i}")),
+                _ => Err(format!("`{name}` holds a non-int")),
+            })
+            .collect(),
+        _ => Err(format!("argument `{name}` is not a list")),
+    }
+}
+
+fn tensor(a: &Array) -> Result<Value> {
+    HostTensor::from_array(a).map(Value::Tensor).map_err(|e| e.to_string())
+}
+
+fn int32(values: &[i32]) -> Result<Value> {
+    let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    HostTensor::new(oracle::DType::Int32, vec![values.len()], bytes)
+        .map(Value::Tensor)
+        .map_err(|e| e.to_string())
+}
+
+fn dict(entries: Vec<(&str, Value)>) -> Value {
+    Value::Dict(entries.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+}
+
+fn s<E: std::fmt::Display>(e: E) -> String {
+    e.to_string()
+}
+
+/// A quantized linear with the call's LoRA adapters attached.
+fn linear_with_adapters(a: &Args) -> Result<QuantizedLinear> {
+    let mut layer = QuantizedLinear::new(a.payload()?, a.opt_array("bias")?).map_err(s)?;
+    let (lora_a, lora_b, scales) = (a.arrays("lora_a")?, a.arrays("lora_b")?, a.floats("lora_scales")?);
+    for (i, ((la, lb), scale)) in lora_a.into_iter().zip(lora_b).zip(scales).enumerate() {
+        let adapter = LoraAdapter::new(la, lb, scale as f32).map_err(s)?;
+        layer.attach_adapter(format!("adapter{i}"), adapter).map_err(s)?;
+    }
+    Ok(layer)
+}
+
+/// As `SwitchGLU.__call__` drives one projection (the linked case's
+/// `port_apply`).
+fn switch_apply(
+    forward: impl Fn(&Array, &Array, bool) -> Result<Array>,
+    x: &Array,
+    indices: &Array,
+    sort: bool,
+) -> Result<Value> {
+    use conformance::families::quantized::switch::{gather_sort, scatter_unsort};
+    let x = x.expand_dims_axes(&[-2, -3]).map_err(s)?;
+    let y = if sort {
+        let (xs, idx, inv_order) = gather_sort(&x, indices).map_err(s)?;
+        let y = forward(&xs, &idx, true)?;
+        scatter_unsort(&y, &inv_order, indices.shape()).map_err(s)?
+    } else {
+        forward(&x, indices, false)?
+    };
+    tensor(&y.squeeze_axes(&[-2]).map_err(s)?)
+}
+
+fn call(op: &str, a: &Args) -> Result<Value> {
+    match op {
+        "quantized_matmul" => tensor(
+            &mlx_rs::ops::quantized_matmul(
+                a.array("x")?,
+                a.array("w")?,
+                a.array("scales")?,
+                &a.array("biases")?,
+                true,
+                a.int("group_size")? as i32,
+                a.int("bits")? as i32,
+            )
+            .map_err(s)?,
+        ),
+        "quantized_linear" | "lora_linear" => {
+            tensor(&linear_with_adapters(a)?.forward(&a.array("x")?).map_err(s)?)
+        }
+        "quantized_linear_rows" => tensor(
+            &linear_with_adapters(a)?
+                .forward_as(&a.array("x")?, Forward::RowsIndependent)
+                .map_err(s)?,
+        ),
+        "quantized_switch_linear" => {
+            let layer = QuantizedSwitchLinear::new(a.payload()?, a.opt_array("bias")?).map_err(s)?;
+            switch_apply(
+                |x, i, sorted| layer.forward(x, i, sorted).map_err(s),
+                &a.array("x")?,
+                &a.array("indices")?,
+                a.flag("sort")?,
+            )
+        }
+        "quantized_switch_linear_rows" => {
+            let layer = QuantizedSwitchLinear::new(a.payload()?, a.opt_array("bias")?).map_err(s)?;
+            let indices = ExpertIndices::checked(a.array("indices")?, layer.num_experts()).map_err(s)?;
+            let x = a.array("x")?.expand_dims_axes(&[-2, -3]).map_err(s)?;
+            let regime = RowsRegime::for_backend(layers::Backend::of_default_device().map_err(s)?);
+            let y = layer.forward_rows_independent(&x, &indices, &regime).map_err(s)?;
+            tensor(&y.squeeze_axes(&[-2]).map_err(s)?)
+        }
+        "linear" => {
+            let layer = layers::dense::Linear::new(a.array("weight")?, a.opt_array("bias")?).map_err(s)?;
+            tensor(&layer.forward(&a.array("x")?).map_err(s)?)
+        }
+        "switch_linear" => {
+            let layer =
+                layers::dense::SwitchLinear::new(a.array("weight")?, a.opt_array("bias")?).map_err(s)?;
+            switch_apply(
+                |x, i, sorted| layer.forward(x, i, sorted).map_err(s),
+                &a.array("x")?,
+                &a.array("indices")?,
+                a.flag("sort")?,
+            )
+        }
+        "quantized_embedding" => {
+            let emb = QuantizedEmbedding::new(a.payload()?).map_err(s)?;
+            Ok(dict(vec![
+                ("lookup", tensor(&emb.lookup(&a.array("ids")?).map_err(s)?)?),
+                ("logits", tensor(&emb.as_linear(&a.array("x")?).map_err(s)?)?),
+            ]))
+        }
+        "rope2d_apply" => tensor(
+            &layers::position::apply_multidimensional_rope(
+                &a.array("inputs")?,
+                &a.array("positions")?,
+                a.float("base_frequency")?,
+            )
+            .map_err(s)?,
+        ),
+        "mrope_apply" => {
+            use layers::position::{Mrope, MropeConfig, MropePath};
+            let path = match a.string("path")?.as_str() {
+                "pure-mlx" => MropePath::PureMlx,
+                "metal-kernel" => MropePath::MetalKernel,
+                other => return Err(format!("path `{other}`")),
+            };
+            let rope = Mrope::new(MropeConfig::qwen3_5(
+                a.int("head_dim")? as usize,
+                a.float("partial_rotary_factor")?,
+                a.float("rope_theta")?,
+                a.usizes("mrope_section")?,
+            ))
+            .map_err(s)?;
+            let (q, k) = rope
+                .apply_with_path(path, &a.array("q")?, &a.array("k")?, &a.array("position_ids")?)
+                .map_err(s)?;
+            Ok(dict(vec![
+                ("q", tensor(&q)?),
+                ("k", tensor(&k)?),
+                ("path", Value::Str(path.as_str().to_owned())),
+                ("inv_freq", tensor(rope.inv_freq())?),
+                ("position_selector", int32(rope.position_selector())?),
+            ]))
+        }
+        "inv_freq" => {
+            let base = a.float("base")?;
+            let parts = a
+                .usizes("dims")?
+                .into_iter()
+                .map(|d| layers::position::compute_inv_freq(d, base).map_err(s))
+                .collect::<Result<Vec<_>>>()?;
+            tensor(&mlx_rs::ops::concatenate(&parts, 0).map_err(s)?)
+        }
+        "mrope_position_selector" => {
+            let Value::List(sections) = a.get("sections")? else {
+                return Err("`sections` is not a list".into());
+            };
+            let mut out = Vec::new();
+            for (freq_dim, section) in a.usizes("freq_dims")?.into_iter().zip(sections) {
+                let section = usizes(section, "sections")?;
+                out.extend(layers::position::interleaved_position_selector(&section, freq_dim).map_err(s)?);
+            }
+            int32(&out)
+        }
+        other => Err(format!("no op `{other}`")),
+    }
+}
+
+/// The ops this candidate implements, with their versions.
+const OPS: &[&str] = &[
+    "quantized_matmul",
+    "quantized_linear",
+    "lora_linear",
+    "quantized_linear_rows",
+    "quantized_switch_linear",
+    "quantized_switch_linear_rows",
+    "linear",
+    "switch_linear",
+    "quantized_embedding",
+    "rope2d_apply",
+    "mrope_apply",
+    "inv_freq",
+    "mrope_position_selector",
+];
+
+fn answer(out: &mut impl Write, message: Json) -> bool {
+    writeln!(out, "{message}").and_then(|()| out.flush()).is_ok()
+}
+
+fn serve(request: &Json) -> Json {
+    let id = request["id"].clone();
+    let op = request["op"].as_str().unwrap_or_default();
+    let tensors = match request["inputs"].as_str().map(std::path::Path::new).map(wire::read_tensors) {
+        Some(Ok(t)) => t,
+        Some(Err(e)) => return json!({"type": "error", "id": id, "kind": "raised", "message": e}),
+        None => return json!({"type": "error", "id": id, "kind": "raised", "message": "no inputs path"}),
+    };
+    let args = match wire::decode_args(&request["args"], &tensors) {
+        Ok(args) => Args(args.into_iter().collect()),
+        Err(e) => return json!({"type": "error", "id": id, "kind": "raised", "message": e}),
+    };
+    match call(op, &args) {
+        Ok(value) => {
+            let encoded = wire::encode_value(&value);
+            if !encoded.tensors.is_empty() {
+                let path = std::path::PathBuf::from(request["outputs"].as_str().unwrap_or_default());
+                if let Err(e) = conformance::kept::write_file(&path, &encoded.tensors, None) {
+                    return json!({"type": "error", "id": id, "kind": "raised", "message": e});
+                }
+            }
+            json!({"type": "result", "id": id, "value": encoded.json})
+        }
+        Err(e) => json!({"type": "error", "id": id, "kind": "raised", "message": e}),
+    }
+}
+
+fn main() {
+    let mut out = std::io::stdout().lock();
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        let Ok(request) = serde_json::from_str::<Json>(&line) else {
+            eprintln!("port-candidate: a request that is not JSON: {line}");
+            std::process::exit(3);
+        };
+        let reply = if request["type"] == "hello" {
+            let backend = request["backend"].as_str().unwrap_or("cpu");
+            match conformance::runner::worker::parse_backend(backend) {
+                Some(b) => mlx_rs::Device::set_default(&b.device()),
+                None => eprintln!("port-candidate: unknown backend {backend}; staying on the default device"),
+            }
+            let ops: serde_json::Map<String, Json> = OPS.iter().map(|o| ((*o).to_owned(), json!(1))).collect();
+            json!({"type": "hello", "protocol": 1, "name": "conformance-port-candidate", "ops": ops})
+        } else if OPS.contains(&request["op"].as_str().unwrap_or_default()) {
+            serve(&request)
+        } else {
+            json!({"type": "error", "id": request["id"], "kind": "unsupported", "message": "not served"})
+        };
+        if !answer(&mut out, reply) {
+            break;
+        }
+    }
+}
