@@ -55,6 +55,53 @@ pub fn explore(root: &Path, args: &[OsString]) -> Result<i32> {
     Ok(code)
 }
 
+/// `cargo xtask export [--backend B] --out DIR [args...]`: the runner with
+/// `--export DIR` and its reports in DIR/report; its exit code is ours.
+pub fn export(root: &Path, args: &[OsString]) -> Result<i32> {
+    let mut rest = Vec::new();
+    let mut out = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if a == "--out" {
+            out = it.next().cloned();
+        } else if let Some(v) = a.to_str().and_then(|s| s.strip_prefix("--out=")) {
+            out = Some(v.into());
+        } else {
+            rest.push(a.clone());
+        }
+    }
+    let Some(out) = out else {
+        bail!("cargo xtask export needs --out DIR: where the vectors and DIR/manifest.json go");
+    };
+    let out = std::path::absolute(&out)?;
+    rest.extend([
+        "--export".into(),
+        out.as_os_str().to_owned(),
+        "--out".into(),
+        out.join("report").into_os_string(),
+    ]);
+    run(root, &rest)
+}
+
+/// `cargo xtask ops-doc`: writes docs/ops.md from the op vocabulary (the
+/// runner's `--ops-doc` prints it; xtask links no MLX).
+pub fn ops_doc(root: &Path) -> Result<i32> {
+    let (layout, _, _) = env::select_and_check(root, &[])?;
+    let output = layout
+        .cargo(root)
+        .args(["run", "-q", "-p", "conformance", "--bin", "conformance", "--", "--ops-doc"])
+        .stderr(std::process::Stdio::inherit())
+        .output()?;
+    if !output.status.success() {
+        bail!("the runner's --ops-doc failed ({})", output.status);
+    }
+    let path = root.join("docs/ops.md");
+    std::fs::create_dir_all(root.join("docs"))?;
+    std::fs::write(&path, &output.stdout)?;
+    println!("wrote {}", path.display());
+    Ok(0)
+}
+
 /// Exit code of a process the dynamic loader could not start.
 pub const LOADER_FAILURE: i32 = 127;
 

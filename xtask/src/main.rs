@@ -96,6 +96,18 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
+    /// Write golden vectors: every must-equal case's reference calls (inputs,
+    /// the reference's outputs) as safetensors plus DIR/manifest.json (a
+    /// conformance run with `--export DIR`; reports go to DIR/report)
+    #[command(disable_help_flag = true)]
+    Export {
+        /// [--backend B] `--out DIR` (required: where the vectors go, emptied of an
+        /// earlier export's files) and runner arguments (`--filter`, `--device`, `--seed`)
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<OsString>,
+    },
+    /// Write docs/ops.md, the op vocabulary, from crates/conformance/src/candidate/ops.rs
+    OpsDoc,
     /// Write a self-contained runner directory (binary, CPython, reference packages,
     /// fixtures) for a Linux x86-64 machine without Rust, uv or network; `--archive`
     /// also writes it as <out>.tar.zst parts of at most 60 MiB
@@ -131,6 +143,8 @@ fn main() {
         Command::Test { args } => testing::run(&root, &args),
         Command::Conformance { args } => conformance::run(&root, &args),
         Command::Explore { args } => conformance::explore(&root, &args),
+        Command::Export { args } => conformance::export(&root, &args),
+        Command::OpsDoc => conformance::ops_doc(&root),
         Command::Fixtures { backend, action } => fixtures::run(&root, backend, &action),
         Command::Bundle(args) => bundle::run(&root, &args),
         Command::Gate(args) => gate::run(&root, &args),

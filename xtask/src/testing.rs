@@ -40,5 +40,27 @@ pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
     cmd.args(extra);
     let code = util::status(&mut cmd, "the conformance runner")?;
     explain_loader_failure(&layout, code);
-    Ok(code)
+    if code != 0 {
+        return Ok(code);
+    }
+    if !extra.is_empty() {
+        println!("xtask test: protocol self-test skipped (runner arguments given)");
+        return Ok(0);
+    }
+    // The candidate protocol's self-test (README "Checking your own port"):
+    // this repository's port served through the protocol must get the
+    // linked run's verdict on every case, case by case.
+    let candidate = layout
+        .target_dir(root)
+        .join("debug/conformance-port-candidate");
+    let linked = root.join("target/conformance/report.json");
+    let mut cmd = layout.cargo(root);
+    cmd.args(["run", "-p", "conformance", "--bin", "conformance", "--"])
+        .args(["--device", "cpu", "--candidate"])
+        .arg(&candidate)
+        .arg("--same-verdicts-as")
+        .arg(&linked)
+        .arg("--out")
+        .arg(root.join("target/conformance-candidate"));
+    util::status(&mut cmd, "the protocol self-test")
 }

@@ -118,11 +118,19 @@ struct Cli {
     /// included) before the case is an ERROR and the candidate is killed.
     #[arg(long, value_name = "SECONDS", default_value_t = 60, requires = "candidate")]
     candidate_timeout: u64,
+    /// With `--candidate`: compare every case's verdict with a linked run's
+    /// report.json (same selection and seed); a differing verdict exits 1
+    /// (the protocol's self-test, README "Checking your own port").
+    #[arg(long, value_name = "REPORT", requires = "candidate")]
+    same_verdicts_as: Option<PathBuf>,
     /// Also write golden vectors: every must-equal case's reference calls
     /// (inputs, the reference's outputs) as safetensors, and
     /// DIR/manifest.json (`cargo xtask export`).
     #[arg(long, value_name = "DIR")]
     export: Option<PathBuf>,
+    /// Print the op vocabulary (docs/ops.md, `cargo xtask ops-doc`) and exit.
+    #[arg(long)]
+    ops_doc: bool,
     /// Where reports are written.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -153,6 +161,10 @@ fn main() -> ExitCode {
         let cli = parse()?;
         if cli.worker {
             return worker_main(&cli);
+        }
+        if cli.ops_doc {
+            out!("{}", conformance::candidate::ops::markdown());
+            return Ok(ExitCode::SUCCESS);
         }
         let session = Session::prepare(cli)?;
         let ran = session.run()?;

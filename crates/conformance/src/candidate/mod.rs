@@ -72,3 +72,61 @@ pub fn call(case: &str, glue: &str, args: &[(&str, Arg)]) -> Result<Reply, CallE
 pub fn stop() {
     *CLIENT.lock().unwrap_or_else(|e| e.into_inner()) = None;
 }
+
+/// How a candidate run's verdicts compare with a linked run's
+/// (`--same-verdicts-as REPORT`, the protocol's self-test).
+#[derive(Debug, Default)]
+pub struct VerdictComparison {
+    /// Cases with the linked run's verdict.
+    pub same: usize,
+    /// Findings, which a candidate run skips by design.
+    pub findings: usize,
+    /// Cases the candidate does not implement an op of: `(case, reason)`.
+    pub unsupported: Vec<(String, String)>,
+    /// Cases whose verdict differs: `case: linked -> candidate (message)`.
+    pub differ: Vec<String>,
+}
+
+/// Compares `results` (this candidate run) with the cases of `report`
+/// (a linked run's report.json, same selection and seed).
+pub fn compare_verdicts<'a>(
+    results: impl IntoIterator<Item = &'a crate::runner::CaseResult>,
+    report: &std::path::Path,
+) -> Result<VerdictComparison, String> {
+    use crate::runner::Verdict;
+    let text = std::fs::read_to_string(report).map_err(|e| format!("{}: {e}", report.display()))?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", report.display()))?;
+    let linked: std::collections::BTreeMap<&str, Verdict> = json["cases"]
+        .as_array()
+        .ok_or_else(|| format!("{}: no `cases`", report.display()))?
+        .iter()
+        .filter_map(|c| {
+            let verdict = serde_json::from_value(c["verdict"].clone()).ok()?;
+            Some((c["name"].as_str()?, verdict))
+        })
+        .collect();
+    let mut out = VerdictComparison::default();
+    for r in results {
+        let Some(theirs) = linked.get(r.name.as_str()) else {
+            out.differ.push(format!("{}: not in {}", r.name, report.display()));
+            continue;
+        };
+        let message = r.message.clone().unwrap_or_default();
+        if *theirs == r.verdict {
+            out.same += 1;
+        } else if *theirs == Verdict::Finding && r.verdict == Verdict::Skip {
+            out.findings += 1;
+        } else if r.verdict == Verdict::Skip && message.starts_with("unsupported by the candidate") {
+            out.unsupported.push((r.name.clone(), message));
+        } else {
+            out.differ.push(format!(
+                "{}: linked {} -> candidate {} ({message})",
+                r.name,
+                theirs.word(),
+                r.verdict.word()
+            ));
+        }
+    }
+    Ok(out)
+}

@@ -110,7 +110,26 @@ impl Session {
             Format::Junit => outln!("{}", report::junit::render(&report)),
             Format::Markdown => outln!("{}", report::markdown::render(&report)),
         }
-        Ok(ExitCode::from(report.summary.exit_code as u8))
+        let mut code = report.summary.exit_code;
+        if let Some(linked) = &self.cli.same_verdicts_as {
+            let c = conformance::candidate::compare_verdicts(report.cases.iter().map(|r| &r.result), linked)
+                .map_err(|e| fail(format!("--same-verdicts-as: {e}")))?;
+            errln!(
+                "same verdicts as {}: {} same, {} findings skipped, {} unsupported by the candidate, {} differ",
+                linked.display(),
+                c.same,
+                c.findings,
+                c.unsupported.len(),
+                c.differ.len()
+            );
+            for line in &c.differ {
+                errln!("  differs: {line}");
+            }
+            if !c.differ.is_empty() {
+                code = code.max(conformance::report::exit::MUST_EQUAL_FAILURE);
+            }
+        }
+        Ok(ExitCode::from(code as u8))
     }
 
     /// Accept's closing line: what it did to the set.

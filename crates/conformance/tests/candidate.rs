@@ -1,0 +1,270 @@
+//! `conformance --candidate CMD` and `--export DIR` as a user runs them:
+//! the Python `mlx.core` candidate passes its ops and its wrong variant
+//! fails with the first differing element; every way a candidate can break
+//! the protocol is one clear row and the run ends; exported vectors match
+//! their manifest's digests and are the same on a second export.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::Value as Json;
+
+/// The repository root (two levels above this crate).
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The reference environment's Python (it has mlx.core).
+fn python() -> String {
+    root().join(".reference/venv/bin/python").display().to_string()
+}
+
+fn conformance(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args(args)
+        .env_remove("MLX_CONFORMANCE_DEVICE_FAMILY")
+        .env("CI", "true")
+        .output()
+        .expect("the conformance binary starts")
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// Runs `filter` against `candidate`, reports in a fresh directory.
+fn run_candidate(candidate: &str, filter: &str, extra: &[&str]) -> (Output, Json, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().to_str().unwrap().to_owned();
+    let mut args = vec!["--device", "cpu", "--filter", filter, "--candidate", candidate, "--out", &out_dir];
+    args.extend_from_slice(extra);
+    let out = conformance(&args);
+    let report = std::fs::read_to_string(dir.path().join("report.json"))
+        .unwrap_or_else(|e| panic!("no report ({e}): {}", text(&out)));
+    (out, serde_json::from_str(&report).unwrap(), dir)
+}
+
+fn cases(report: &Json) -> &Vec<Json> {
+    report["cases"].as_array().unwrap()
+}
+
+fn python_candidate(extra: &str) -> String {
+    let script = root().join("candidates/python/mlx_core_candidate.py");
+    format!("{} {} {extra}", python(), script.display())
+}
+
+fn bad(mode: &str) -> String {
+    let script = root().join("crates/conformance/tests/candidates/bad_candidate.py");
+    format!("{} {} {mode}", python(), script.display())
+}
+
+/// Two bf16 2-D RoPE cases: one op each (`rope2d_apply`).
+const TWO: &str = "position/rope2d/2d/hd64/bf16";
+
+#[test]
+fn the_python_candidate_passes_its_four_ops() {
+    for filter in [
+        "quantized/linear/affine-4b-gs64",
+        "quantized/switch/",
+        "position/rope2d/",
+        "position/mrope/accepted",
+    ] {
+        let (out, report, _dir) = run_candidate(&python_candidate(""), filter, &[]);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(0), "{filter}: {all}");
+        let passed = cases(&report).iter().filter(|c| c["verdict"] == "pass").count();
+        assert!(passed >= 4, "{filter}: {passed} passed: {all}");
+        for c in cases(&report) {
+            let message = c["message"].as_str().unwrap_or_default();
+            assert!(
+                c["verdict"] == "pass" || message.starts_with("unsupported by the candidate") || message.starts_with("a finding"),
+                "{filter}: {c}"
+            );
+        }
+        assert_eq!(report["environment"]["candidate"].as_str(), Some(python_candidate("").as_str()));
+    }
+}
+
+#[test]
+fn the_wrong_python_candidate_fails_with_the_first_differing_element() {
+    let (out, report, _dir) = run_candidate(&python_candidate("--wrong"), "position/rope2d/2d/hd64/", &[]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{all}");
+    for c in cases(&report) {
+        let name = c["name"].as_str().unwrap();
+        let comparison = &c["output"]["outputs"][0]["comparison"];
+        if name.contains("/bf16/") {
+            assert_eq!(c["verdict"], "fail", "{c}");
+            assert_eq!(comparison["outcome"], "differs", "{c}");
+            assert!(comparison["first_index"].is_array(), "{c}");
+            assert!(all.contains("first diff"), "{all}");
+        } else {
+            assert_eq!(c["verdict"], "pass", "float32 agrees: {c}");
+        }
+    }
+}
+
+/// The one row of each case in a bad candidate's run.
+fn rows(mode: &str, extra: &[&str]) -> (Vec<(String, String)>, Output, Duration) {
+    let start = Instant::now();
+    let (out, report, _dir) = run_candidate(&bad(mode), TWO, extra);
+    let rows = cases(&report)
+        .iter()
+        .map(|c| (c["verdict"].as_str().unwrap().to_owned(), c["message"].as_str().unwrap_or_default().to_owned()))
+        .collect();
+    (rows, out, start.elapsed())
+}
+
+#[test]
+fn a_crashing_candidate_is_an_error_row_per_case_and_is_restarted() {
+    let (rows, out, _) = rows("crash", &[]);
+    assert_eq!(rows.len(), 2, "{}", text(&out));
+    for (verdict, message) in &rows {
+        assert_eq!(verdict, "error", "{message}");
+        assert!(message.contains("exited") && message.contains("crashing on purpose"), "{message}");
+    }
+}
+
+#[test]
+fn a_hanging_candidate_is_killed_at_the_timeout() {
+    let (rows, out, took) = rows("hang", &["--candidate-timeout", "2"]);
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+    for (verdict, message) in &rows {
+        assert_eq!(verdict, "error", "{}", text(&out));
+        assert!(message.contains("no answer within 2 s"), "{message}");
+    }
+}
+
+#[test]
+fn malformed_json_and_stray_stdout_are_error_rows() {
+    for mode in ["malformed", "stray-stdout"] {
+        let (rows, out, _) = rows(mode, &[]);
+        for (verdict, message) in &rows {
+            assert_eq!(verdict, "error", "{mode}: {}", text(&out));
+            assert!(message.contains("not JSON"), "{mode}: {message}");
+        }
+    }
+}
+
+#[test]
+fn a_wrong_dtype_or_shape_fails_saying_which() {
+    for (mode, outcome) in [("wrong-dtype", "dtype_mismatch"), ("wrong-shape", "shape_mismatch")] {
+        let (out, report, _dir) = run_candidate(&bad(mode), TWO, &[]);
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        for c in cases(&report) {
+            assert_eq!(c["verdict"], "fail", "{mode}: {c}");
+            assert_eq!(c["output"]["outputs"][0]["comparison"]["outcome"], outcome, "{mode}: {c}");
+        }
+    }
+}
+
+#[test]
+fn an_unsupported_op_is_a_skip_row_with_the_reason() {
+    let (rows, out, _) = rows("unsupported", &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    for (verdict, message) in &rows {
+        assert_eq!(verdict, "skip");
+        assert!(message.contains("does not implement op `rope2d_apply`"), "{message}");
+    }
+}
+
+#[test]
+fn a_candidate_raising_where_the_reference_computes_is_the_ports_error() {
+    let (rows, _, _) = rows("raises", &[]);
+    for (verdict, message) in &rows {
+        assert_eq!(verdict, "error");
+        assert!(message.contains("the candidate raised where the reference computed") && message.contains("refuses everything"), "{message}");
+    }
+}
+
+#[test]
+fn a_candidate_run_refuses_to_accept_snapshots() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args(["--device", "cpu", "--filter", TWO, "--fixtures", "accept", "--candidate", "true"])
+        .arg("--out")
+        .arg(dir.path())
+        .env_remove("CI")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(text(&out).contains("--candidate runs never write snapshots"), "{}", text(&out));
+}
+
+/// Every output's bits in the exported files match the manifest's sha256,
+/// and a second export writes the same bytes.
+#[test]
+fn exported_vectors_match_their_digests_and_are_deterministic() {
+    let filter = "quantized/linear/affine-4b-gs64/bf16";
+    let export = |dir: &Path| {
+        let out = conformance(&[
+            "--device", "cpu", "--filter", filter,
+            "--export", dir.to_str().unwrap(),
+            "--out", dir.join("report").to_str().unwrap(),
+        ]);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    };
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    export(a.path());
+    export(b.path());
+    let manifest: Json =
+        serde_json::from_str(&std::fs::read_to_string(a.path().join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["schema_version"], 1);
+    for key in ["backend", "device", "mlx_version", "lock_sha256"] {
+        assert!(manifest["environment"][key].is_string(), "{key}: {manifest}");
+    }
+    let list = conformance(&["--list", "--filter", filter]);
+    let must_equal = String::from_utf8_lossy(&list.stdout).lines().filter(|l| l.contains("MustEqual")).count();
+    let exported = manifest["cases"].as_array().unwrap();
+    assert_eq!(exported.len(), must_equal, "every must-equal case is exported");
+    for case in exported {
+        for call in case["calls"].as_array().unwrap() {
+            assert!(call["op"].is_string() && call["version"] == 1, "{call}");
+            let file = call["file"].as_str().unwrap();
+            let bytes = std::fs::read(a.path().join(file)).unwrap();
+            assert_eq!(bytes, std::fs::read(b.path().join(file)).unwrap(), "{file} differs between exports");
+            let tensors = conformance::kept::read_file(&a.path().join(file)).unwrap();
+            let digests = call["output_sha256"].as_object().unwrap();
+            assert!(!digests.is_empty(), "{call}");
+            for (key, digest) in digests {
+                let t = &tensors.iter().find(|(k, _)| *k == format!("outputs/{key}")).unwrap().1;
+                assert_eq!(conformance::case::digest_of(t), digest.as_str().unwrap(), "{file} {key}");
+            }
+        }
+    }
+    assert_eq!(
+        std::fs::read(a.path().join("manifest.json")).unwrap(),
+        std::fs::read(b.path().join("manifest.json")).unwrap(),
+        "the manifest is the same on a second export"
+    );
+}
+
+/// docs/ops.md is what the vocabulary generates, and each op's inputs are
+/// its glue function's parameters, in order.
+#[test]
+fn the_op_vocabulary_document_is_current_and_matches_the_glue() {
+    let doc = std::fs::read_to_string(root().join("docs/ops.md")).unwrap();
+    assert!(
+        doc == conformance::candidate::ops::markdown(),
+        "docs/ops.md is stale: run `cargo xtask ops-doc`"
+    );
+    let glue_dir = root().join("crates/oracle/python/reference_glue");
+    let mut sources = String::new();
+    for entry in std::fs::read_dir(glue_dir).unwrap() {
+        sources += &std::fs::read_to_string(entry.unwrap().path()).unwrap();
+    }
+    for op in conformance::candidate::ops::OPS {
+        let start = sources
+            .find(&format!("\ndef {}(", op.glue))
+            .unwrap_or_else(|| panic!("no glue function {}", op.glue));
+        let rest = &sources[start + 5 + op.glue.len() + 1..];
+        let params: Vec<String> = rest[..rest.find("):").unwrap()]
+            .split(',')
+            .map(|p| p.split('=').next().unwrap().trim().to_owned())
+            .filter(|p| !p.is_empty())
+            .collect();
+        let inputs: Vec<&str> = op.inputs.iter().map(|i| i.name).collect();
+        assert_eq!(params, inputs, "op {} vs glue {}", op.name, op.glue);
+    }
+}
