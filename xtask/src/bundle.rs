@@ -122,6 +122,9 @@ struct PythonFacts {
     /// `libpython3.11.so.1.0`: the name the runner's ELF asks for.
     soname: String,
     site_packages: PathBuf,
+    /// The base interpreter's executable (it links the shared libpython):
+    /// `<bundle>/conformance python` runs Python candidates with it.
+    executable: PathBuf,
 }
 
 const PYTHON_FACTS: &str = r#"
@@ -134,6 +137,7 @@ print(json.dumps({
     "libdir": v("LIBDIR"),
     "soname": v("INSTSONAME") or v("LDLIBRARY"),
     "site_packages": site.getsitepackages()[0],
+    "executable": getattr(sys, "_base_executable", sys.executable),
 }))
 "#;
 
@@ -248,6 +252,18 @@ pub fn run(root: &Path, args: &Args) -> Result<i32> {
     fs::create_dir_all(out.join("bin"))?;
     copy_file(&binary, &out.join("bin/conformance"))?;
     copy_file(&explorer, &out.join("bin/conformance-explore"))?;
+    // The candidate protocol (README "Checking your own port"): this
+    // repository's port as a candidate, the Python example candidates, the
+    // op vocabulary, and the interpreter to run Python candidates with.
+    let port_candidate = explorer.with_file_name("conformance-port-candidate");
+    copy_file(&port_candidate, &out.join("bin/conformance-port-candidate"))?;
+    copy_tree(&root.join("candidates"), &out.join("candidates"), &|rel| {
+        rel.components().any(|c| c.as_os_str() == "__pycache__")
+    })?;
+    fs::create_dir_all(out.join("docs"))?;
+    copy_file(&root.join("docs/ops.md"), &out.join("docs/ops.md"))?;
+    fs::create_dir_all(python_home.join("bin"))?;
+    copy_file(&facts.executable, &python_home.join("bin/python3"))?;
     for (name, path) in &benches {
         copy_file(path, &out.join(format!("bin/bench-{name}")))?;
     }
@@ -446,6 +462,8 @@ fn build_runner(root: &Path, env: &Layout) -> Result<(PathBuf, PathBuf)> {
         "conformance",
         "--bin",
         "conformance-explore",
+        "--bin",
+        "conformance-port-candidate",
         "--message-format=json-render-diagnostics",
     ])
     .stdout(Stdio::piped());
@@ -673,6 +691,7 @@ fn elf_requirements(out: &Path) -> Result<serde_json::Value> {
         if name.contains(".so")
             || file.ends_with("bin/conformance")
             || file.ends_with("bin/conformance-explore")
+            || file.ends_with("bin/conformance-port-candidate")
             || name.starts_with("bench-")
         {
             scan(&file)?;
@@ -1032,6 +1051,20 @@ for arg in "$@"; do
     prev=$arg
 done
 
+# `<bundle>/conformance python …` is this bundle's CPython with the reference
+# packages (mlx.core included): for Python candidates (`--candidate`).
+if [ "${1:-}" = python ]; then
+    shift
+    PYTHONHOME="$here/python"
+    export PYTHONHOME
+    exec "$here/python/bin/python3" "$@"
+fi
+# `<bundle>/conformance port-candidate` is this repository's port served
+# through the candidate protocol.
+if [ "${1:-}" = port-candidate ]; then
+    shift
+    exec "$here/bin/conformance-port-candidate" "$@"
+fi
 # `<bundle>/conformance explore …` is the shape explorer.
 if [ "${1:-}" = explore ]; then
     shift

@@ -89,7 +89,16 @@ pub fn ops_doc(root: &Path) -> Result<i32> {
     let (layout, _, _) = env::select_and_check(root, &[])?;
     let output = layout
         .cargo(root)
-        .args(["run", "-q", "-p", "conformance", "--bin", "conformance", "--", "--ops-doc"])
+        .args([
+            "run",
+            "-q",
+            "-p",
+            "conformance",
+            "--bin",
+            "conformance",
+            "--",
+            "--ops-doc",
+        ])
         .stderr(std::process::Stdio::inherit())
         .output()?;
     if !output.status.success() {

@@ -267,6 +267,23 @@ impl Expected {
             .flatten();
         Self(t, None, counterparts)
     }
+    /// An array a reader derives from reference value `value` with
+    /// `convert` (a list of floats as their bits, say); with `--candidate`
+    /// the candidate's value at the same place is converted the same way.
+    pub(crate) fn derived(
+        value: &oracle::Value,
+        convert: impl Fn(&oracle::Value) -> Result<HostTensor, String>,
+    ) -> Result<Self, String> {
+        let t = convert(value)?;
+        let counterparts = crate::candidate::active().then(|| {
+            crate::candidate::tape::values_beside(value)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| c.and_then(|c| convert(&c)))
+                .collect()
+        });
+        Ok(Self(t, None, counterparts))
+    }
     /// A reference flag whose candidate counterpart is whether the
     /// candidate raised on the case's last call (refusal cases).
     pub(crate) fn raised_flag(raised: bool) -> Self {
@@ -308,7 +325,11 @@ impl Expected {
     ) -> Result<Expected, E> {
         let counterparts = self.2.as_ref().map(|cs| {
             cs.iter()
-                .map(|c| c.as_ref().map_err(Clone::clone).and_then(|t| f(t).map_err(|e| e.to_string())))
+                .map(|c| {
+                    c.as_ref()
+                        .map_err(Clone::clone)
+                        .and_then(|t| f(t).map_err(|e| e.to_string()))
+                })
                 .collect()
         });
         f(&self.0).map(|t| Expected(t, None, counterparts))
@@ -420,7 +441,8 @@ impl CaseOutput {
         let port = match expected.port_side(port) {
             Ok(t) => t,
             Err(why) => {
-                self.candidate_errors.push(format!("output `{name}`: {why}"));
+                self.candidate_errors
+                    .push(format!("output `{name}`: {why}"));
                 return;
             }
         };

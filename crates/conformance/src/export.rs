@@ -75,7 +75,11 @@ pub fn begin(record: bool) {
 
 /// Records one reference call: its arguments and result, or the last line
 /// of what it raised.
-pub fn record(glue: &'static str, args: &[(&str, Arg)], result: Result<&Value, &oracle::OracleError>) {
+pub fn record(
+    glue: &'static str,
+    args: &[(&str, Arg)],
+    result: Result<&Value, &oracle::OracleError>,
+) {
     CALLS.with(|c| {
         if let Some(calls) = c.borrow_mut().as_mut() {
             let args: Vec<(&str, Arg)> = args.iter().map(|(k, a)| (*k, portable(a))).collect();
@@ -101,7 +105,10 @@ fn portable(a: &Arg) -> Arg {
                 return Arg::Str(format!("fixtures/{}", rest.to_string_lossy()));
             }
             if path.starts_with(std::env::temp_dir()) {
-                let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let name = path
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default();
                 let stable: String = name
                     .split(['-', '.'])
                     .filter(|part| !part.chars().all(|c| c.is_ascii_digit()) && !looks_random(part))
@@ -156,11 +163,16 @@ pub fn finish(case: &str, reference: &str, keep: bool) -> Result<(), String> {
         return Ok(());
     }
     let dir = case_dir(case);
-    std::fs::create_dir_all(root.join(&dir)).map_err(|e| format!("{}: {e}", root.join(&dir).display()))?;
+    std::fs::create_dir_all(root.join(&dir))
+        .map_err(|e| format!("{}: {e}", root.join(&dir).display()))?;
     let mut entries = Vec::new();
     for (n, call) in calls.into_iter().enumerate() {
-        let op = ops::by_glue(call.glue)
-            .ok_or_else(|| format!("reference call `{}` is in no op of the vocabulary", call.glue))?;
+        let op = ops::by_glue(call.glue).ok_or_else(|| {
+            format!(
+                "reference call `{}` is in no op of the vocabulary",
+                call.glue
+            )
+        })?;
         let file = dir.join(format!("{n}-{}.safetensors", op.name));
         let mut tensors: Vec<(String, HostTensor)> = call
             .args
@@ -170,18 +182,27 @@ pub fn finish(case: &str, reference: &str, keep: bool) -> Result<(), String> {
             .collect();
         let (result, raised, digests) = match &call.outcome {
             Ok(e) => {
-                tensors.extend(e.tensors.iter().map(|(k, t)| (format!("outputs/{k}"), t.clone())));
+                tensors.extend(
+                    e.tensors
+                        .iter()
+                        .map(|(k, t)| (format!("outputs/{k}"), t.clone())),
+                );
                 let digests: serde_json::Map<String, Json> = e
                     .tensors
                     .iter()
                     .map(|(k, t)| (k.clone(), Json::from(crate::case::digest_of(t))))
                     .collect();
-                (prefixed(&e.json, "outputs/"), Json::Null, Json::Object(digests))
+                (
+                    prefixed(&e.json, "outputs/"),
+                    Json::Null,
+                    Json::Object(digests),
+                )
             }
             Err(line) => (Json::Null, Json::from(line.as_str()), json!({})),
         };
         crate::kept::write_file(&root.join(&file), &tensors, None)?;
-        let bytes = std::fs::read(root.join(&file)).map_err(|e| format!("{}: {e}", file.display()))?;
+        let bytes =
+            std::fs::read(root.join(&file)).map_err(|e| format!("{}: {e}", file.display()))?;
         entries.push(json!({
             "op": op.name,
             "version": op.version,
@@ -195,7 +216,9 @@ pub fn finish(case: &str, reference: &str, keep: bool) -> Result<(), String> {
         }));
     }
     let fragment = json!({"case": case, "reference": reference, "calls": entries});
-    let path = root.join("cases").join(format!("{}.json", case.replace('/', "__")));
+    let path = root
+        .join("cases")
+        .join(format!("{}.json", case.replace('/', "__")));
     write_json(&path, &fragment)
 }
 
@@ -206,7 +229,11 @@ fn prefixed(tree: &Json, prefix: &str) -> Json {
         Json::Object(o) if o.len() == 1 && o.get("$tensor").is_some_and(Json::is_string) => {
             json!({"$tensor": format!("{prefix}{}", o["$tensor"].as_str().unwrap_or_default())})
         }
-        Json::Object(o) => Json::Object(o.iter().map(|(k, v)| (k.clone(), prefixed(v, prefix))).collect()),
+        Json::Object(o) => Json::Object(
+            o.iter()
+                .map(|(k, v)| (k.clone(), prefixed(v, prefix)))
+                .collect(),
+        ),
         other => other.clone(),
     }
 }
@@ -237,11 +264,15 @@ pub fn write_manifest(root: &Path, environment: Json, seed: u64) -> Result<usize
     let cases_dir = root.join("cases");
     let mut fragments = Vec::new();
     if cases_dir.is_dir() {
-        for entry in std::fs::read_dir(&cases_dir).map_err(|e| format!("{}: {e}", cases_dir.display()))? {
+        for entry in
+            std::fs::read_dir(&cases_dir).map_err(|e| format!("{}: {e}", cases_dir.display()))?
+        {
             let path = entry.map_err(|e| e.to_string())?.path();
             if path.extension().is_some_and(|e| e == "json") {
-                let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-                let j: Json = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| format!("{}: {e}", path.display()))?;
+                let j: Json =
+                    serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
                 fragments.push(j);
             }
         }

@@ -67,9 +67,7 @@ pub fn write_file(
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
     let written = safetensors::serialize_to_file(views, metadata, &tmp)
         .map_err(|e| format!("{}: {e}", tmp.display()))
-        .and_then(|()| {
-            std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
-        });
+        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display())));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }

@@ -116,7 +116,12 @@ struct Cli {
     candidate: Option<String>,
     /// Seconds the candidate may take to answer one call (its start
     /// included) before the case is an ERROR and the candidate is killed.
-    #[arg(long, value_name = "SECONDS", default_value_t = 60, requires = "candidate")]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 60,
+        requires = "candidate"
+    )]
     candidate_timeout: u64,
     /// With `--candidate`: compare every case's verdict with a linked run's
     /// report.json (same selection and seed); a differing verdict exits 1

@@ -17,7 +17,10 @@ fn root() -> PathBuf {
 
 /// The reference environment's Python (it has mlx.core).
 fn python() -> String {
-    root().join(".reference/venv/bin/python").display().to_string()
+    root()
+        .join(".reference/venv/bin/python")
+        .display()
+        .to_string()
 }
 
 fn conformance(args: &[&str]) -> Output {
@@ -30,14 +33,31 @@ fn conformance(args: &[&str]) -> Output {
 }
 
 fn text(out: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 /// Runs `filter` against `candidate`, reports in a fresh directory.
-fn run_candidate(candidate: &str, filter: &str, extra: &[&str]) -> (Output, Json, tempfile::TempDir) {
+fn run_candidate(
+    candidate: &str,
+    filter: &str,
+    extra: &[&str],
+) -> (Output, Json, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let out_dir = dir.path().to_str().unwrap().to_owned();
-    let mut args = vec!["--device", "cpu", "--filter", filter, "--candidate", candidate, "--out", &out_dir];
+    let mut args = vec![
+        "--device",
+        "cpu",
+        "--filter",
+        filter,
+        "--candidate",
+        candidate,
+        "--out",
+        &out_dir,
+    ];
     args.extend_from_slice(extra);
     let out = conformance(&args);
     let report = std::fs::read_to_string(dir.path().join("report.json"))
@@ -73,22 +93,34 @@ fn the_python_candidate_passes_its_four_ops() {
         let (out, report, _dir) = run_candidate(&python_candidate(""), filter, &[]);
         let all = text(&out);
         assert_eq!(out.status.code(), Some(0), "{filter}: {all}");
-        let passed = cases(&report).iter().filter(|c| c["verdict"] == "pass").count();
+        let passed = cases(&report)
+            .iter()
+            .filter(|c| c["verdict"] == "pass")
+            .count();
         assert!(passed >= 4, "{filter}: {passed} passed: {all}");
         for c in cases(&report) {
             let message = c["message"].as_str().unwrap_or_default();
             assert!(
-                c["verdict"] == "pass" || message.starts_with("unsupported by the candidate") || message.starts_with("a finding"),
+                c["verdict"] == "pass"
+                    || message.starts_with("unsupported by the candidate")
+                    || message.starts_with("a finding"),
                 "{filter}: {c}"
             );
         }
-        assert_eq!(report["environment"]["candidate"].as_str(), Some(python_candidate("").as_str()));
+        assert_eq!(
+            report["environment"]["candidate"].as_str(),
+            Some(python_candidate("").as_str())
+        );
     }
 }
 
 #[test]
 fn the_wrong_python_candidate_fails_with_the_first_differing_element() {
-    let (out, report, _dir) = run_candidate(&python_candidate("--wrong"), "position/rope2d/2d/hd64/", &[]);
+    let (out, report, _dir) = run_candidate(
+        &python_candidate("--wrong"),
+        "position/rope2d/2d/hd64/",
+        &[],
+    );
     let all = text(&out);
     assert_eq!(out.status.code(), Some(1), "{all}");
     for c in cases(&report) {
@@ -111,7 +143,12 @@ fn rows(mode: &str, extra: &[&str]) -> (Vec<(String, String)>, Output, Duration)
     let (out, report, _dir) = run_candidate(&bad(mode), TWO, extra);
     let rows = cases(&report)
         .iter()
-        .map(|c| (c["verdict"].as_str().unwrap().to_owned(), c["message"].as_str().unwrap_or_default().to_owned()))
+        .map(|c| {
+            (
+                c["verdict"].as_str().unwrap().to_owned(),
+                c["message"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
         .collect();
     (rows, out, start.elapsed())
 }
@@ -122,7 +159,10 @@ fn a_crashing_candidate_is_an_error_row_per_case_and_is_restarted() {
     assert_eq!(rows.len(), 2, "{}", text(&out));
     for (verdict, message) in &rows {
         assert_eq!(verdict, "error", "{message}");
-        assert!(message.contains("exited") && message.contains("crashing on purpose"), "{message}");
+        assert!(
+            message.contains("exited") && message.contains("crashing on purpose"),
+            "{message}"
+        );
     }
 }
 
@@ -149,12 +189,18 @@ fn malformed_json_and_stray_stdout_are_error_rows() {
 
 #[test]
 fn a_wrong_dtype_or_shape_fails_saying_which() {
-    for (mode, outcome) in [("wrong-dtype", "dtype_mismatch"), ("wrong-shape", "shape_mismatch")] {
+    for (mode, outcome) in [
+        ("wrong-dtype", "dtype_mismatch"),
+        ("wrong-shape", "shape_mismatch"),
+    ] {
         let (out, report, _dir) = run_candidate(&bad(mode), TWO, &[]);
         assert_eq!(out.status.code(), Some(1), "{}", text(&out));
         for c in cases(&report) {
             assert_eq!(c["verdict"], "fail", "{mode}: {c}");
-            assert_eq!(c["output"]["outputs"][0]["comparison"]["outcome"], outcome, "{mode}: {c}");
+            assert_eq!(
+                c["output"]["outputs"][0]["comparison"]["outcome"], outcome,
+                "{mode}: {c}"
+            );
         }
     }
 }
@@ -165,7 +211,10 @@ fn an_unsupported_op_is_a_skip_row_with_the_reason() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     for (verdict, message) in &rows {
         assert_eq!(verdict, "skip");
-        assert!(message.contains("does not implement op `rope2d_apply`"), "{message}");
+        assert!(
+            message.contains("does not implement op `rope2d_apply`"),
+            "{message}"
+        );
     }
 }
 
@@ -174,7 +223,11 @@ fn a_candidate_raising_where_the_reference_computes_is_the_ports_error() {
     let (rows, _, _) = rows("raises", &[]);
     for (verdict, message) in &rows {
         assert_eq!(verdict, "error");
-        assert!(message.contains("the candidate raised where the reference computed") && message.contains("refuses everything"), "{message}");
+        assert!(
+            message.contains("the candidate raised where the reference computed")
+                && message.contains("refuses everything"),
+            "{message}"
+        );
     }
 }
 
@@ -182,14 +235,27 @@ fn a_candidate_raising_where_the_reference_computes_is_the_ports_error() {
 fn a_candidate_run_refuses_to_accept_snapshots() {
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_conformance"))
-        .args(["--device", "cpu", "--filter", TWO, "--fixtures", "accept", "--candidate", "true"])
+        .args([
+            "--device",
+            "cpu",
+            "--filter",
+            TWO,
+            "--fixtures",
+            "accept",
+            "--candidate",
+            "true",
+        ])
         .arg("--out")
         .arg(dir.path())
         .env_remove("CI")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
-    assert!(text(&out).contains("--candidate runs never write snapshots"), "{}", text(&out));
+    assert!(
+        text(&out).contains("--candidate runs never write snapshots"),
+        "{}",
+        text(&out)
+    );
 }
 
 /// Every output's bits in the exported files match the manifest's sha256,
@@ -199,9 +265,14 @@ fn exported_vectors_match_their_digests_and_are_deterministic() {
     let filter = "quantized/linear/affine-4b-gs64/bf16";
     let export = |dir: &Path| {
         let out = conformance(&[
-            "--device", "cpu", "--filter", filter,
-            "--export", dir.to_str().unwrap(),
-            "--out", dir.join("report").to_str().unwrap(),
+            "--device",
+            "cpu",
+            "--filter",
+            filter,
+            "--export",
+            dir.to_str().unwrap(),
+            "--out",
+            dir.join("report").to_str().unwrap(),
         ]);
         assert_eq!(out.status.code(), Some(0), "{}", text(&out));
     };
@@ -209,27 +280,50 @@ fn exported_vectors_match_their_digests_and_are_deterministic() {
     export(a.path());
     export(b.path());
     let manifest: Json =
-        serde_json::from_str(&std::fs::read_to_string(a.path().join("manifest.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(a.path().join("manifest.json")).unwrap())
+            .unwrap();
     assert_eq!(manifest["schema_version"], 1);
     for key in ["backend", "device", "mlx_version", "lock_sha256"] {
-        assert!(manifest["environment"][key].is_string(), "{key}: {manifest}");
+        assert!(
+            manifest["environment"][key].is_string(),
+            "{key}: {manifest}"
+        );
     }
     let list = conformance(&["--list", "--filter", filter]);
-    let must_equal = String::from_utf8_lossy(&list.stdout).lines().filter(|l| l.contains("MustEqual")).count();
+    let must_equal = String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .filter(|l| l.contains("MustEqual"))
+        .count();
     let exported = manifest["cases"].as_array().unwrap();
-    assert_eq!(exported.len(), must_equal, "every must-equal case is exported");
+    assert_eq!(
+        exported.len(),
+        must_equal,
+        "every must-equal case is exported"
+    );
     for case in exported {
         for call in case["calls"].as_array().unwrap() {
             assert!(call["op"].is_string() && call["version"] == 1, "{call}");
             let file = call["file"].as_str().unwrap();
             let bytes = std::fs::read(a.path().join(file)).unwrap();
-            assert_eq!(bytes, std::fs::read(b.path().join(file)).unwrap(), "{file} differs between exports");
+            assert_eq!(
+                bytes,
+                std::fs::read(b.path().join(file)).unwrap(),
+                "{file} differs between exports"
+            );
             let tensors = conformance::kept::read_file(&a.path().join(file)).unwrap();
             let digests = call["output_sha256"].as_object().unwrap();
             assert!(!digests.is_empty(), "{call}");
             for (key, digest) in digests {
-                let t = &tensors.iter().find(|(k, _)| *k == format!("outputs/{key}")).unwrap().1;
-                assert_eq!(conformance::case::digest_of(t), digest.as_str().unwrap(), "{file} {key}");
+                let t = &tensors
+                    .iter()
+                    .find(|(k, _)| *k == format!("outputs/{key}"))
+                    .unwrap()
+                    .1;
+                assert_eq!(
+                    conformance::case::digest_of(t),
+                    digest.as_str().unwrap(),
+                    "{file} {key}"
+                );
             }
         }
     }

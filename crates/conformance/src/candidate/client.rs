@@ -141,12 +141,17 @@ impl Client {
         });
         let answer = client.exchange(&hello).map_err(|e| format!("hello: {e}"))?;
         if answer.get("type").and_then(Json::as_str) != Some("hello") {
-            return Err(client.fail(&format!("hello: expected a `hello` reply, got {}", clip(&answer.to_string()))));
+            return Err(client.fail(&format!(
+                "hello: expected a `hello` reply, got {}",
+                clip(&answer.to_string())
+            )));
         }
         if answer.get("protocol").and_then(Json::as_u64) != Some(PROTOCOL) {
             return Err(client.fail(&format!(
                 "hello: the candidate speaks protocol {}, this runner {PROTOCOL}",
-                answer.get("protocol").map_or("(none)".into(), Json::to_string)
+                answer
+                    .get("protocol")
+                    .map_or("(none)".into(), Json::to_string)
             )));
         }
         let Some(ops) = answer.get("ops").and_then(Json::as_object) else {
@@ -154,7 +159,9 @@ impl Client {
         };
         for (name, version) in ops {
             let Some(v) = version.as_u64() else {
-                return Err(client.fail(&format!("hello: op `{name}` has version {version}, not an integer")));
+                return Err(client.fail(&format!(
+                    "hello: op `{name}` has version {version}, not an integer"
+                )));
             };
             client.ops.insert(name.clone(), v);
         }
@@ -174,7 +181,10 @@ impl Client {
                 "`{}` implements op `{}` version {v}; this suite calls version {}",
                 self.name, op.name, op.version
             )),
-            None => Err(format!("`{}` does not implement op `{}`", self.name, op.name)),
+            None => Err(format!(
+                "`{}` does not implement op `{}`",
+                self.name, op.name
+            )),
         }
     }
 
@@ -206,10 +216,24 @@ impl Client {
         reply
     }
 
-    fn read_reply(&mut self, answer: &Json, id: u64, outputs: &std::path::Path, op: &Op) -> Result<Reply, CallError> {
-        let bad = |this: &mut Self, what: String| CallError::Failed(this.fail(&format!("op `{}`: {what}", op.name)));
+    fn read_reply(
+        &mut self,
+        answer: &Json,
+        id: u64,
+        outputs: &std::path::Path,
+        op: &Op,
+    ) -> Result<Reply, CallError> {
+        let bad = |this: &mut Self, what: String| {
+            CallError::Failed(this.fail(&format!("op `{}`: {what}", op.name)))
+        };
         if answer.get("id").and_then(Json::as_u64) != Some(id) {
-            return Err(bad(self, format!("the reply is for call {}, not {id}", answer.get("id").map_or("(none)".into(), Json::to_string))));
+            return Err(bad(
+                self,
+                format!(
+                    "the reply is for call {}, not {id}",
+                    answer.get("id").map_or("(none)".into(), Json::to_string)
+                ),
+            ));
         }
         match answer.get("type").and_then(Json::as_str) {
             Some("result") => {
@@ -217,7 +241,8 @@ impl Client {
                     return Err(bad(self, "a `result` reply without `value`".into()));
                 };
                 let tensors = if outputs.exists() {
-                    wire::read_tensors(outputs).map_err(|e| bad(self, format!("its outputs file: {e}")))?
+                    wire::read_tensors(outputs)
+                        .map_err(|e| bad(self, format!("its outputs file: {e}")))?
                 } else {
                     BTreeMap::new()
                 };
@@ -226,14 +251,27 @@ impl Client {
                     .map_err(|e| bad(self, format!("its result: {e}")))
             }
             Some("error") => {
-                let message = answer.get("message").and_then(Json::as_str).unwrap_or("(no message)").to_owned();
+                let message = answer
+                    .get("message")
+                    .and_then(Json::as_str)
+                    .unwrap_or("(no message)")
+                    .to_owned();
                 match answer.get("kind").and_then(Json::as_str) {
-                    Some("unsupported") => Err(CallError::Unsupported(format!("`{}` answered unsupported: {message}", self.name))),
+                    Some("unsupported") => Err(CallError::Unsupported(format!(
+                        "`{}` answered unsupported: {message}",
+                        self.name
+                    ))),
                     Some("raised") => Ok(Reply::Raised(message)),
-                    other => Err(bad(self, format!("an `error` reply of kind {other:?} (`raised` or `unsupported`)"))),
+                    other => Err(bad(
+                        self,
+                        format!("an `error` reply of kind {other:?} (`raised` or `unsupported`)"),
+                    )),
                 }
             }
-            other => Err(bad(self, format!("a reply of type {other:?} (`result` or `error`)"))),
+            other => Err(bad(
+                self,
+                format!("a reply of type {other:?} (`result` or `error`)"),
+            )),
         }
     }
 
@@ -244,7 +282,10 @@ impl Client {
         }
         match self.lines.recv_timeout(self.timeout) {
             Ok(Ok(line)) => serde_json::from_str(line.trim_end()).map_err(|e| {
-                self.fail(&format!("answered a line that is not JSON ({e}): {}", clip(line.trim_end())))
+                self.fail(&format!(
+                    "answered a line that is not JSON ({e}): {}",
+                    clip(line.trim_end())
+                ))
             }),
             Ok(Err(e)) => Err(self.fail(&format!("its stdout could not be read ({e})"))),
             Err(RecvTimeoutError::Timeout) => Err(self.fail(&format!(
@@ -252,11 +293,17 @@ impl Client {
                 self.timeout.as_secs_f64()
             ))),
             Err(RecvTimeoutError::Disconnected) => {
-                let status = self.child.wait().map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+                let status = self
+                    .child
+                    .wait()
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|e| e.to_string());
                 self.dead = true;
                 // The stderr thread may still be reading its last lines.
                 std::thread::sleep(Duration::from_millis(50));
-                Err(self.describe(&format!("the candidate exited ({status}) without answering")))
+                Err(self.describe(&format!(
+                    "the candidate exited ({status}) without answering"
+                )))
             }
         }
     }
@@ -273,7 +320,10 @@ impl Client {
             format!("candidate: {why}")
         } else {
             let lines: Vec<&str> = tail.iter().map(String::as_str).collect();
-            format!("candidate: {why}; its stderr ended:\n  {}", lines.join("\n  "))
+            format!(
+                "candidate: {why}; its stderr ended:\n  {}",
+                lines.join("\n  ")
+            )
         }
     }
 

@@ -49,7 +49,9 @@ pub fn active() -> bool {
 /// Sends glue function `glue`'s call to the candidate (started on first
 /// use, and again after a failure killed it).
 pub fn call(case: &str, glue: &str, args: &[(&str, Arg)]) -> Result<Reply, CallError> {
-    let config = CONFIG.get().ok_or_else(|| CallError::Failed("no --candidate".into()))?;
+    let config = CONFIG
+        .get()
+        .ok_or_else(|| CallError::Failed("no --candidate".into()))?;
     let op = ops::by_glue(glue).ok_or_else(|| {
         CallError::Failed(format!(
             "harness: reference call `{glue}` is in no op of the vocabulary (candidate/ops.rs)"
@@ -109,7 +111,8 @@ pub fn compare_verdicts<'a>(
     let mut out = VerdictComparison::default();
     for r in results {
         let Some(theirs) = linked.get(r.name.as_str()) else {
-            out.differ.push(format!("{}: not in {}", r.name, report.display()));
+            out.differ
+                .push(format!("{}: not in {}", r.name, report.display()));
             continue;
         };
         let message = r.message.clone().unwrap_or_default();
@@ -117,7 +120,8 @@ pub fn compare_verdicts<'a>(
             out.same += 1;
         } else if *theirs == Verdict::Finding && r.verdict == Verdict::Skip {
             out.findings += 1;
-        } else if r.verdict == Verdict::Skip && message.starts_with("unsupported by the candidate") {
+        } else if r.verdict == Verdict::Skip && message.starts_with("unsupported by the candidate")
+        {
             out.unsupported.push((r.name.clone(), message));
         } else {
             out.differ.push(format!(

@@ -38,26 +38,59 @@ const fn i(name: &'static str, what: &'static str) -> Input {
 
 const X: Input = i("x", "array float [*, M, K]: the activation");
 const MODE: Input = i("mode", "str: `affine`, `mxfp4`, `mxfp8` or `nvfp4`");
-const BITS: Input = i("bits", "int: bits per code (affine 2..8; mxfp4/nvfp4 4; mxfp8 8)");
-const GROUP: Input = i("group_size", "int: elements per scale (affine 32/64/128; mxfp 32; nvfp4 16)");
-const WEIGHT: Input = i("weight", "array uint32 [N, K*bits/32]: packed codes, as `mx.quantize` returns them");
-const SCALES: Input = i("scales", "array [N, K/group_size]: float (affine) or uint8 (mx/nv formats)");
-const BIASES: Input = i("biases", "array [N, K/group_size] or None: affine offsets (None for the mx/nv formats)");
+const BITS: Input = i(
+    "bits",
+    "int: bits per code (affine 2..8; mxfp4/nvfp4 4; mxfp8 8)",
+);
+const GROUP: Input = i(
+    "group_size",
+    "int: elements per scale (affine 32/64/128; mxfp 32; nvfp4 16)",
+);
+const WEIGHT: Input = i(
+    "weight",
+    "array uint32 [N, K*bits/32]: packed codes, as `mx.quantize` returns them",
+);
+const SCALES: Input = i(
+    "scales",
+    "array [N, K/group_size]: float (affine) or uint8 (mx/nv formats)",
+);
+const BIASES: Input = i(
+    "biases",
+    "array [N, K/group_size] or None: affine offsets (None for the mx/nv formats)",
+);
 const BIAS: Input = i("bias", "array [N] or None: additive bias");
-const SW_WEIGHT: Input = i("weight", "array uint32 [E, N, K*bits/32]: packed codes per expert");
+const SW_WEIGHT: Input = i(
+    "weight",
+    "array uint32 [E, N, K*bits/32]: packed codes per expert",
+);
 const SW_SCALES: Input = i("scales", "array [E, N, K/group_size]");
 const SW_BIASES: Input = i("biases", "array [E, N, K/group_size] or None");
 const SW_BIAS: Input = i("bias", "array [E, N] or None");
-const INDICES: Input = i("indices", "array uint32|int32 [T.., k]: expert ids per token");
+const INDICES: Input = i(
+    "indices",
+    "array uint32|int32 [T.., k]: expert ids per token",
+);
 const HEAD_DIM: Input = i("head_dim", "int");
-const PRF: Input = i("partial_rotary_factor", "float: rotary_dim = int(head_dim * factor)");
+const PRF: Input = i(
+    "partial_rotary_factor",
+    "float: rotary_dim = int(head_dim * factor)",
+);
 const THETA: Input = i("rope_theta", "float");
-const SECTION: Input = i("mrope_section", "list of 3 ints: the interleaved section sizes (t, h, w)");
-const PATH: Input = i("path", "str: the reference path the case expects (`pure-mlx` or `metal-kernel`); informational");
+const SECTION: Input = i(
+    "mrope_section",
+    "list of 3 ints: the interleaved section sizes (t, h, w)",
+);
+const PATH: Input = i(
+    "path",
+    "str: the reference path the case expects (`pure-mlx` or `metal-kernel`); informational",
+);
 const CONFIG: Input = i("config_text", "str: a `config.json`'s text");
 const Q: Input = i("q", "array float [B, Hq, L, head_dim]");
 const K: Input = i("k", "array float [B, Hk, L, head_dim]");
-const IDS: Input = i("input_ids", "array int [B, L]: token ids (image/video pad tokens mark vision spans)");
+const IDS: Input = i(
+    "input_ids",
+    "array int [B, L]: token ids (image/video pad tokens mark vision spans)",
+);
 const IMAGE_GRID: Input = i("image_grid_thw", "array int [n, 3] or None");
 const VIDEO_GRID: Input = i("video_grid_thw", "array int [n, 3] or None");
 const QW: &str = "array uint32: packed affine codes";
@@ -479,14 +512,24 @@ returned: the same tree, with arrays of the same dtype, shape and bits. Exported
 the tree encoding is in the README's protocol section.\n\n";
     s += "| op | version | reference |\n| --- | --- | --- |\n";
     for op in OPS {
-        s += &format!("| [`{}`](#{}) | {} | {} |\n", op.name, op.name, op.version, op.reference);
+        s += &format!(
+            "| [`{}`](#{}) | {} | {} |\n",
+            op.name, op.name, op.version, op.reference
+        );
     }
     for op in OPS {
         s += &format!("\n## `{}`\n\n", op.name);
-        s += &format!("Version {}. Reference: {}. Glue: `reference_glue.{}`.\n\n", op.version, op.reference, op.glue);
+        s += &format!(
+            "Version {}. Reference: {}. Glue: `reference_glue.{}`.\n\n",
+            op.version, op.reference, op.glue
+        );
         s += "| input | what |\n| --- | --- |\n";
         for input in op.inputs {
-            s += &format!("| `{}` | {} |\n", input.name, input.what.replace('|', "\\|"));
+            s += &format!(
+                "| `{}` | {} |\n",
+                input.name,
+                input.what.replace('|', "\\|")
+            );
         }
         s += &format!("\nOutputs: {}.\n", op.outputs);
     }
@@ -500,11 +543,24 @@ mod tests {
     #[test]
     fn names_and_glue_functions_are_unique() {
         for (n, op) in OPS.iter().enumerate() {
-            assert!(OPS[n + 1..].iter().all(|o| o.name != op.name), "{} twice", op.name);
-            assert!(OPS[n + 1..].iter().all(|o| o.glue != op.glue), "{} twice", op.glue);
+            assert!(
+                OPS[n + 1..].iter().all(|o| o.name != op.name),
+                "{} twice",
+                op.name
+            );
+            assert!(
+                OPS[n + 1..].iter().all(|o| o.glue != op.glue),
+                "{} twice",
+                op.glue
+            );
             let mut seen = std::collections::BTreeSet::new();
             for input in op.inputs {
-                assert!(seen.insert(input.name), "{}: input {} twice", op.name, input.name);
+                assert!(
+                    seen.insert(input.name),
+                    "{}: input {} twice",
+                    op.name,
+                    input.name
+                );
             }
         }
     }

@@ -21,7 +21,8 @@ pub type Counterpart = Result<HostTensor, String>;
 
 #[derive(Default)]
 struct Tape {
-    by_reference: HashMap<String, Vec<Counterpart>>,
+    /// Reference node hash -> the candidate's nodes at its places.
+    by_reference: HashMap<String, Vec<Result<Value, String>>>,
     /// Whether the candidate raised on the last call (refusal cases).
     last_raised: Option<bool>,
 }
@@ -50,28 +51,76 @@ pub fn record(reference: Option<&Value>, candidate: &super::Reply) {
     });
 }
 
+/// A content hash of a reference value: an array's is its digest
+/// ([`crate::case::digest_of`]), so an array is found by its own bits.
+fn node_hash(v: &Value) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    match v {
+        Value::Tensor(t) => return crate::case::digest_of(t),
+        Value::Int(i) => h.update(format!("int:{i}")),
+        Value::Float(f) => h.update(format!("float:{}", f.to_bits())),
+        Value::Bool(b) => h.update(format!("bool:{b}")),
+        Value::Str(s) => {
+            h.update("str:");
+            h.update(s.as_bytes());
+        }
+        Value::None => h.update("none"),
+        Value::List(items) => {
+            h.update(format!("list:{}", items.len()));
+            for item in items {
+                h.update(node_hash(item));
+            }
+        }
+        Value::Dict(map) => {
+            h.update(format!("dict:{}", map.len()));
+            for (k, item) in map {
+                h.update(k.as_bytes());
+                h.update([0]);
+                h.update(node_hash(item));
+            }
+        }
+    }
+    format!("{:x}", h.finalize())
+}
+
+/// Pairs every node of the reference's tree (arrays, and the lists, dicts
+/// and scalars readers derive arrays from) with the candidate's node at the
+/// same place.
 fn pair(
     reference: &Value,
     candidate: Result<&Value, String>,
     path: &str,
-    out: &mut HashMap<String, Vec<Counterpart>>,
+    out: &mut HashMap<String, Vec<Result<Value, String>>>,
 ) {
-    match reference {
-        Value::Tensor(r) => {
-            let counterpart = match candidate {
-                Ok(Value::Tensor(c)) => Ok(c.clone()),
-                Ok(other) => Err(format!("the candidate's `{path}` is {}, not an array", kind(other))),
-                Err(e) => Err(e),
-            };
-            out.entry(crate::case::digest_of(r)).or_default().push(counterpart);
+    let same_kind = |c: &Value| std::mem::discriminant(c) == std::mem::discriminant(reference);
+    let here = match &candidate {
+        Ok(c) if same_kind(c) || matches!((reference, c), (Value::Float(_), Value::Int(_))) => {
+            Ok((*c).clone())
         }
+        Ok(c) => Err(format!(
+            "the candidate's `{path}` is {}, the reference's {}",
+            kind(c),
+            kind(reference)
+        )),
+        Err(e) => Err(e.clone()),
+    };
+    out.entry(node_hash(reference)).or_default().push(here);
+    match reference {
         Value::List(items) => {
             for (i, r) in items.iter().enumerate() {
                 let c = match &candidate {
                     Ok(Value::List(cs)) => cs.get(i).ok_or_else(|| {
-                        format!("the candidate's `{path}` has {} items, the reference's {}", cs.len(), items.len())
+                        format!(
+                            "the candidate's `{path}` has {} items, the reference's {}",
+                            cs.len(),
+                            items.len()
+                        )
                     }),
-                    Ok(other) => Err(format!("the candidate's `{path}` is {}, not a list", kind(other))),
+                    Ok(other) => Err(format!(
+                        "the candidate's `{path}` is {}, not a list",
+                        kind(other)
+                    )),
                     Err(e) => Err(e.clone()),
                 };
                 pair(r, c, &format!("{path}[{i}]"), out);
@@ -83,14 +132,15 @@ fn pair(
                     Ok(Value::Dict(cs)) => cs
                         .get(k)
                         .ok_or_else(|| format!("the candidate's `{path}` has no key `{k}`")),
-                    Ok(other) => Err(format!("the candidate's `{path}` is {}, not a dict", kind(other))),
+                    Ok(other) => Err(format!(
+                        "the candidate's `{path}` is {}, not a dict",
+                        kind(other)
+                    )),
                     Err(e) => Err(e.clone()),
                 };
                 pair(r, c, &format!("{path}.{k}"), out);
             }
         }
-        // Scalars and strings are read as values, not arrays: the readers
-        // that compare them turn them into arrays first (see `reference`).
         _ => {}
     }
 }
@@ -110,7 +160,28 @@ fn kind(v: &Value) -> &'static str {
 
 /// The candidate arrays beside reference array `t` in this case's calls.
 pub fn counterparts_of(t: &HostTensor) -> Option<Vec<Counterpart>> {
-    TAPE.with(|tape| tape.borrow().by_reference.get(&crate::case::digest_of(t)).cloned())
+    let nodes = TAPE.with(|tape| {
+        tape.borrow()
+            .by_reference
+            .get(&crate::case::digest_of(t))
+            .cloned()
+    })?;
+    Some(
+        nodes
+            .into_iter()
+            .map(|n| match n {
+                Ok(Value::Tensor(c)) => Ok(c),
+                Ok(_) => Err("the candidate's value there is not an array".to_owned()),
+                Err(e) => Err(e),
+            })
+            .collect(),
+    )
+}
+
+/// The candidate's values beside reference value `v` (any node of a
+/// result: a list of floats a reader turns into an array, say).
+pub fn values_beside(v: &Value) -> Option<Vec<Result<Value, String>>> {
+    TAPE.with(|tape| tape.borrow().by_reference.get(&node_hash(v)).cloned())
 }
 
 /// Whether the candidate raised on this case's last call.

@@ -126,7 +126,11 @@ pub fn decode_value(json: &Json, tensors: &BTreeMap<String, HostTensor>) -> Resu
     decode_at("(the result)", json, tensors)
 }
 
-fn decode_at(path: &str, json: &Json, tensors: &BTreeMap<String, HostTensor>) -> Result<Value, String> {
+fn decode_at(
+    path: &str,
+    json: &Json,
+    tensors: &BTreeMap<String, HostTensor>,
+) -> Result<Value, String> {
     Ok(match json {
         Json::Null => Value::None,
         Json::Bool(b) => Value::Bool(*b),
@@ -159,15 +163,23 @@ fn decode_at(path: &str, json: &Json, tensors: &BTreeMap<String, HostTensor>) ->
                     Some("nan") => f64::NAN,
                     Some("inf") => f64::INFINITY,
                     Some("-inf") => f64::NEG_INFINITY,
-                    _ => return Err(format!("`{path}`: `$float` is \"nan\", \"inf\" or \"-inf\", not {f}")),
+                    _ => {
+                        return Err(format!(
+                            "`{path}`: `$float` is \"nan\", \"inf\" or \"-inf\", not {f}"
+                        ))
+                    }
                 })
             } else if let Some(k) = object.keys().find(|k| k.starts_with('$')) {
-                return Err(format!("`{path}`: unknown marker `{k}` (only `$tensor` and `$float` exist)"));
+                return Err(format!(
+                    "`{path}`: unknown marker `{k}` (only `$tensor` and `$float` exist)"
+                ));
             } else {
                 Value::Dict(
                     object
                         .iter()
-                        .map(|(k, j)| Ok((k.clone(), decode_at(&format!("{path}.{k}"), j, tensors)?)))
+                        .map(|(k, j)| {
+                            Ok((k.clone(), decode_at(&format!("{path}.{k}"), j, tensors)?))
+                        })
                         .collect::<Result<_, String>>()?,
                 )
             }
@@ -207,7 +219,10 @@ mod tests {
         map.insert("n".to_owned(), Value::Int(3));
         map.insert("theta".to_owned(), Value::Float(10000.0));
         map.insert("inf".to_owned(), Value::Float(f64::INFINITY));
-        map.insert("l".to_owned(), Value::List(vec![Value::Tensor(t.clone()), Value::None]));
+        map.insert(
+            "l".to_owned(),
+            Value::List(vec![Value::Tensor(t.clone()), Value::None]),
+        );
         let v = Value::Dict(map);
         let e = encode_value(&v);
         let text = e.json.to_string();
@@ -221,6 +236,9 @@ mod tests {
     #[test]
     fn a_missing_tensor_names_its_path() {
         let err = decode_value(&json!({"y": {"$tensor": "y"}}), &BTreeMap::new()).unwrap_err();
-        assert!(err.contains("(the result).y") && err.contains("does not hold"), "{err}");
+        assert!(
+            err.contains("(the result).y") && err.contains("does not hold"),
+            "{err}"
+        );
     }
 }

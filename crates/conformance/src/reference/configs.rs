@@ -12,20 +12,24 @@ use crate::reference::position::{rope2d_exact, MropeExact, Prompt, RotaryArgs};
 /// A float result as the bits of its f64 (int64), so it compares like any
 /// other output.
 fn f64_bits(function: &'static str, values: Value) -> Result<Expected, CaseError> {
-    let bits = list(function, values)?
-        .into_iter()
-        .map(|v| match v {
-            Value::Float(f) => Ok(f.to_bits()),
-            Value::Int(i) => Ok((i as f64).to_bits()),
-            other => Err(CaseError::Harness(format!(
-                "`{function}` returned {other:?} for a float"
-            ))),
-        })
-        .collect::<Result<Vec<u64>, _>>()?;
-    let bytes = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
-    Ok(Expected::from_reference(
-        HostTensor::new(DType::Int64, vec![bits.len()], bytes).expect("sized by construction"),
-    ))
+    Expected::derived(&values, |values| {
+        let Value::List(items) = values else {
+            return Err(format!(
+                "`{function}` returned {values:?}, not a list of floats"
+            ));
+        };
+        let bits = items
+            .iter()
+            .map(|v| match v {
+                Value::Float(f) => Ok(f.to_bits()),
+                Value::Int(i) => Ok((*i as f64).to_bits()),
+                other => Err(format!("`{function}` returned {other:?} for a float")),
+            })
+            .collect::<Result<Vec<u64>, _>>()?;
+        let bytes = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+        HostTensor::new(DType::Int64, vec![bits.len()], bytes).map_err(|e| e.to_string())
+    })
+    .map_err(CaseError::Harness)
 }
 
 fn config(config_text: &str) -> Param {

@@ -139,7 +139,10 @@ impl Session {
         }
         if let Some(dir) = cli.export.as_deref().map(absolute) {
             std::fs::create_dir_all(&dir).map_err(|e| {
-                fail(format!("--export {}: {e}; choose a writable directory", dir.display()))
+                fail(format!(
+                    "--export {}: {e}; choose a writable directory",
+                    dir.display()
+                ))
             })?;
             conformance::export::clear(&dir).map_err(|e| fail(format!("--export: {e}")))?;
             conformance::export::enable(dir);

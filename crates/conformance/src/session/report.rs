@@ -112,8 +112,11 @@ impl Session {
         }
         let mut code = report.summary.exit_code;
         if let Some(linked) = &self.cli.same_verdicts_as {
-            let c = conformance::candidate::compare_verdicts(report.cases.iter().map(|r| &r.result), linked)
-                .map_err(|e| fail(format!("--same-verdicts-as: {e}")))?;
+            let c = conformance::candidate::compare_verdicts(
+                report.cases.iter().map(|r| &r.result),
+                linked,
+            )
+            .map_err(|e| fail(format!("--same-verdicts-as: {e}")))?;
             errln!(
                 "same verdicts as {}: {} same, {} findings skipped, {} unsupported by the candidate, {} differ",
                 linked.display(),

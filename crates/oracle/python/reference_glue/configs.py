@@ -59,6 +59,12 @@ def _config_model(config_text):
     with _POSITION_LOCK:
         _stub_package("mlx_vlm.models.qwen3_vl")
         if config.get("model_type") in ("qwen3_5", "qwen3_5_moe"):
+            # qwen3_5_moe/config.py imports `..qwen3_5.config` by relative
+            # import: the `qwen3_5` package must be the stub, or its
+            # `__init__` runs and imports the HF processor (transformers).
+            # Without this a MoE config read first in a worker raised
+            # ImportError, and passed only after a dense one.
+            _stub_package("mlx_vlm.models.qwen3_5")
             _config_qwen3_vl_package()
         module = load(f"mlx_vlm.models.{config['model_type']}.config")
     model_config = module.ModelConfig.from_dict(config)

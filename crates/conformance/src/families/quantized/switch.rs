@@ -530,11 +530,7 @@ pub fn gather_sort(x: &Array, indices: &Array) -> Result<(Array, Array, Array), 
 
 /// `mlx_lm.models.switch_layers._scatter_unsort`: `x[inv_order]`, then
 /// axis 0 unflattened to `shape`.
-pub fn scatter_unsort(
-    x: &Array,
-    inv_order: &Array,
-    shape: &[i32],
-) -> Result<Array, CaseError> {
+pub fn scatter_unsort(x: &Array, inv_order: &Array, shape: &[i32]) -> Result<Array, CaseError> {
     Ok(ops::unflatten(x.take_axis(inv_order, 0)?, 0, shape)?)
 }
 
