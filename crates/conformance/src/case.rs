@@ -159,7 +159,7 @@ impl<'a> Ctx<'a> {
         // freed output buffer (it holds a correct result).
         crate::poison::poison();
         crate::export::record(function, &kwargs, value.as_ref());
-        if crate::candidate::active() {
+        if crate::candidate::active() && crate::candidate::sends(function) {
             // The candidate gets what the port gets: the unperturbed
             // arguments.
             let sent = if self.perturb { &original } else { &kwargs };

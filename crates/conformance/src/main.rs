@@ -124,8 +124,10 @@ struct Cli {
     )]
     candidate_timeout: u64,
     /// With `--candidate`: compare every case's verdict with a linked run's
-    /// report.json (same selection and seed); a differing verdict exits 1
-    /// (the protocol's self-test, README "Checking your own port").
+    /// report.json (same selection and seed); a differing verdict, or a
+    /// case the candidate does not support, exits 1 (findings are skipped
+    /// by design; the protocol's self-test, README "Checking your own
+    /// port").
     #[arg(long, value_name = "REPORT", requires = "candidate")]
     same_verdicts_as: Option<PathBuf>,
     /// Also write golden vectors: every must-equal case's reference calls

@@ -362,3 +362,49 @@ fn the_op_vocabulary_document_is_current_and_matches_the_glue() {
         assert_eq!(params, inputs, "op {} vs glue {}", op.name, op.glue);
     }
 }
+
+/// The self-test's comparison (`--same-verdicts-as`) can fail: the port
+/// candidate gets the linked run's verdicts, the wrong Python candidate's
+/// FAILs are listed as differing, and an op a candidate does not serve
+/// fails it too.
+#[test]
+fn same_verdicts_as_fails_on_a_differing_verdict_or_an_unsupported_op() {
+    let filter = "position/rope2d/2d/hd64/";
+    let linked = tempfile::tempdir().unwrap();
+    let out = conformance(&[
+        "--device",
+        "cpu",
+        "--filter",
+        filter,
+        "--out",
+        linked.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let report = linked.path().join("report.json");
+    let same = ["--same-verdicts-as", report.to_str().unwrap()];
+
+    let port = env!("CARGO_BIN_EXE_conformance-port-candidate");
+    let (out, _, _dir) = run_candidate(port, filter, &same);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("0 unsupported by the candidate, 0 differ"),
+        "{}",
+        text(&out)
+    );
+
+    let (out, _, _dir) = run_candidate(&python_candidate("--wrong"), filter, &same);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("differs: position/rope2d/2d/hd64/bf16"),
+        "{}",
+        text(&out)
+    );
+
+    let (out, _, _dir) = run_candidate(&bad("unsupported"), filter, &same);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("  unsupported: position/rope2d/2d/hd64/"),
+        "{}",
+        text(&out)
+    );
+}

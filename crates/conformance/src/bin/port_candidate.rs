@@ -97,6 +97,18 @@ impl Args {
             _ => Err(format!("argument `{name}` is not a string")),
         }
     }
+    fn strings(&self, name: &str) -> Result<Vec<String>> {
+        match self.get(name)? {
+            Value::List(items) => items
+                .iter()
+                .map(|v| match v {
+                    Value::Str(s) => Ok(s.clone()),
+                    _ => Err(format!("`{name}` holds a non-string")),
+                })
+                .collect(),
+            _ => Err(format!("argument `{name}` is not a list")),
+        }
+    }
     fn flag(&self, name: &str) -> Result<bool> {
         match self.0.get(name) {
             None => Ok(false),
@@ -469,7 +481,370 @@ fn call(op: &str, a: &Args) -> Result<Value> {
             out.push(("rope_deltas", ints_as(&deltas, &[p.batch, 1], dtype)?));
             Ok(dict(out))
         }
+        "safetensors_load" => {
+            let file = layers::checkpoint::SafetensorsFile::open(a.string("path")?).map_err(s)?;
+            let mut arrays = BTreeMap::new();
+            for (name, _) in file.tensors() {
+                arrays.insert(name.to_owned(), tensor(&file.array(name).map_err(s)?)?);
+            }
+            let metadata = file
+                .metadata()
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| (k.clone(), Value::Str(v.clone())))
+                        .collect()
+                })
+                .unwrap_or_default();
+            Ok(dict(vec![
+                ("arrays", Value::Dict(arrays)),
+                ("metadata", Value::Dict(metadata)),
+            ]))
+        }
+        "mrope_kernel_source" => {
+            use layers::position::Pairing;
+            let pairing = match a.string("pairing")?.as_str() {
+                "half_split" => Pairing::HalfSplit,
+                "even_odd" => Pairing::EvenOdd,
+                other => return Err(format!("pairing `{other}`")),
+            };
+            let spec = layers::position::mrope_kernel_spec(
+                a.int("rotary_dim")? as usize,
+                a.int("position_ndim")? as usize,
+                pairing,
+            );
+            Ok(dict(vec![
+                ("name", bytes(&spec.name)?),
+                ("input_names", bytes(&spec.input_names.join("\0"))?),
+                ("output_names", bytes(&spec.output_names.join("\0"))?),
+                ("source", bytes(&spec.source)?),
+                ("header", bytes(&spec.header)?),
+                (
+                    "flags",
+                    int32(&[
+                        i32::from(spec.ensure_row_contiguous),
+                        i32::from(spec.atomic_outputs),
+                        0,
+                    ])?,
+                ),
+            ]))
+        }
+        "mrope_kernel_launch" => {
+            let dtype = match a.string("dtype_name")?.as_str() {
+                "bfloat16" => mlx_rs::Dtype::Bfloat16,
+                "float16" => mlx_rs::Dtype::Float16,
+                "float32" => mlx_rs::Dtype::Float32,
+                other => return Err(format!("dtype `{other}`")),
+            };
+            let half = a.int("rotary_dim")? as usize / 2;
+            let (b, l, d) = (
+                a.int("batch")? as i32,
+                a.int("length")? as i32,
+                a.int("head_dim")? as i32,
+            );
+            let mut launches = Vec::new();
+            for heads in [a.int("q_heads")? as i32, a.int("kv_heads")? as i32] {
+                let launch = layers::position::mrope_kernel_launch(&[b, heads, l, d], dtype, half)
+                    .map_err(s)?;
+                let template: Vec<String> = launch
+                    .template
+                    .iter()
+                    .map(|(n, t)| format!("{n}={}", dtype_name(*t)))
+                    .collect();
+                let shapes: Vec<i32> = launch.output_shapes.concat();
+                let shapes = HostTensor::new(
+                    oracle::DType::Int32,
+                    vec![launch.output_shapes.len(), 4],
+                    shapes.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                )
+                .map_err(s)?;
+                launches.push(dict(vec![
+                    ("grid", int32(&launch.grid)?),
+                    ("threadgroup", int32(&launch.threadgroup)?),
+                    ("template", Value::Str(template.join(","))),
+                    ("output_shapes", Value::Tensor(shapes)),
+                    (
+                        "output_dtypes",
+                        Value::List(
+                            launch
+                                .output_dtypes
+                                .iter()
+                                .map(|t| Value::Str(dtype_name(*t).into()))
+                                .collect(),
+                        ),
+                    ),
+                    // [x, position_ids, inv_freq, position_selector]
+                    ("inputs", Value::Int(4)),
+                ]));
+            }
+            Ok(Value::List(launches))
+        }
+        "quantized_checkpoint_forward" => {
+            use conformance::families::quantized::checkpoint::port_modules;
+            let paths = a.strings("paths")?;
+            let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
+            let m = port_modules(
+                std::path::Path::new(&a.string("directory")?),
+                &a.host("x")?,
+                &a.host("indices")?,
+                &paths,
+            )
+            .map_err(s)?;
+            let outputs = m
+                .outputs
+                .into_iter()
+                .map(|o| o.map_or(Value::None, Value::Tensor))
+                .collect();
+            Ok(dict(vec![
+                ("specs", Value::Tensor(m.table)),
+                ("outputs", Value::List(outputs)),
+            ]))
+        }
+        "float_checkpoint_forward" => {
+            use mlx_rs::ops::indexing::IndexOp;
+            let checkpoint =
+                layers::checkpoint::Checkpoint::open(a.string("directory")?).map_err(s)?;
+            let layer = layers::dense::Linear::from_checkpoint(&checkpoint, &a.string("path")?)
+                .map_err(s)?;
+            let x = a.array("x")?.index((.., ..layer.in_features()));
+            Ok(dict(vec![
+                ("module", Value::Str("Linear".into())),
+                ("y", tensor(&layer.forward(&x).map_err(s)?)?),
+            ]))
+        }
+        "lora_adapters_apply" => adapters_apply(a),
+        "nvfp4_global_scale" => {
+            let w = a.array("w")?;
+            let spec = QuantSpec::new(Mode::Nvfp4, 4, a.int("group_size")? as i32).map_err(s)?;
+            let gs = max_abs(&w)?;
+            let payload = QuantizedPayload::quantize_with_global_scale(&w, spec, &gs).map_err(s)?;
+            let dequantized = payload.dequantize(None).map_err(s)?;
+            let (weight, scales) = (tensor(payload.weight())?, tensor(payload.scales())?);
+            // The port refuses the forward the pinned MLX cannot run.
+            let refused = match QuantizedLinear::new(payload, None)
+                .map_err(s)?
+                .forward(&a.array("x")?)
+            {
+                Ok(_) => String::new(),
+                Err(e) => e.to_string(),
+            };
+            Ok(dict(vec![
+                ("global_scale", tensor(&gs)?),
+                ("weight", weight),
+                ("scales", scales),
+                ("dequantized", tensor(&dequantized)?),
+                ("matmul_refused", Value::Str(refused)),
+            ]))
+        }
+        "switch_nvfp4_global_scale" => {
+            let spec = QuantSpec::new(Mode::Nvfp4, 4, a.int("group_size")? as i32).map_err(s)?;
+            let payload =
+                QuantizedPayload::quantize_experts_with_global_scale(&a.array("w")?, spec)
+                    .map_err(s)?;
+            let gs = tensor(payload.global_scale().ok_or("no global scale")?)?;
+            let (weight, scales) = (tensor(payload.weight())?, tensor(payload.scales())?);
+            let refused = match QuantizedSwitchLinear::new(payload, None)
+                .map_err(s)?
+                .forward(&a.array("x")?, &a.array("indices")?, false)
+            {
+                Ok(_) => String::new(),
+                Err(e) => e.to_string(),
+            };
+            Ok(dict(vec![
+                ("weight", weight),
+                ("scales", scales),
+                ("global_scale", gs),
+                ("call_refused", Value::Str(refused)),
+            ]))
+        }
+        "attention_decode_step" => attention_decode_step(a),
+        "sdpa_kv_cache" => {
+            use conformance::families::attention::sdpa::{KvView, SdpaShape};
+            let (q, k, v) = (a.host("queries")?, a.host("keys")?, a.host("values")?);
+            let [batch, n_heads, m, head_dim] = q.shape[..] else {
+                return Err(format!("queries of shape {:?}, not [B, H, M, D]", q.shape));
+            };
+            let shape = SdpaShape {
+                dtype: q.dtype,
+                batch,
+                n_heads,
+                n_kv_heads: *k.shape.get(1).ok_or("keys are not [B, H_kv, L, D]")?,
+                head_dim,
+                kv_len: *k.shape.get(2).ok_or("keys are not [B, H_kv, L, D]")?,
+                m,
+                // The port's own cache (an `attention/sdpa` case's
+                // `cache-buffer` view is a port-side choice the op does not
+                // carry).
+                kv_view: KvView::Contiguous,
+            };
+            shape.check()?;
+            if a.float("scale")? as f32 != shape.scale() {
+                return Err(format!(
+                    "scale {} is not head_dim ** -0.5, the only scale the port's step takes",
+                    a.float("scale")?
+                ));
+            }
+            tensor(
+                &shape
+                    .port(&q.to_array(), &k.to_array(), &v.to_array(), shape.kv_view)
+                    .map_err(s)?,
+            )
+        }
         other => Err(format!("no op `{other}`")),
+    }
+}
+
+/// `mx.max(mx.abs(w)).astype(mx.float32)`, the global scale as mlx-lm
+/// takes it (the linked case's `max_abs`).
+fn max_abs(w: &Array) -> Result<Array> {
+    mlx_rs::ops::max(&mlx_rs::ops::abs(w).map_err(s)?, None)
+        .map_err(s)?
+        .as_dtype(mlx_rs::Dtype::Float32)
+        .map_err(s)
+}
+
+/// The directory the library wrote, opened by the port's loader; each
+/// path's adapted module and its fuse on `x[:, :in]` (the linked
+/// `quantized/adapters` case's port side).
+fn adapters_apply(a: &Args) -> Result<Value> {
+    use layers::quantized::{lora, AdapterFormat, AdapterSet};
+    use mlx_rs::ops::indexing::IndexOp;
+    let library = a.string("library")?;
+    let format = match library.as_str() {
+        "mlx-lm" => AdapterFormat::MlxLm,
+        "mlx-vlm" => AdapterFormat::MlxVlm,
+        "mlx-vlm-legacy" => AdapterFormat::MlxVlmLegacy,
+        other => return Err(format!("library `{other}`")),
+    };
+    let set = AdapterSet::open(a.string("directory")?, format).map_err(s)?;
+    let keys = a.strings("keys")?;
+    let (weights, scales) = (a.arrays("weights")?, a.arrays("scales")?);
+    let biases = match a.get("biases")? {
+        Value::List(items) => items
+            .iter()
+            .map(|v| match v {
+                Value::None => Ok(None),
+                Value::Tensor(t) => Ok(Some(t.to_array())),
+                _ => Err("`biases` holds a non-array".to_owned()),
+            })
+            .collect::<Result<Vec<_>>>()?,
+        _ => return Err("`biases` is not a list".into()),
+    };
+    let spec = a.spec()?;
+    let x = a.array("x")?;
+    let (mut ys, mut fused, mut refused) = (Vec::new(), Vec::new(), String::new());
+    for path in a.strings("paths")? {
+        let key = keys
+            .iter()
+            .position(|k| path.ends_with(&format!(".{k}")))
+            .ok_or_else(|| format!("`{path}` ends in none of the keys"))?;
+        let payload = QuantizedPayload::new(
+            weights[key].clone(),
+            scales[key].clone(),
+            biases.get(key).cloned().flatten(),
+            spec,
+        )
+        .map_err(s)?;
+        let adapter = set
+            .get(&path)
+            .ok_or_else(|| format!("no adapter for `{path}` in the directory"))?;
+        let base = QuantizedLinear::new(payload.clone(), None).map_err(s)?;
+        let mut adapted = QuantizedLinear::new(payload, None).map_err(s)?;
+        adapted
+            .attach_adapter(path.clone(), adapter.clone())
+            .map_err(s)?;
+        let xi = x.index((.., ..base.in_features()));
+        ys.push(tensor(&adapted.forward(&xi).map_err(s)?)?);
+        match lora::fuse(&base, adapter).and_then(|f| f.forward(&xi)) {
+            Ok(y) => fused.push(tensor(&y)?),
+            Err(e) => {
+                if refused.is_empty() {
+                    refused = e.to_string();
+                }
+                fused.push(Value::None);
+            }
+        }
+    }
+    Ok(dict(vec![
+        ("y", Value::List(ys)),
+        ("y_fused", Value::List(fused)),
+        ("fuse_refused", Value::Str(refused)),
+    ]))
+}
+
+/// One token at a time through the port's attention step on a cache
+/// prefilled with k0/v0 (the linked `attention/decode` case's M = 1
+/// trajectory).
+fn attention_decode_step(a: &Args) -> Result<Value> {
+    use conformance::families::attention::step::{
+        rows, stack_rows, AttentionShape, DecodeStep, HostProjection, HostWeights, KvCache,
+    };
+    let x = a.host("x")?;
+    let projection = |p: &str| -> Result<HostProjection> {
+        Ok(HostProjection {
+            weight: a.host(&format!("{p}_w"))?,
+            scales: a.host(&format!("{p}_s"))?,
+            biases: a.host(&format!("{p}_b"))?,
+        })
+    };
+    let weights = HostWeights {
+        q: projection("q")?,
+        k: projection("k")?,
+        v: projection("v")?,
+        o: projection("o")?,
+    };
+    let shape = AttentionShape {
+        hidden: *x.shape.last().ok_or("x has no axes")?,
+        n_heads: a.int("n_heads")? as usize,
+        n_kv_heads: a.int("n_kv_heads")? as usize,
+        head_dim: a.int("head_dim")? as usize,
+        rotary_dims: a.int("rotary_dims")? as usize,
+        rope_base: a.float("rope_base")? as f32,
+        spec: QuantSpec::new(
+            Mode::Affine,
+            a.int("bits")? as i32,
+            a.int("group_size")? as i32,
+        )
+        .map_err(s)?,
+    };
+    let step = DecodeStep::new(shape, &weights).map_err(s)?;
+    let (k0, v0) = (a.host("k0")?, a.host("v0")?);
+    let prefill = (k0.shape[2] > 0).then(|| (k0.to_array(), v0.to_array()));
+    let mut cache = KvCache::prefilled(prefill);
+    let mut parts: [Vec<HostTensor>; 4] = Default::default();
+    for t in 0..x.shape[0] {
+        let out = step
+            .forward(&rows(&x, t, t + 1).to_array(), &mut cache)
+            .map_err(s)?;
+        for (part, array) in parts
+            .iter_mut()
+            .zip([&out.attn, &out.y, &out.keys, &out.values])
+        {
+            part.push(HostTensor::from_array(array).map_err(s)?);
+        }
+    }
+    Ok(Value::List(
+        parts.iter().map(|p| Value::Tensor(stack_rows(p))).collect(),
+    ))
+}
+
+/// Text as uint8 bytes (how the kernel's strings are compared).
+fn bytes(text: &str) -> Result<Value> {
+    HostTensor::new(
+        oracle::DType::Uint8,
+        vec![text.len()],
+        text.as_bytes().to_vec(),
+    )
+    .map(Value::Tensor)
+    .map_err(s)
+}
+
+/// The `mlx.core` name of a dtype.
+fn dtype_name(dtype: mlx_rs::Dtype) -> &'static str {
+    match dtype {
+        mlx_rs::Dtype::Bfloat16 => "bfloat16",
+        mlx_rs::Dtype::Float16 => "float16",
+        mlx_rs::Dtype::Float32 => "float32",
+        _ => "other",
     }
 }
 
@@ -710,6 +1085,16 @@ const OPS: &[&str] = &[
     "mrope_prefill",
     "mrope_decode_step",
     "qwen3_5_config_mrope",
+    "safetensors_load",
+    "mrope_kernel_source",
+    "mrope_kernel_launch",
+    "quantized_checkpoint_forward",
+    "float_checkpoint_forward",
+    "lora_adapters_apply",
+    "nvfp4_global_scale",
+    "switch_nvfp4_global_scale",
+    "attention_decode_step",
+    "sdpa_kv_cache",
 ];
 
 fn answer(out: &mut impl Write, message: Json) -> bool {

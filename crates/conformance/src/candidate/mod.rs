@@ -46,6 +46,12 @@ pub fn active() -> bool {
     CONFIG.get().is_some()
 }
 
+/// Whether glue function `glue`'s call goes to the candidate: every op
+/// but a setup op ([`ops::SETUP`]); a glue in no op goes, and fails there.
+pub fn sends(glue: &str) -> bool {
+    ops::by_glue(glue).is_none_or(|op| op.sent())
+}
+
 /// Sends glue function `glue`'s call to the candidate (started on first
 /// use, and again after a failure killed it).
 pub fn call(case: &str, glue: &str, args: &[(&str, Arg)]) -> Result<Reply, CallError> {

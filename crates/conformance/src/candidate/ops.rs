@@ -258,7 +258,7 @@ pub const OPS: &[Op] = &[
             i("directory", "str: an MLX model directory"),
             i("paths", "list of str: module paths"),
         ],
-        outputs: "dict: `specs` int32 [n, 3] (mode id, bits, group_size per path), `outputs` (path -> array)",
+        outputs: "dict: `specs` int32 [n, 3] (`[bits, group_size, mode_id]` per path, mode_id 0 affine, 1 mxfp4, 2 mxfp8, 3 nvfp4; `[0, 0, -1]` for a module left float), `outputs` list per path: its output on `x[:, :in]` (switch modules on `x[None]` with `indices[None]`; a switch module with an nvfp4 global scale gives the loaded global scale, as the pinned MLX cannot call it), None for float modules",
     },
     Op {
         name: "float_checkpoint_forward",
@@ -322,7 +322,7 @@ pub const OPS: &[Op] = &[
         glue: "adapters_write",
         reference: "mlx_lm.tuner (linear_to_lora_layers, save) / mlx_vlm.trainer adapter writing (mlx-lm 0.32.2, mlx-vlm 0.7.6)",
         inputs: &[
-            i("library", "str: `mlx-lm` or `mlx-vlm`"),
+            i("library", "str: `mlx-lm`, `mlx-vlm` or `mlx-vlm-legacy`"),
             i("directory", "str"),
             i("blocks", "int"),
             i("keys", "list of str"),
@@ -336,7 +336,7 @@ pub const OPS: &[Op] = &[
             i("lora_a", "list of arrays"),
             i("lora_b", "list of arrays"),
         ],
-        outputs: "the files written (see the glue)",
+        outputs: "None (the directory's files: `adapters.safetensors` and `adapter_config.json` as the library writes them). A setup op: never sent to a candidate",
     },
     Op {
         name: "lora_adapters_apply",
@@ -355,7 +355,7 @@ pub const OPS: &[Op] = &[
             i("paths", "list of str"),
             i("x", "array float [M, K]"),
         ],
-        outputs: "dict: per path, the adapted forward and the fused forward",
+        outputs: "dict: `y` list per path (the adapted module on `x[:, :in]`), `y_fused` list per path (the fused module's forward, None where the library's fuse raised), `fuse_refused` str (the first fuse failure, \"\" if none)",
     },
     Op {
         name: "attention_decode_step",
@@ -373,7 +373,7 @@ pub const OPS: &[Op] = &[
             i("n_heads", "int"), i("n_kv_heads", "int"), HEAD_DIM,
             i("rotary_dims", "int"), i("rope_base", "float"), GROUP, BITS,
         ],
-        outputs: "list: attention rows [T, hidden], o_proj rows, keys and values per step",
+        outputs: "list of 4 arrays, token-major: `attn` [T, n_heads*head_dim] (the attention output before o_proj), `y` [T, hidden], this step's roped `keys` and `values` [T, n_kv_heads*head_dim]",
     },
     Op {
         name: "sdpa_kv_cache",
@@ -386,7 +386,7 @@ pub const OPS: &[Op] = &[
             i("values", "array float [B, Hk, S, D]"),
             i("scale", "float"),
         ],
-        outputs: "dict: the attention output and what the cache held",
+        outputs: "array [B, Hq, M, D]: the attention output (M = queries' L; the first S - M keys and values prefill the cache, the last M are appended)",
     },
     Op {
         name: "rope2d_apply",
@@ -488,6 +488,19 @@ pub const OPS: &[Op] = &[
     },
 ];
 
+/// Ops the reference runs to set a case up and a candidate never
+/// receives: the directory `lora_adapters_write` leaves is what the
+/// candidate's `lora_adapters_apply` loads (a port ports the loader, not
+/// the library's training save).
+pub const SETUP: &[&str] = &["lora_adapters_write"];
+
+impl Op {
+    /// Whether a candidate receives this op (not a [`SETUP`] op).
+    pub fn sent(&self) -> bool {
+        !SETUP.contains(&self.name)
+    }
+}
+
 /// The op a glue function is published as.
 pub fn by_glue(glue: &str) -> Option<&'static Op> {
     OPS.iter().find(|op| op.glue == glue)
@@ -532,6 +545,9 @@ the tree encoding is in the README's protocol section.\n\n";
             );
         }
         s += &format!("\nOutputs: {}.\n", op.outputs);
+        if !op.sent() {
+            s += "\n**Setup op**: the reference runs it to set the case up; a candidate never receives it (it reads what the setup wrote, by path, in the next op).\n";
+        }
     }
     s
 }

@@ -19,22 +19,36 @@ pub struct Loaded {
     pub arrays: BTreeMap<String, Expected>,
     /// The metadata, as strings (`{}` when the file has none).
     pub metadata: BTreeMap<String, String>,
+    names: Expected,
+    metadata_lines: Expected,
 }
 
 impl Loaded {
     /// The tensor names in order, one per line, as UTF-8 bytes.
     pub fn names_text(&self) -> Expected {
-        text(&self.arrays.keys().cloned().collect::<Vec<_>>().join("\n"))
+        self.names.clone()
     }
     /// The metadata as `key=value` lines in key order, as UTF-8 bytes.
     pub fn metadata_text(&self) -> Expected {
-        let lines: Vec<String> = self
-            .metadata
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        text(&lines.join("\n"))
+        self.metadata_lines.clone()
     }
+}
+
+/// The keys of a dict result, one per line; with `values`, `key=value`
+/// lines (string values).
+fn dict_lines(v: &Value, values: bool) -> Result<HostTensor, String> {
+    let Value::Dict(map) = v else {
+        return Err(format!("not a dict: {v:?}"));
+    };
+    let lines = map
+        .iter()
+        .map(|(k, v)| match (values, v) {
+            (false, _) => Ok(k.clone()),
+            (true, Value::Str(s)) => Ok(format!("{k}={s}")),
+            (true, other) => Err(format!("metadata `{k}` is {other:?}")),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(text(&lines.join("\n")).into_tensor())
 }
 
 /// `mx.load(path, return_metadata=True)` (mlx 0.32.2).
@@ -44,8 +58,14 @@ pub fn safetensors_load(ctx: &Ctx, path: &Path) -> Result<Loaded, CaseError> {
         F,
         ctx.call(F, vec![fixed("path", path.to_string_lossy().as_ref())])?,
     )?;
-    let arrays = r
-        .dict("arrays")?
+    let arrays_value = r.value("arrays")?;
+    let metadata_value = r.value("metadata")?;
+    // The texts are derived from the dicts (and so are a candidate's).
+    let names =
+        Expected::derived(&arrays_value, |v| dict_lines(v, false)).map_err(CaseError::Harness)?;
+    let metadata_lines =
+        Expected::derived(&metadata_value, |v| dict_lines(v, true)).map_err(CaseError::Harness)?;
+    let arrays = Fields::of(F, arrays_value)?
         .into_entries()
         .into_iter()
         .map(|(name, v)| match v {
@@ -55,8 +75,7 @@ pub fn safetensors_load(ctx: &Ctx, path: &Path) -> Result<Loaded, CaseError> {
             ))),
         })
         .collect::<Result<_, _>>()?;
-    let metadata = r
-        .dict("metadata")?
+    let metadata = Fields::of(F, metadata_value)?
         .into_entries()
         .into_iter()
         .map(|(key, v)| match v {
@@ -66,7 +85,12 @@ pub fn safetensors_load(ctx: &Ctx, path: &Path) -> Result<Loaded, CaseError> {
             ))),
         })
         .collect::<Result<_, _>>()?;
-    Ok(Loaded { arrays, metadata })
+    Ok(Loaded {
+        arrays,
+        metadata,
+        names,
+        metadata_lines,
+    })
 }
 
 /// Per module path: the spec `load_model` decided and the loaded module's

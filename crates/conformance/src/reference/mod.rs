@@ -366,12 +366,6 @@ impl Fields {
             got => Err(self.missing(key, &got, "a string")),
         }
     }
-    pub(crate) fn int(&mut self, key: &str) -> Result<i64, CaseError> {
-        match self.map.remove(key) {
-            Some(Value::Int(i)) => Ok(i),
-            got => Err(self.missing(key, &got, "an int")),
-        }
-    }
     pub(crate) fn bool(&mut self, key: &str) -> Result<bool, CaseError> {
         match self.map.remove(key) {
             Some(Value::Bool(b)) => Ok(b),
@@ -393,10 +387,6 @@ impl Fields {
                 .collect(),
             got => Err(self.missing(key, &got, "a list of strings")),
         }
-    }
-    pub(crate) fn dict(&mut self, key: &str) -> Result<Fields, CaseError> {
-        let function = self.function;
-        Fields::of(function, self.value(key)?)
     }
     /// The remaining entries (for name → value maps).
     pub(crate) fn into_entries(self) -> BTreeMap<String, Value> {

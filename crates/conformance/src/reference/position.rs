@@ -7,7 +7,7 @@
 use exact::rope::{self, Mrope, Path};
 use exact::{Exact, ExactError, Model};
 use layers::position::GridThw;
-use oracle::{Arg, HostTensor};
+use oracle::{Arg, HostTensor, Value};
 
 use super::{fixed, int32, ints, list, one_array, tensor, text, varied, Fields, Param, Perturb};
 use crate::case::{CaseError, Ctx, Expected};
@@ -438,13 +438,38 @@ pub fn position_mrope_kernel_launch(
         .into_iter()
         .map(|row| {
             let mut r = Fields::of(F, row)?;
+            // Strings and an int, turned into arrays here (a candidate's
+            // values at the same places are turned the same way).
+            let derive = |v: Value, f: fn(&Value) -> Option<Expected>| {
+                Expected::derived(&v, |v| {
+                    f(v).map(Expected::into_tensor)
+                        .ok_or_else(|| format!("`{F}` returned {v:?} there"))
+                })
+                .map_err(CaseError::Harness)
+            };
             Ok(KernelLaunch {
                 grid: r.tensor("grid")?,
                 threadgroup: r.tensor("threadgroup")?,
-                template: text(&r.string("template")?),
+                template: derive(r.value("template")?, |v| match v {
+                    Value::Str(s) => Some(text(s)),
+                    _ => None,
+                })?,
                 output_shapes: r.tensor("output_shapes")?,
-                output_dtypes: text(&r.strings("output_dtypes")?.join(",")),
-                inputs: int32(&[i32::try_from(r.int("inputs")?).unwrap_or(-1)]),
+                output_dtypes: derive(r.value("output_dtypes")?, |v| match v {
+                    Value::List(items) => items
+                        .iter()
+                        .map(|i| match i {
+                            Value::Str(s) => Some(s.as_str()),
+                            _ => None,
+                        })
+                        .collect::<Option<Vec<_>>>()
+                        .map(|names| text(&names.join(","))),
+                    _ => None,
+                })?,
+                inputs: derive(r.value("inputs")?, |v| match v {
+                    Value::Int(i) => Some(int32(&[i32::try_from(*i).unwrap_or(-1)])),
+                    _ => None,
+                })?,
             })
         })
         .collect::<Result<Vec<_>, CaseError>>()?;

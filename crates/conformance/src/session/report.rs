@@ -128,7 +128,12 @@ impl Session {
             for line in &c.differ {
                 errln!("  differs: {line}");
             }
-            if !c.differ.is_empty() {
+            // The same verdicts on every case: an op the candidate does
+            // not serve fails the comparison too.
+            for (case, why) in &c.unsupported {
+                errln!("  unsupported: {case}: {why}");
+            }
+            if !c.differ.is_empty() || !c.unsupported.is_empty() {
                 code = code.max(conformance::report::exit::MUST_EQUAL_FAILURE);
             }
         }

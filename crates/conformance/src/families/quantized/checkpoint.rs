@@ -407,18 +407,96 @@ fn load(ctx: &Ctx, fixture: &str, index: Option<&str>) -> Result<CaseOutput, Cas
     let checkpoint = Checkpoint::open(&dir).map_err(port)?;
     let infos = layer_infos(&checkpoint)?;
     let (x, indices) = activations(ctx, &infos);
-
     let paths: Vec<&String> = infos.keys().collect();
+    let path_names: Vec<&str> = paths.iter().map(|p| p.as_str()).collect();
+    let PortModules {
+        table: port_table,
+        outputs,
+        loaded_constants,
+        modules,
+    } = port_modules(&dir, &x, &indices, &path_names)?;
+
+    let loaded = reference::checkpoint::quantized_checkpoint(ctx, &x, &indices, &dir, &path_names)?;
+    if loaded.outputs.len() != paths.len() {
+        return Err(CaseError::Harness(
+            "reference returned another number of outputs".into(),
+        ));
+    }
+
+    let mut out = CaseOutput::new("mlx.core");
+    out.compare_derived(
+        "spec per path [bits, group_size, mode_id]",
+        &port_table,
+        &loaded.specs,
+        "read from the committed checkpoint's config.json, a constant of the case",
+    );
+    for (((path, ours), theirs), module) in
+        paths.iter().zip(&outputs).zip(loaded.outputs).zip(&modules)
+    {
+        let theirs = match (theirs, module) {
+            (Some(t), Some(args)) => Some(t.with_exact(loaded.calls.exact_with(
+                "quantized_checkpoint",
+                args,
+                module_exact,
+            )?)),
+            (t, _) => t,
+        };
+        match (ours, theirs) {
+            (Some(ours), Some(theirs)) if loaded_constants.contains(path.as_str()) => out
+                .compare_derived(
+                    &format!("global_scale {path}"),
+                    ours,
+                    &theirs,
+                    "the loaded per-expert global scale, a constant of the committed checkpoint",
+                ),
+            (Some(ours), Some(theirs)) => out.compare(&format!("y {path}"), ours, &theirs),
+            (None, None) => {}
+            // A float module on one side only: the spec table already
+            // differs; nothing more to compare.
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+/// What the port loads from a checkpoint directory, per module path.
+pub struct PortModules {
+    /// int32 `[paths, 3]`: `[bits, group_size, mode_id]`, `[0, 0, -1]`
+    /// for a module left float.
+    pub table: HostTensor,
+    /// Each path's output on `x[:, :in]` (None for float modules).
+    pub outputs: Vec<Option<HostTensor>>,
+    /// Paths whose output is a loaded tensor (an nvfp4 global scale), not
+    /// a forward of x.
+    pub loaded_constants: std::collections::BTreeSet<String>,
+    /// Each quantized module's tensors as the port loaded them, for the
+    /// exact oracle (the read is bit-checked; the arithmetic is its scope).
+    pub modules: Vec<Option<Vec<(&'static str, Arg)>>>,
+}
+
+/// The port's side of `quantized_checkpoint` (the linked case and the
+/// port candidate's `quantized_checkpoint_forward`): opens `dir`, resolves
+/// each of `paths` (a module of the fixture's tiny model) and runs it on
+/// `x[:, :in]` (switch modules with `indices`).
+pub fn port_modules(
+    dir: &std::path::Path,
+    x: &HostTensor,
+    indices: &HostTensor,
+    paths: &[&str],
+) -> Result<PortModules, CaseError> {
+    let checkpoint = Checkpoint::open(dir).map_err(port)?;
+    let infos = layer_infos(&checkpoint)?;
     let mut table = Vec::with_capacity(paths.len() * 3);
     let mut outputs: Vec<Option<HostTensor>> = Vec::with_capacity(paths.len());
-    // Paths whose output is a loaded tensor, not a forward of x.
     let mut loaded_constants = std::collections::BTreeSet::new();
-    // Each quantized module's tensors as the port loaded them, for the
-    // exact oracle (the read is bit-checked; the arithmetic is its scope).
     let mut modules: Vec<Option<Vec<(&'static str, Arg)>>> = Vec::with_capacity(paths.len());
     let xa = x.to_array();
-    for path in &paths {
-        let info = &infos[path.as_str()];
+    for path in paths {
+        let info = infos.get(*path).ok_or_else(|| {
+            CaseError::Harness(format!(
+                "`{path}` is no module of the checkpoint's tiny model"
+            ))
+        })?;
         let resolution = checkpoint
             .resolve_quant_spec(path, info.kind, info.in_features as i32)
             .map_err(port)?;
@@ -487,50 +565,12 @@ fn load(ctx: &Ctx, fixture: &str, index: Option<&str>) -> Result<CaseOutput, Cas
         outputs.push(Some(host(&y)?));
     }
     let table_bytes = table.iter().flat_map(|v: &i32| v.to_le_bytes()).collect();
-    let port_table = HostTensor::new(DType::Int32, vec![paths.len(), 3], table_bytes)?;
-
-    let path_names: Vec<&str> = paths.iter().map(|p| p.as_str()).collect();
-    let loaded = reference::checkpoint::quantized_checkpoint(ctx, &x, &indices, &dir, &path_names)?;
-    if loaded.outputs.len() != paths.len() {
-        return Err(CaseError::Harness(
-            "reference returned another number of outputs".into(),
-        ));
-    }
-
-    let mut out = CaseOutput::new("mlx.core");
-    out.compare_derived(
-        "spec per path [bits, group_size, mode_id]",
-        &port_table,
-        &loaded.specs,
-        "read from the committed checkpoint's config.json, a constant of the case",
-    );
-    for (((path, ours), theirs), module) in
-        paths.iter().zip(&outputs).zip(loaded.outputs).zip(&modules)
-    {
-        let theirs = match (theirs, module) {
-            (Some(t), Some(args)) => Some(t.with_exact(loaded.calls.exact_with(
-                "quantized_checkpoint",
-                args,
-                module_exact,
-            )?)),
-            (t, _) => t,
-        };
-        match (ours, theirs) {
-            (Some(ours), Some(theirs)) if loaded_constants.contains(path.as_str()) => out
-                .compare_derived(
-                    &format!("global_scale {path}"),
-                    ours,
-                    &theirs,
-                    "the loaded per-expert global scale, a constant of the committed checkpoint",
-                ),
-            (Some(ours), Some(theirs)) => out.compare(&format!("y {path}"), ours, &theirs),
-            (None, None) => {}
-            // A float module on one side only: the spec table already
-            // differs; nothing more to compare.
-            _ => {}
-        }
-    }
-    Ok(out)
+    Ok(PortModules {
+        table: HostTensor::new(DType::Int32, vec![paths.len(), 3], table_bytes)?,
+        outputs,
+        loaded_constants,
+        modules,
+    })
 }
 
 /// A loaded module's tensors for the exact oracle, and its kind
