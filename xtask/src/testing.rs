@@ -38,6 +38,12 @@ pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
         cmd.args(["--device", "cpu"]);
     }
     cmd.args(extra);
+    // The default run also exports the golden vectors of every must-equal
+    // case, which are then re-read against their digests.
+    let vectors = root.join("target/conformance-vectors");
+    if extra.is_empty() {
+        cmd.arg("--export").arg(&vectors);
+    }
     let code = util::status(&mut cmd, "the conformance runner")?;
     explain_loader_failure(&layout, code);
     if code != 0 {
@@ -54,6 +60,16 @@ pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
         .target_dir(root)
         .join("debug/conformance-port-candidate");
     let linked = root.join("target/conformance/report.json");
+    let mut cmd = layout.cargo(root);
+    cmd.args(["run", "-p", "conformance", "--bin", "conformance", "--"])
+        .arg("--verify-export")
+        .arg(&vectors)
+        .arg("--verify-against")
+        .arg(&linked);
+    let code = util::status(&mut cmd, "the export's digests")?;
+    if code != 0 {
+        return Ok(code);
+    }
     let mut cmd = layout.cargo(root);
     cmd.args(["run", "-p", "conformance", "--bin", "conformance", "--"])
         .args(["--device", "cpu", "--candidate"])

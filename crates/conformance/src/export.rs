@@ -291,3 +291,115 @@ pub fn write_manifest(root: &Path, environment: Json, seed: u64) -> Result<usize
     std::fs::remove_dir_all(&cases_dir).map_err(|e| format!("{}: {e}", cases_dir.display()))?;
     Ok(n)
 }
+
+/// What [`verify`] checked.
+#[derive(Debug, Default)]
+pub struct Verified {
+    pub cases: usize,
+    pub calls: usize,
+    pub outputs: usize,
+}
+
+/// Re-reads an export: every call's file has its `file_sha256`, holds
+/// every array its argument and result trees name, and every output's bits
+/// have their `output_sha256`. With `report` (the run's report.json),
+/// every must-equal case that reached a verdict there (pass or FAIL) is
+/// in the manifest. Every problem is listed, by file.
+pub fn verify(root: &Path, report: Option<&Path>) -> Result<Verified, Vec<String>> {
+    let read_json = |p: &Path| -> Result<Json, Vec<String>> {
+        let text = std::fs::read_to_string(p).map_err(|e| vec![format!("{}: {e}", p.display())])?;
+        serde_json::from_str(&text).map_err(|e| vec![format!("{}: {e}", p.display())])
+    };
+    let manifest = read_json(&root.join("manifest.json"))?;
+    if manifest["schema_version"] != SCHEMA_VERSION {
+        return Err(vec![format!(
+            "manifest.json: schema_version {} (this runner reads {SCHEMA_VERSION})",
+            manifest["schema_version"]
+        )]);
+    }
+    let cases = manifest["cases"].as_array().cloned().unwrap_or_default();
+    let mut problems = Vec::new();
+    let mut done = Verified {
+        cases: cases.len(),
+        ..Verified::default()
+    };
+    for case in &cases {
+        let name = case["case"].as_str().unwrap_or("?");
+        for call in case["calls"].as_array().into_iter().flatten() {
+            done.calls += 1;
+            let file = call["file"].as_str().unwrap_or_default();
+            let path = root.join(file);
+            let bytes = match std::fs::read(&path) {
+                Ok(b) => b,
+                Err(e) => {
+                    problems.push(format!("{name}: {file}: {e}"));
+                    continue;
+                }
+            };
+            if call["file_sha256"].as_str() != Some(sha256_hex(&bytes).as_str()) {
+                problems.push(format!(
+                    "{name}: {file}: its sha256 is not the manifest's file_sha256"
+                ));
+            }
+            let tensors: std::collections::BTreeMap<String, HostTensor> =
+                match crate::kept::read_file(&path) {
+                    Ok(t) => t.into_iter().collect(),
+                    Err(e) => {
+                        problems.push(format!("{name}: {e}"));
+                        continue;
+                    }
+                };
+            let mut named = Vec::new();
+            tensor_keys(&call["args"], &mut named);
+            tensor_keys(&call["result"], &mut named);
+            for key in named {
+                if !tensors.contains_key(&key) {
+                    problems.push(format!(
+                        "{name}: {file}: no array `{key}`, which the trees name"
+                    ));
+                }
+            }
+            for (key, digest) in call["output_sha256"].as_object().into_iter().flatten() {
+                done.outputs += 1;
+                match tensors.get(&format!("outputs/{key}")) {
+                    Some(t) if digest.as_str() == Some(crate::case::digest_of(t).as_str()) => {}
+                    Some(_) => problems.push(format!(
+                        "{name}: {file}: `outputs/{key}`'s bits are not the manifest's output_sha256"
+                    )),
+                    None => problems.push(format!("{name}: {file}: no array `outputs/{key}`")),
+                }
+            }
+        }
+    }
+    if let Some(report) = report {
+        let report = read_json(report)?;
+        let exported: std::collections::BTreeSet<&str> =
+            cases.iter().filter_map(|c| c["case"].as_str()).collect();
+        for c in report["cases"].as_array().into_iter().flatten() {
+            let verdict = c["verdict"].as_str().unwrap_or_default();
+            let case = c["name"].as_str().unwrap_or_default();
+            if matches!(verdict, "pass" | "fail") && !exported.contains(case) {
+                problems.push(format!(
+                    "{case}: a must-equal case of the report ({verdict}) is not in the manifest"
+                ));
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(done)
+    } else {
+        Err(problems)
+    }
+}
+
+/// The `$tensor` keys a tree names.
+fn tensor_keys(tree: &Json, out: &mut Vec<String>) {
+    match tree {
+        Json::Array(items) => items.iter().for_each(|j| tensor_keys(j, out)),
+        Json::Object(o) if o.len() == 1 && o.get("$tensor").is_some_and(Json::is_string) => {
+            out.push(o["$tensor"].as_str().unwrap_or_default().to_owned());
+        }
+        Json::Object(o) => o.values().for_each(|j| tensor_keys(j, out)),
+        _ => {}
+    }
+}

@@ -135,6 +135,15 @@ struct Cli {
     /// DIR/manifest.json (`cargo xtask export`).
     #[arg(long, value_name = "DIR")]
     export: Option<PathBuf>,
+    /// Re-read an export (DIR/manifest.json and its files): every file's
+    /// and every output's sha256 as the manifest says; exit 0, or 1 with
+    /// every problem listed. Runs no case.
+    #[arg(long, value_name = "DIR")]
+    verify_export: Option<PathBuf>,
+    /// With `--verify-export`: also require every must-equal case of this
+    /// report.json that reached a verdict to be in the manifest.
+    #[arg(long, value_name = "REPORT", requires = "verify_export")]
+    verify_against: Option<PathBuf>,
     /// Print the op vocabulary (docs/ops.md, `cargo xtask ops-doc`) and exit.
     #[arg(long)]
     ops_doc: bool,
@@ -173,6 +182,9 @@ fn main() -> ExitCode {
             out!("{}", conformance::candidate::ops::markdown());
             return Ok(ExitCode::SUCCESS);
         }
+        if let Some(dir) = &cli.verify_export {
+            return Ok(verify_export(dir, cli.verify_against.as_deref()));
+        }
         let session = Session::prepare(cli)?;
         let ran = session.run()?;
         let gated = session.gate(ran);
@@ -181,6 +193,30 @@ fn main() -> ExitCode {
     let code = steps().unwrap_or_else(|Exit(code)| code);
     families::remove_worker_copy();
     code
+}
+
+/// `--verify-export DIR`: 0 when every digest matches, 1 with the list.
+fn verify_export(dir: &std::path::Path, report: Option<&std::path::Path>) -> ExitCode {
+    match conformance::export::verify(dir, report) {
+        Ok(v) => {
+            outln!(
+                "export {}: {} cases, {} calls, {} outputs: every file and output matches its sha256{}",
+                dir.display(),
+                v.cases,
+                v.calls,
+                v.outputs,
+                if report.is_some() { "; every must-equal case of the report is in it" } else { "" }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(problems) => {
+            for p in problems.iter().take(50) {
+                errln!("export {}: {p}", dir.display());
+            }
+            errln!("export {}: {} problems", dir.display(), problems.len());
+            ExitCode::from(exit::MUST_EQUAL_FAILURE as u8)
+        }
+    }
 }
 
 /// The flags. `--help` and `--version` print and exit 0.

@@ -332,6 +332,35 @@ fn exported_vectors_match_their_digests_and_are_deterministic() {
         std::fs::read(b.path().join("manifest.json")).unwrap(),
         "the manifest is the same on a second export"
     );
+
+    // The runner's own verifier agrees, and sees one flipped bit.
+    let report = a.path().join("report/report.json");
+    let out = conformance(&[
+        "--verify-export",
+        a.path().to_str().unwrap(),
+        "--verify-against",
+        report.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(
+        text(&out).contains("every must-equal case of the report is in it"),
+        "{}",
+        text(&out)
+    );
+    let file = exported[0]["calls"][0]["file"].as_str().unwrap();
+    let mut bytes = std::fs::read(b.path().join(file)).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(b.path().join(file), bytes).unwrap();
+    let out = conformance(&["--verify-export", b.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains(&format!(
+            "{file}: its sha256 is not the manifest's file_sha256"
+        )),
+        "{}",
+        text(&out)
+    );
 }
 
 /// docs/ops.md is what the vocabulary generates, and each op's inputs are
