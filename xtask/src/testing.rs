@@ -12,12 +12,24 @@ use crate::conformance::explain_loader_failure;
 use crate::env;
 use crate::util;
 
+/// [`util::status`], saying how long the step took (CI's time budget is
+/// read off these lines).
+fn timed(cmd: &mut std::process::Command, what: &str) -> Result<i32> {
+    let start = std::time::Instant::now();
+    let code = util::status(cmd, what)?;
+    println!(
+        "xtask test: {what}: exit {code} in {:.0} s",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(code)
+}
+
 pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
     let args = &util::absolute_path_args(args);
     // A run xtask refuses must not leave the previous run's report looking
     // current (the runner clears its own `--out` once its flags are valid).
     let (layout, _, extra) = util::or_clear_reports(root, args, env::select_and_check(root, args))?;
-    let code = util::status(
+    let code = timed(
         layout.cargo(root).args(["test", "--workspace"]),
         "cargo test",
     )?;
@@ -44,7 +56,7 @@ pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
     if extra.is_empty() {
         cmd.arg("--export").arg(&vectors);
     }
-    let code = util::status(&mut cmd, "the conformance runner")?;
+    let code = timed(&mut cmd, "the conformance runner")?;
     explain_loader_failure(&layout, code);
     if code != 0 {
         return Ok(code);
@@ -66,7 +78,7 @@ pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
         .arg(&vectors)
         .arg("--verify-against")
         .arg(&linked);
-    let code = util::status(&mut cmd, "the export's digests")?;
+    let code = timed(&mut cmd, "the export's digests")?;
     if code != 0 {
         return Ok(code);
     }
@@ -78,5 +90,5 @@ pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
         .arg(&linked)
         .arg("--out")
         .arg(root.join("target/conformance-candidate"));
-    util::status(&mut cmd, "the protocol self-test")
+    timed(&mut cmd, "the protocol self-test")
 }

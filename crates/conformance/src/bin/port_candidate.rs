@@ -323,52 +323,26 @@ fn call(op: &str, a: &Args) -> Result<Value> {
             int32(&out)
         }
         "qwen3_5_config" => {
-            use layers::config::{Qwen3_5Config, RopeTheta};
-            let c = Qwen3_5Config::from_json(&config_json(a)?).map_err(s)?;
-            let mrope = c.mrope().map_err(s)?;
-            let tokens = c.vision_tokens().map_err(s)?;
-            let fields = [
-                c.head_dim,
-                mrope.rotary_dim,
-                tokens.image_token_id as usize,
-                tokens.video_token_id as usize,
-                tokens.vision_start_token_id as usize,
-                tokens.spatial_merge_size,
-                c.num_attention_heads,
-                c.num_key_value_heads,
-                c.hidden_size,
-                c.num_hidden_layers,
-            ]
-            .map(|v| v as i64);
-            let section: Vec<i64> = c.rope.mrope_section.iter().map(|&v| v as i64).collect();
+            use conformance::families::configs::qwen3_5::read_fields;
+            let c = layers::config::Qwen3_5Config::from_json(&config_json(a)?).map_err(s)?;
+            let r = read_fields(&c).map_err(s)?;
             Ok(dict(vec![
-                ("fields", int64(&fields)?),
-                ("mrope_section", int64(&section)?),
+                ("fields", int64(&r.fields)?),
+                ("mrope_section", int64(&r.mrope_section)?),
                 (
                     "floats",
-                    Value::List(vec![
-                        Value::Float(c.rope.rope_theta.as_f64()),
-                        Value::Float(c.rope.partial_rotary_factor),
-                    ]),
+                    Value::List(r.floats.iter().map(|&f| Value::Float(f)).collect()),
                 ),
-                (
-                    "theta_is_int",
-                    int64(&[i64::from(matches!(c.rope.rope_theta, RopeTheta::Int(_)))])?,
-                ),
+                ("theta_is_int", int64(&[r.theta_is_int])?),
             ]))
         }
         "gemma4_vision_config" => {
             let c = layers::config::Gemma4VisionConfig::from_json(&config_json(a)?).map_err(s)?;
-            let fields = [
-                c.head_dim,
-                c.num_attention_heads,
-                c.num_key_value_heads,
-                c.hidden_size,
-                c.patch_size,
-            ]
-            .map(|v| v as i64);
             Ok(dict(vec![
-                ("fields", int64(&fields)?),
+                (
+                    "fields",
+                    int64(&conformance::families::configs::gemma4::read_fields(&c))?,
+                ),
                 ("floats", Value::List(vec![Value::Float(c.rope_theta)])),
             ]))
         }

@@ -93,20 +93,7 @@ impl Client {
             .spawn()
             .map_err(|e| format!("cannot start `sh -c {:?}`: {e}", config.command))?;
         let stdin = child.stdin.take().expect("piped");
-        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || loop {
-            let mut line = String::new();
-            match stdout.read_line(&mut line) {
-                Ok(0) => break,
-                read => {
-                    let failed = read.is_err();
-                    if tx.send(read.map(|_| line)).is_err() || failed {
-                        break;
-                    }
-                }
-            }
-        });
+        let lines = crate::runner::worker::read_lines(child.stdout.take().expect("piped"));
         let stderr = child.stderr.take().expect("piped");
         let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
         let tail = Arc::clone(&stderr_tail);

@@ -76,16 +76,23 @@ fn parse(path: &PathBuf) -> Result<Gemma4VisionConfig, CaseError> {
     Gemma4VisionConfig::from_file(path).map_err(port)
 }
 
-fn run_read(ctx: &Ctx, path: &PathBuf) -> Result<CaseOutput, CaseError> {
-    let c = parse(path)?;
-    let fields = [
+/// What the port reads from a Gemma 4 vision config, as
+/// `config_gemma4_vision`'s `fields` (the linked case and the port
+/// candidate): head_dim, heads, KV heads, hidden_size, patch_size.
+pub fn read_fields(c: &Gemma4VisionConfig) -> [i64; 5] {
+    [
         c.head_dim,
         c.num_attention_heads,
         c.num_key_value_heads,
         c.hidden_size,
         c.patch_size,
     ]
-    .map(|v| v as i64);
+    .map(|v| v as i64)
+}
+
+fn run_read(ctx: &Ctx, path: &PathBuf) -> Result<CaseOutput, CaseError> {
+    let c = parse(path)?;
+    let fields = read_fields(&c);
     let r = reference::configs::config_gemma4_vision(ctx, &read_text(path)?)?;
     let mut out = CaseOutput::new("config");
     out.compare("fields", &int64(&fields), &r.fields);

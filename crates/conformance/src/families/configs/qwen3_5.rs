@@ -343,8 +343,21 @@ fn run_quantization_keys(ctx: &Ctx, source: &Source) -> Result<CaseOutput, CaseE
     })))
 }
 
-fn run_read(ctx: &Ctx, source: &Source) -> Result<CaseOutput, CaseError> {
-    let (c, text) = source.parse()?;
+/// What the port reads from a Qwen3.5 config, as `config_qwen3_5`
+/// returns it (the linked case and the port candidate's `qwen3_5_config`).
+pub struct ReadFields {
+    /// head_dim, rotary_dim, image/video/vision-start token ids,
+    /// spatial_merge_size, heads, KV heads, hidden_size, layers.
+    pub fields: [i64; 10],
+    pub mrope_section: Vec<i64>,
+    /// rope_theta, partial_rotary_factor.
+    pub floats: [f64; 2],
+    /// Whether rope_theta was a JSON integer.
+    pub theta_is_int: i64,
+}
+
+/// The port's [`ReadFields`] of `c`.
+pub fn read_fields(c: &layers::config::Qwen3_5Config) -> Result<ReadFields, CaseError> {
     let mrope = c.mrope().map_err(port)?;
     let tokens = c.vision_tokens().map_err(port)?;
     let fields = [
@@ -360,9 +373,22 @@ fn run_read(ctx: &Ctx, source: &Source) -> Result<CaseOutput, CaseError> {
         c.num_hidden_layers,
     ]
     .map(|v| v as i64);
-    let section: Vec<i64> = c.rope.mrope_section.iter().map(|&v| v as i64).collect();
-    let floats = [c.rope.rope_theta.as_f64(), c.rope.partial_rotary_factor];
-    let theta_is_int = i64::from(matches!(c.rope.rope_theta, RopeTheta::Int(_)));
+    Ok(ReadFields {
+        fields,
+        mrope_section: c.rope.mrope_section.iter().map(|&v| v as i64).collect(),
+        floats: [c.rope.rope_theta.as_f64(), c.rope.partial_rotary_factor],
+        theta_is_int: i64::from(matches!(c.rope.rope_theta, RopeTheta::Int(_))),
+    })
+}
+
+fn run_read(ctx: &Ctx, source: &Source) -> Result<CaseOutput, CaseError> {
+    let (c, text) = source.parse()?;
+    let ReadFields {
+        fields,
+        mrope_section: section,
+        floats,
+        theta_is_int,
+    } = read_fields(&c)?;
 
     let r = reference::configs::config_qwen3_5(ctx, &text)?;
     let mut out = CaseOutput::new("config");
