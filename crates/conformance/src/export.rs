@@ -305,17 +305,20 @@ pub struct Verified {
 /// have their `output_sha256`. With `report` (the run's report.json),
 /// every must-equal case that reached a verdict there (pass or FAIL) is
 /// in the manifest. Every problem is listed, by file.
-pub fn verify(root: &Path, report: Option<&Path>) -> Result<Verified, Vec<String>> {
-    let read_json = |p: &Path| -> Result<Json, Vec<String>> {
-        let text = std::fs::read_to_string(p).map_err(|e| vec![format!("{}: {e}", p.display())])?;
-        serde_json::from_str(&text).map_err(|e| vec![format!("{}: {e}", p.display())])
+pub fn verify(root: &Path, report: Option<&Path>) -> Result<Verified, VerifyError> {
+    let read_json = |p: &Path| -> Result<Json, VerifyError> {
+        let text = std::fs::read_to_string(p)
+            .map_err(|e| VerifyError::Unreadable(format!("{}: {e}", p.display())))?;
+        serde_json::from_str(&text)
+            .map_err(|e| VerifyError::Unreadable(format!("{}: not JSON: {e}", p.display())))
     };
     let manifest = read_json(&root.join("manifest.json"))?;
     if manifest["schema_version"] != SCHEMA_VERSION {
-        return Err(vec![format!(
-            "manifest.json: schema_version {} (this runner reads {SCHEMA_VERSION})",
+        return Err(VerifyError::Unreadable(format!(
+            "{}: schema_version {} (this runner reads {SCHEMA_VERSION}); export again with this runner",
+            root.join("manifest.json").display(),
             manifest["schema_version"]
-        )]);
+        )));
     }
     let cases = manifest["cases"].as_array().cloned().unwrap_or_default();
     let mut problems = Vec::new();
@@ -388,8 +391,18 @@ pub fn verify(root: &Path, report: Option<&Path>) -> Result<Verified, Vec<String
     if problems.is_empty() {
         Ok(done)
     } else {
-        Err(problems)
+        Err(VerifyError::Problems(problems))
     }
+}
+
+/// Why [`verify`] did not pass.
+#[derive(Debug)]
+pub enum VerifyError {
+    /// The manifest (or the report) cannot be read: not an export of this
+    /// runner's schema.
+    Unreadable(String),
+    /// The export's files do not match it: every problem, by case and file.
+    Problems(Vec<String>),
 }
 
 /// The `$tensor` keys a tree names.

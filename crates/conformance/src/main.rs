@@ -136,8 +136,9 @@ struct Cli {
     #[arg(long, value_name = "DIR")]
     export: Option<PathBuf>,
     /// Re-read an export (DIR/manifest.json and its files): every file's
-    /// and every output's sha256 as the manifest says; exit 0, or 1 with
-    /// every problem listed. Runs no case.
+    /// and every output's sha256 as the manifest says; exit 0, 1 with
+    /// every problem listed, or 3 when DIR holds no readable manifest.
+    /// Runs no case.
     #[arg(long, value_name = "DIR")]
     verify_export: Option<PathBuf>,
     /// With `--verify-export`: also require every must-equal case of this
@@ -209,12 +210,17 @@ fn verify_export(dir: &std::path::Path, report: Option<&std::path::Path>) -> Exi
             );
             ExitCode::SUCCESS
         }
-        Err(problems) => {
+        Err(conformance::export::VerifyError::Problems(problems)) => {
             for p in problems.iter().take(50) {
                 errln!("export {}: {p}", dir.display());
             }
             errln!("export {}: {} problems", dir.display(), problems.len());
             ExitCode::from(exit::MUST_EQUAL_FAILURE as u8)
+        }
+        // Not an export to check (exit 3, as a bad flag).
+        Err(conformance::export::VerifyError::Unreadable(why)) => {
+            errln!("--verify-export: {why}");
+            ExitCode::from(exit::ENVIRONMENT as u8)
         }
     }
 }

@@ -361,6 +361,15 @@ fn exported_vectors_match_their_digests_and_are_deterministic() {
         "{}",
         text(&out)
     );
+    // A directory that holds no export is a usage error, said so.
+    let empty = tempfile::tempdir().unwrap();
+    let out = conformance(&["--verify-export", empty.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(
+        text(&out).contains("--verify-export: ") && text(&out).contains("manifest.json"),
+        "{}",
+        text(&out)
+    );
 }
 
 /// docs/ops.md is what the vocabulary generates, and each op's inputs are
