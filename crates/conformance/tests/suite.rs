@@ -1,6 +1,8 @@
-//! The registry, run in-process: every must-equal case passes, and every
-//! must-equal case fails when the reference's input carries one flipped bit
-//! (so no case is a test that cannot fail).
+//! The registry, run in-process: every must-equal case fails when the
+//! reference's input carries one flipped bit (so no case is a test that
+//! cannot fail). That the unperturbed suite passes is `cargo xtask test`'s
+//! runner step (the whole default suite through the CLI, its exit code),
+//! which this file no longer repeats in-process: CI's time budget.
 
 use conformance::case::{Backend, Expect};
 use conformance::families;
@@ -20,17 +22,6 @@ fn run(perturb: bool) -> Vec<runner::CaseResult> {
         perturb,
     };
     runner::run(&selected, &oracle, &options, &|_| {})
-}
-
-#[test]
-fn every_case_runs_and_must_equal_cases_pass_on_cpu() {
-    let results = run(false);
-    let bad: Vec<String> = results
-        .iter()
-        .filter(|r| matches!(r.verdict, Verdict::Fail | Verdict::Error))
-        .map(|r| format!("{} {:?} {:?}", r.name, r.verdict, r.message))
-        .collect();
-    assert!(bad.is_empty(), "{bad:#?}");
 }
 
 /// The proof, per output: with every perturbable argument perturbed (see

@@ -129,7 +129,7 @@ fn routed_forward_equals_the_checked_forward() {
     // The top-k are the two largest scores of each row.
     let picked = scores.take_along_axis(top.array(), -1).unwrap();
     let below: i32 = ops::sum(
-        ops::ge(&scores, &picked.min_axis(-1, true).unwrap())
+        ops::ge(&scores, picked.min_axis(-1, true).unwrap())
             .unwrap()
             .as_dtype(Dtype::Int32)
             .unwrap(),
