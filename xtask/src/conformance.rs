@@ -74,13 +74,31 @@ pub fn export(root: &Path, args: &[OsString]) -> Result<i32> {
         bail!("cargo xtask export needs --out DIR: where the vectors and DIR/manifest.json go");
     };
     let out = std::path::absolute(&out)?;
+    // The same backend for the verification (a leading `--backend B`).
+    let mut verify: Vec<OsString> = match rest.first().and_then(|a| a.to_str()) {
+        Some("--backend") => rest.iter().take(2).cloned().collect(),
+        Some(a) if a.starts_with("--backend=") => rest.iter().take(1).cloned().collect(),
+        _ => Vec::new(),
+    };
     rest.extend([
         "--export".into(),
         out.as_os_str().to_owned(),
         "--out".into(),
         out.join("report").into_os_string(),
     ]);
-    run(root, &rest)
+    let code = run(root, &rest)?;
+    // 0, 1 (a FAIL) and 2 (findings drifted) ran every case to the end:
+    // the export is whole, and is re-read against its digests.
+    if code > 2 {
+        return Ok(code);
+    }
+    verify.extend([
+        "--verify-export".into(),
+        out.as_os_str().to_owned(),
+        "--verify-against".into(),
+        out.join("report/report.json").into_os_string(),
+    ]);
+    Ok(code.max(run(root, &verify)?))
 }
 
 /// `cargo xtask ops-doc`: writes docs/ops.md from the op vocabulary (the
