@@ -361,6 +361,15 @@ fn exported_vectors_match_their_digests_and_are_deterministic() {
         "{}",
         text(&out)
     );
+    // An unreadable report to verify against is a usage error too.
+    let out = conformance(&[
+        "--verify-export",
+        a.path().to_str().unwrap(),
+        "--verify-against",
+        a.path().join("no-such-report.json").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(text(&out).contains("no-such-report.json"), "{}", text(&out));
     // A directory that holds no export is a usage error, said so.
     let empty = tempfile::tempdir().unwrap();
     let out = conformance(&["--verify-export", empty.path().to_str().unwrap()]);
