@@ -122,6 +122,16 @@ impl<'a> Ctx<'a> {
     pub fn inputs(&self) -> crate::inputs::Inputs {
         crate::inputs::Inputs::new(self.seed)
     }
+    /// Marks a port output where an interceptor may plant a fault
+    /// ([`crate::hooks::Interceptor::port_output`]): `family` and two of
+    /// the case's sizes say where it is.
+    pub fn port_output(&self, family: &str, m: usize, n: usize, y: &mut HostTensor) {
+        crate::hooks::current(|hooks| {
+            for i in &hooks.interceptors {
+                i.port_output(family, m, n, y);
+            }
+        });
+    }
     /// Calls glue function `function` with keyword arguments. In the proof
     /// mode every parameter marked perturbable is perturbed first.
     pub(crate) fn call(
@@ -153,34 +163,41 @@ impl<'a> Ctx<'a> {
             };
             kwargs.push((p.name, value));
         }
-        crate::poison::before_call(self.backend);
-        let value = self.oracle.call(self.case, function, &[], &kwargs);
-        // After too: the port's next call must not get the reference's
-        // freed output buffer (it holds a correct result).
-        crate::poison::poison();
-        crate::export::record(function, &kwargs, value.as_ref());
-        if crate::candidate::active() && crate::candidate::sends(function) {
-            // The candidate gets what the port gets: the unperturbed
-            // arguments.
-            let sent = if self.perturb { &original } else { &kwargs };
-            match crate::candidate::call(self.case, function, sent) {
-                Ok(reply) => {
-                    crate::candidate::tape::record(value.as_ref().ok(), &reply);
-                    if let (Ok(_), crate::candidate::Reply::Raised(m)) = (&value, &reply) {
+        // The hooks' order is a contract (see `crate::hooks`).
+        let value = crate::hooks::current(|hooks| {
+            for i in &hooks.interceptors {
+                i.before_call(self.backend);
+            }
+            let value = self.oracle.call(self.case, function, &[], &kwargs);
+            let call = crate::hooks::ReferenceCall {
+                function,
+                kwargs: &kwargs,
+                result: value.as_ref(),
+            };
+            for i in &hooks.interceptors {
+                i.after_call(&call);
+            }
+            if let Some(substitute) = hooks.substitute.as_deref().filter(|s| s.sends(function)) {
+                // The substitute gets what the port gets: the unperturbed
+                // arguments.
+                let sent = if self.perturb { &original } else { &kwargs };
+                match substitute.call(self.case, function, sent, value.as_ref().ok()) {
+                    Ok(crate::hooks::Answer::Raised(m)) if value.is_ok() => {
                         return Err(CaseError::Port(format!(
                             "the candidate raised where the reference computed (op of `{function}`): {m}"
                         )));
                     }
-                }
-                Err(crate::candidate::CallError::Unsupported(why)) => {
-                    return Err(CaseError::Unsupported(why))
-                }
-                Err(crate::candidate::CallError::Failed(why)) => {
-                    return Err(CaseError::Candidate(why))
+                    Ok(_) => {}
+                    Err(crate::hooks::SubstituteError::Unsupported(why)) => {
+                        return Err(CaseError::Unsupported(why))
+                    }
+                    Err(crate::hooks::SubstituteError::Failed(why)) => {
+                        return Err(CaseError::Substitute(why))
+                    }
                 }
             }
-        }
-        let value = value?;
+            Ok(value?)
+        })?;
         let calls = crate::exactness::Calls {
             reference: crate::exactness::Sent::new(kwargs),
             port: self.perturb.then(|| crate::exactness::Sent::new(original)),
@@ -209,7 +226,7 @@ pub enum CaseError {
     Unsupported(String),
     /// `--candidate`: the candidate crashed, hung, or broke the protocol.
     #[error("{0}")]
-    Candidate(String),
+    Substitute(String),
 }
 
 /// Whether a case's error message is a [`CaseError::Port`] (its Display
@@ -252,97 +269,136 @@ impl From<oracle::TensorError> for CaseError {
 /// oracle, [`crate::exactness`]), attached by the same wrapper from the
 /// arguments the reference received.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Expected(
-    HostTensor,
-    Option<crate::exactness::ExactPair>,
-    /// With `--candidate`: the candidate's arrays at this array's place in
-    /// its result (see `crate::candidate::tape`).
-    Option<Vec<crate::candidate::tape::Counterpart>>,
-);
+pub struct Expected {
+    tensor: HostTensor,
+    exact: Option<crate::exactness::ExactPair>,
+    /// What stands for the port in a comparison with this output.
+    port_side: PortSide,
+}
+
+/// What a comparison with an [`Expected`] takes as the port's side.
+#[derive(Debug, Clone, PartialEq)]
+enum PortSide {
+    /// The linked port's own tensor (no substitute in this run).
+    Linked,
+    /// A substitute's arrays at this array's place in its results
+    /// ([`crate::hooks::Substitute`]); `None`: it has none there.
+    Substitute(Option<Vec<crate::hooks::Counterpart>>),
+}
+
+/// The port side of a new reference output: the substitute's arrays found
+/// by `find` when a substitute is installed.
+fn port_side_of(
+    find: impl FnOnce(&dyn crate::hooks::Substitute) -> Option<Vec<crate::hooks::Counterpart>>,
+) -> PortSide {
+    crate::hooks::current(|hooks| match hooks.substitute.as_deref() {
+        None => PortSide::Linked,
+        Some(s) => PortSide::Substitute(find(s)),
+    })
+}
 
 impl Expected {
     pub(crate) fn from_reference(t: HostTensor) -> Self {
-        let counterparts = crate::candidate::active()
-            .then(|| crate::candidate::tape::counterparts_of(&t))
-            .flatten();
-        Self(t, None, counterparts)
+        let port_side = port_side_of(|s| s.counterparts_of(&t));
+        Self {
+            tensor: t,
+            exact: None,
+            port_side,
+        }
     }
     /// An array a reader derives from reference value `value` with
-    /// `convert` (a list of floats as their bits, say); with `--candidate`
-    /// the candidate's value at the same place is converted the same way.
+    /// `convert` (a list of floats as their bits, say); with a substitute
+    /// its value at the same place is converted the same way.
     pub(crate) fn derived(
         value: &oracle::Value,
         convert: impl Fn(&oracle::Value) -> Result<HostTensor, String>,
     ) -> Result<Self, String> {
         let t = convert(value)?;
-        let counterparts = crate::candidate::active().then(|| {
-            crate::candidate::tape::values_beside(value)
-                .unwrap_or_default()
-                .into_iter()
-                .map(|c| c.and_then(|c| convert(&c)))
-                .collect()
+        let port_side = port_side_of(|s| {
+            Some(
+                s.values_beside(value)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|c| c.and_then(|c| convert(&c)))
+                    .collect(),
+            )
         });
-        Ok(Self(t, None, counterparts))
+        Ok(Self {
+            tensor: t,
+            exact: None,
+            port_side,
+        })
     }
-    /// A reference flag whose candidate counterpart is whether the
-    /// candidate raised on the case's last call (refusal cases).
+    /// A reference flag whose substitute counterpart is whether the
+    /// substitute raised on the case's last call (refusal cases).
     pub(crate) fn raised_flag(raised: bool) -> Self {
         let flag = |v: bool| {
             HostTensor::new(oracle::DType::Uint8, vec![1], vec![u8::from(v)])
                 .expect("sized by construction")
         };
-        let counterparts = crate::candidate::active().then(|| {
-            vec![crate::candidate::tape::last_raised()
+        let port_side = port_side_of(|s| {
+            Some(vec![s
+                .last_raised()
                 .map(flag)
-                .ok_or_else(|| "the candidate was not called".to_owned())]
+                .ok_or_else(|| "the candidate was not called".to_owned())])
         });
-        Self(flag(raised), None, counterparts)
+        Self {
+            tensor: flag(raised),
+            exact: None,
+            port_side,
+        }
     }
     /// Attaches the exact value this output stands for.
     /// (`None`: the definition has no value for these inputs.)
-    pub(crate) fn with_exact(
+    pub fn with_exact(
         mut self,
         exact: impl Into<Option<crate::exactness::ExactPair>>,
     ) -> Self {
-        self.1 = exact.into();
+        self.exact = exact.into();
         self
     }
     pub fn tensor(&self) -> &HostTensor {
-        &self.0
+        &self.tensor
     }
     pub fn exact(&self) -> Option<&crate::exactness::ExactPair> {
-        self.1.as_ref()
+        self.exact.as_ref()
     }
     pub fn into_tensor(self) -> HostTensor {
-        self.0
+        self.tensor
     }
     /// A conversion of the reference output (e.g. int32 widened to int64)
     /// is still a reference output (no longer the exact op's value); a
-    /// candidate's counterpart is converted the same way.
+    /// substitute's counterpart is converted the same way.
     pub fn map<E: std::fmt::Display>(
         &self,
         f: impl Fn(&HostTensor) -> Result<HostTensor, E>,
     ) -> Result<Expected, E> {
-        let counterparts = self.2.as_ref().map(|cs| {
-            cs.iter()
-                .map(|c| {
-                    c.as_ref()
-                        .map_err(Clone::clone)
-                        .and_then(|t| f(t).map_err(|e| e.to_string()))
-                })
-                .collect()
-        });
-        f(&self.0).map(|t| Expected(t, None, counterparts))
+        let port_side = match &self.port_side {
+            PortSide::Linked => PortSide::Linked,
+            PortSide::Substitute(cs) => PortSide::Substitute(cs.as_ref().map(|cs| {
+                cs.iter()
+                    .map(|c| {
+                        c.as_ref()
+                            .map_err(Clone::clone)
+                            .and_then(|t| f(t).map_err(|e| e.to_string()))
+                    })
+                    .collect()
+            })),
+        };
+        f(&self.tensor).map(|t| Expected {
+            tensor: t,
+            exact: None,
+            port_side,
+        })
     }
     /// What stands for the port in a comparison with this output: `port`
-    /// itself, or with `--candidate` the candidate's counterpart (a
-    /// differing one first), or why there is none.
+    /// itself, or with a substitute its counterpart (a differing one
+    /// first), or why there is none.
     fn port_side<'a>(&'a self, port: &'a HostTensor) -> Result<&'a HostTensor, String> {
-        if !crate::candidate::active() {
-            return Ok(port);
-        }
-        let Some(counterparts) = &self.2 else {
-            return Err("the reference array has no counterpart in the candidate's results (a reader that derives it; see candidate/tape.rs)".into());
+        let counterparts = match &self.port_side {
+            PortSide::Linked => return Ok(port),
+            PortSide::Substitute(None) => return Err("the reference array has no counterpart in the candidate's results (a reader that derives it; see candidate/tape.rs)".into()),
+            PortSide::Substitute(Some(counterparts)) => counterparts,
         };
         if let Some(e) = counterparts.iter().find_map(|c| c.as_ref().err()) {
             return Err(e.clone());
@@ -350,7 +406,7 @@ impl Expected {
         let ok = counterparts.iter().filter_map(|c| c.as_ref().ok());
         let mut first = None;
         for t in ok {
-            if t != &self.0 {
+            if t != &self.tensor {
                 return Ok(t);
             }
             first.get_or_insert(t);
@@ -403,19 +459,13 @@ pub struct CaseOutput {
     /// With `--candidate`: outputs the candidate gave nothing comparable
     /// for (it raised, its result lacked the place): the case is an ERROR.
     #[serde(skip)]
-    pub candidate_errors: Vec<String>,
+    pub substitute_errors: Vec<String>,
 }
 
-static KEEP_TENSORS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Makes every [`CaseOutput`] of this process keep its tensors
-/// (`--keep-outputs`).
-pub fn keep_tensors() {
-    KEEP_TENSORS.store(true, std::sync::atomic::Ordering::Relaxed);
-}
-
+/// Whether compared and digested tensors are kept for the case's end
+/// (an interceptor asked, see [`crate::hooks::Interceptor::keeps_tensors`]).
 fn keeping() -> bool {
-    KEEP_TENSORS.load(std::sync::atomic::Ordering::Relaxed)
+    crate::hooks::current(|hooks| hooks.keeps_tensors())
 }
 
 /// sha256 over a tensor's dtype name, shape (u64 LE) and bytes.
@@ -441,7 +491,7 @@ impl CaseOutput {
         let port = match expected.port_side(port) {
             Ok(t) => t,
             Err(why) => {
-                self.candidate_errors
+                self.substitute_errors
                     .push(format!("output `{name}`: {why}"));
                 return;
             }
@@ -493,7 +543,7 @@ impl CaseOutput {
         let pair = expected
             .exact()
             .ok_or_else(|| CaseError::Harness(format!("`{name}` carries no exact value")))?;
-        let port = expected.port_side(port).map_err(CaseError::Candidate)?;
+        let port = expected.port_side(port).map_err(CaseError::Substitute)?;
         let equal = compare(port, expected.tensor()).is_equal();
         let check = crate::exactness::ExactCheck::measure(port, expected.tensor(), pair, equal);
         self.exact_only.push((name.to_owned(), check.clone()));
@@ -615,4 +665,11 @@ pub fn seed_of(name: &str) -> u64 {
     name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
     })
+}
+
+/// A case's name as one file name stem: every `/` as `__`. Every file a
+/// case owns (its pinned record, its kept tensors, its golden vectors) is
+/// named by this one rule, so names that collide here collide everywhere.
+pub fn file_stem(name: &str) -> String {
+    name.replace('/', "__")
 }

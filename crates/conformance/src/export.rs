@@ -19,7 +19,6 @@
 
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 use oracle::{Arg, HostTensor, Value};
 use serde_json::{json, Value as Json};
@@ -29,11 +28,33 @@ use crate::candidate::{ops, wire};
 /// The manifest's schema version.
 pub const SCHEMA_VERSION: u64 = 1;
 
-static DIR: OnceLock<PathBuf> = OnceLock::new();
+/// `--export DIR` as an interceptor: records every must-equal case's
+/// reference calls, and writes them at the case's end.
+pub struct Recorder {
+    dir: PathBuf,
+}
 
-/// Makes this process record every must-equal case's reference calls.
-pub fn enable(dir: PathBuf) {
-    let _ = DIR.set(dir);
+impl Recorder {
+    pub fn new(dir: PathBuf) -> Self {
+        Self { dir }
+    }
+}
+
+impl crate::hooks::Interceptor for Recorder {
+    fn case_start(&self, case: &crate::case::Case) {
+        begin(case.expect == crate::case::Expect::MustEqual);
+    }
+    fn after_call(&self, call: &crate::hooks::ReferenceCall<'_>) {
+        record(call.function, call.kwargs, call.result);
+    }
+    fn case_end(&self, case: &crate::case::Case, result: &mut crate::result::CaseResult) {
+        use crate::result::Verdict;
+        let kept = matches!(result.verdict, Verdict::Pass | Verdict::Fail);
+        if let Err(e) = finish(&self.dir, &case.name, case.reference, kept) {
+            result.verdict = Verdict::Error;
+            result.message = Some(format!("harness error: --export: {e}"));
+        }
+    }
 }
 
 /// Empties an export directory of an earlier export's files (the
@@ -52,11 +73,6 @@ pub fn clear(dir: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// The export directory of this process, if any.
-pub fn dir() -> Option<&'static Path> {
-    DIR.get().map(PathBuf::as_path)
-}
-
 struct Call {
     glue: &'static str,
     args: wire::Encoded,
@@ -68,14 +84,14 @@ thread_local! {
     static CALLS: RefCell<Option<Vec<Call>>> = const { RefCell::new(None) };
 }
 
-/// Starts recording a case's calls (must-equal cases, while exporting).
-pub fn begin(record: bool) {
-    CALLS.with(|c| *c.borrow_mut() = (record && DIR.get().is_some()).then(Vec::new));
+/// Starts recording a case's calls (must-equal cases).
+fn begin(record: bool) {
+    CALLS.with(|c| *c.borrow_mut() = record.then(Vec::new));
 }
 
 /// Records one reference call: its arguments and result, or the last line
 /// of what it raised.
-pub fn record(
+fn record(
     glue: &'static str,
     args: &[(&str, Arg)],
     result: Result<&Value, &oracle::OracleError>,
@@ -146,7 +162,7 @@ fn raised_line(e: &oracle::OracleError) -> String {
 
 /// Where a case's vectors go, relative to the export directory.
 fn case_dir(case: &str) -> PathBuf {
-    Path::new("vectors").join(case.replace('/', "__"))
+    Path::new("vectors").join(crate::case::file_stem(case))
 }
 
 /// Writes the case's recorded calls (a `cases/<case>.json` fragment the
@@ -154,11 +170,10 @@ fn case_dir(case: &str) -> PathBuf {
 /// `keep` is false for a case that ended in ERROR or was skipped: its calls
 /// may be incomplete. A failed case's vectors are written: they are the
 /// reference's, whatever the port did.
-pub fn finish(case: &str, reference: &str, keep: bool) -> Result<(), String> {
+fn finish(root: &Path, case: &str, reference: &str, keep: bool) -> Result<(), String> {
     let Some(calls) = CALLS.with(|c| c.borrow_mut().take()) else {
         return Ok(());
     };
-    let Some(root) = DIR.get() else { return Ok(()) };
     if !keep {
         return Ok(());
     }
@@ -218,7 +233,7 @@ pub fn finish(case: &str, reference: &str, keep: bool) -> Result<(), String> {
     let fragment = json!({"case": case, "reference": reference, "calls": entries});
     let path = root
         .join("cases")
-        .join(format!("{}.json", case.replace('/', "__")));
+        .join(format!("{}.json", crate::case::file_stem(case)));
     write_json(&path, &fragment)
 }
 

@@ -10,7 +10,7 @@ use safetensors::tensor::{Dtype, TensorView};
 
 /// The file a case's tensors go to.
 pub fn file(dir: &Path, case: &str) -> PathBuf {
-    dir.join(format!("{}.safetensors", case.replace('/', "__")))
+    dir.join(format!("{}.safetensors", crate::case::file_stem(case)))
 }
 
 fn to_safetensors(d: DType) -> Dtype {
@@ -103,4 +103,34 @@ pub fn read_file(path: &Path) -> Result<Vec<(String, HostTensor)>, String> {
         out.push((name, t));
     }
     Ok(out)
+}
+
+/// `--keep-outputs DIR` as an interceptor: cases keep their compared and
+/// digested tensors, and each case that reached a verdict writes them to
+/// [`file`] at its end.
+pub struct KeepOutputs {
+    dir: PathBuf,
+}
+
+impl KeepOutputs {
+    pub fn new(dir: PathBuf) -> Self {
+        Self { dir }
+    }
+}
+
+impl crate::hooks::Interceptor for KeepOutputs {
+    fn keeps_tensors(&self) -> bool {
+        true
+    }
+    fn case_end(&self, case: &crate::case::Case, result: &mut crate::result::CaseResult) {
+        // Only a case with outputs (pass, FAIL, finding) has tensors.
+        let Some(output) = result.output.as_mut() else {
+            return;
+        };
+        let kept = std::mem::take(&mut output.kept);
+        if let Err(e) = write(&self.dir, &case.name, &kept) {
+            result.verdict = crate::result::Verdict::Error;
+            result.message = Some(format!("harness error: --keep-outputs: {e}"));
+        }
+    }
 }

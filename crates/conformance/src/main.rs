@@ -10,7 +10,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
 use conformance::case::Device;
-use conformance::families;
+use conformance::config::RunConfig;
+use conformance::families::Registry;
 use conformance::report::exit;
 use conformance::runner::{self, RunOptions};
 use oracle::Oracle;
@@ -191,9 +192,9 @@ fn main() -> ExitCode {
         let gated = session.gate(ran);
         session.report(gated)
     };
-    let code = steps().unwrap_or_else(|Exit(code)| code);
-    families::remove_worker_copy();
-    code
+    // The run's registry is dropped with its session: the workers' copy of
+    // `--cases` goes with it.
+    steps().unwrap_or_else(|Exit(code)| code)
 }
 
 /// `--verify-export DIR`: 0 when every digest matches, 1 with the list.
@@ -268,6 +269,34 @@ impl Cli {
     }
 }
 
+/// The run's configuration from the flags, built the same way by the
+/// runner (`session/prepare.rs`) and by each worker: `keep_outputs` and
+/// `export` are the flags' directories as the runner resolved them.
+pub(crate) fn run_config(
+    cli: &Cli,
+    backend: conformance::case::Backend,
+    registry: Registry,
+    keep_outputs: Option<PathBuf>,
+    export: Option<PathBuf>,
+) -> RunConfig {
+    RunConfig {
+        backend,
+        seed: cli.seed,
+        perturb: cli.perturb,
+        keep_outputs,
+        candidate: cli
+            .candidate
+            .as_ref()
+            .map(|command| conformance::candidate::Config {
+                command: command.clone(),
+                timeout: cli.candidate_timeout(),
+                backend: backend.as_str().into(),
+            }),
+        export,
+        registry,
+    }
+}
+
 /// `--worker`: one interpreter serving the parent's cases (runner/worker.rs).
 fn worker_main(cli: &Cli) -> Result<ExitCode, Exit> {
     runner::worker::die_with_runner();
@@ -278,26 +307,25 @@ fn worker_main(cli: &Cli) -> Result<ExitCode, Exit> {
     else {
         return Err(fail("--worker needs --worker-backend cpu|metal|cuda"));
     };
+    let mut registry = Registry::new();
     if let Some(n) = cli.explore_samples {
-        families::register_explore_samples(n as usize, cli.explore_seed);
+        registry = registry.with_explore_samples(n as usize, cli.explore_seed);
     }
     if let Some(file) = &cli.cases {
-        families::register_cases_file(file).map_err(|e| fail(format!("worker: {e}")))?;
+        registry = registry
+            .with_cases_file(file)
+            .map_err(|e| fail(format!("worker: {e}")))?;
     }
-    let cases = families::all();
-    if let Some(dir) = &cli.keep_outputs {
-        runner::keep_outputs(dir.clone());
-    }
-    if let Some(command) = &cli.candidate {
-        conformance::candidate::enable(conformance::candidate::Config {
-            command: command.clone(),
-            timeout: cli.candidate_timeout(),
-            backend: backend.as_str().into(),
-        });
-    }
-    if let Some(dir) = &cli.export {
-        conformance::export::enable(dir.clone());
-    }
+    let cases = registry.cases();
+    // The parent passed its paths absolute.
+    let config = run_config(
+        cli,
+        backend,
+        registry,
+        cli.keep_outputs.clone(),
+        cli.export.clone(),
+    );
+    let hooks = config.hooks();
     let oracle = Oracle::start().map_err(|e| fail(format!("worker: {e}")))?;
     runner::set_device(backend);
     oracle
@@ -311,7 +339,8 @@ fn worker_main(cli: &Cli) -> Result<ExitCode, Exit> {
     };
     // A panic inside a case is that case's harness error (runner::run_one).
     std::panic::set_hook(Box::new(|_| {}));
-    let code = runner::worker::serve(&cases, &oracle, &options);
-    conformance::candidate::stop();
+    let code = runner::worker::serve(&cases, &oracle, &options, &hooks);
+    // Ends the candidate's process, if any.
+    drop(hooks);
     Ok(ExitCode::from(code as u8))
 }

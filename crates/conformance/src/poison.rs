@@ -74,10 +74,21 @@ pub fn poison() {
     drop(held);
 }
 
-/// Around a reference call (the port's next call must not get the
-/// reference's freed output either).
-pub(crate) fn before_call(_backend: Backend) {
-    poison();
+/// Poisoning as an interceptor: before each case, and before and after
+/// each reference call (the port's next call must not get the reference's
+/// freed output buffer either: it holds a correct result).
+pub struct Poison;
+
+impl crate::hooks::Interceptor for Poison {
+    fn case_start(&self, _case: &crate::case::Case) {
+        poison();
+    }
+    fn before_call(&self, _backend: Backend) {
+        poison();
+    }
+    fn after_call(&self, _call: &crate::hooks::ReferenceCall<'_>) {
+        poison();
+    }
 }
 
 #[cfg(test)]

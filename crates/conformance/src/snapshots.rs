@@ -13,7 +13,7 @@
 //! corrupted file, header included, is a typed error naming it rather than
 //! a silent pass.
 
-pub mod store;
+pub use conformance_cases::store;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -299,7 +299,7 @@ pub fn missing_set_line(dir: &Path, commands: &SetCommands, place: RunPlace) -> 
 
 /// The file name of a case's snapshot.
 pub fn file_name(case: &str) -> String {
-    format!("{}.snap", case.replace('/', "__"))
+    format!("{}.snap", crate::case::file_stem(case))
 }
 
 /// The seal's value while the seal is computed.

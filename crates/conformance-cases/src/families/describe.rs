@@ -312,7 +312,7 @@ pub fn read_file(path: &std::path::Path) -> Result<Vec<Described>, String> {
                 d.name
             ));
         }
-        if let Some(j) = files.insert(crate::snapshots::file_name(&d.name), i) {
+        if let Some(j) = files.insert(crate::case::file_stem(&d.name), i) {
             return Err(format!(
                 "--cases {}: entries {} and {} (`{}`, `{}`) name the same case file; rename one",
                 path.display(),

@@ -4,7 +4,7 @@
 //! like any case, so a regression stays in the suite.
 
 use crate::case::{Case, CaseError};
-use crate::explore::report::read_kept;
+use crate::explore::read_kept;
 
 const FAMILY: &str = "kept";
 

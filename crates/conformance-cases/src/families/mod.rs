@@ -1,5 +1,5 @@
-//! Case families. Each module declares its cases in one place; [`all`]
-//! is the registry.
+//! Case families. Each module declares its cases in one place;
+//! [`Registry`] is the registry, a value.
 
 use crate::case::Case;
 
@@ -13,66 +13,6 @@ pub mod safetensors;
 pub mod smoke;
 pub(crate) mod support;
 
-/// `--explore-samples N --explore-seed S` of this process (the runner and
-/// its workers register the same cases).
-static EXPLORE_SAMPLES: std::sync::OnceLock<(usize, u64)> = std::sync::OnceLock::new();
-
-/// Registers the first `n` explorer samples of `seed` as must-equal cases
-/// `explore/<case>/s<seed>` after every other case (the release gate's
-/// run of explorer samples). Set once, before [`all`].
-pub fn register_explore_samples(n: usize, seed: u64) {
-    let _ = EXPLORE_SAMPLES.set((n, seed));
-}
-
-/// The `--cases FILE` of this process: its path and descriptions.
-static CASES_FILE: std::sync::OnceLock<(std::path::PathBuf, Vec<describe::Described>)> =
-    std::sync::OnceLock::new();
-
-/// The runner's own copy of the descriptions it read, for its workers.
-static WORKER_COPY: std::sync::OnceLock<Result<std::path::PathBuf, String>> =
-    std::sync::OnceLock::new();
-
-/// Makes the registry the descriptions of `path` alone (`--cases FILE`),
-/// instead of the fixed cases. Set once, before [`all`]; the error names
-/// the file and what is wrong.
-pub fn register_cases_file(path: &std::path::Path) -> Result<(), String> {
-    let described = describe::read_file(path)?;
-    let _ = CASES_FILE.set((path.to_owned(), described));
-    Ok(())
-}
-
-/// The file workers read the registered descriptions from: a private copy
-/// of what this runner read (written once, removed by
-/// [`remove_worker_copy`]), so a file edited, replaced or deleted during
-/// the run (or a pipe) changes nothing.
-pub fn cases_file() -> Option<Result<&'static std::path::Path, String>> {
-    let (_, described) = CASES_FILE.get()?;
-    let copy = WORKER_COPY.get_or_init(|| {
-        let path =
-            std::env::temp_dir().join(format!("conformance-cases-{}.jsonl", std::process::id()));
-        let text: String = described
-            .iter()
-            .map(|d| serde_json::to_string(d).map(|l| l + "\n"))
-            .collect::<Result<_, _>>()
-            .map_err(|e| e.to_string())?;
-        std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
-        Ok(path)
-    });
-    Some(copy.as_ref().map(|p| p.as_path()).map_err(Clone::clone))
-}
-
-/// Removes the workers' copy of the descriptions, if one was written.
-pub fn remove_worker_copy() {
-    if let Some(Ok(path)) = WORKER_COPY.get() {
-        let _ = std::fs::remove_file(path);
-    }
-}
-
-/// The `(n, seed)` registered by [`register_explore_samples`].
-pub fn explore_samples() -> Option<(usize, u64)> {
-    EXPLORE_SAMPLES.get().copied()
-}
-
 /// The fixed cases' descriptions, in report order.
 pub fn fixed_descriptions() -> Vec<describe::Described> {
     let mut cases = Vec::new();
@@ -85,51 +25,134 @@ pub fn fixed_descriptions() -> Vec<describe::Described> {
     cases
 }
 
-/// Every registered case's description, in report order: the fixed
-/// cases, the kept ones and the registered explorer samples (what
-/// `conformance --describe` prints). A kept file that cannot be read or
-/// samples that cannot be drawn have no description: [`all`] reports
-/// them as failing cases.
-pub fn descriptions() -> Vec<describe::Described> {
-    if let Some((_, described)) = CASES_FILE.get() {
-        return described.clone();
-    }
-    let mut cases = fixed_descriptions();
-    if let Ok(kept) = crate::explore::report::read_kept(&crate::home::Home::get().fixtures_dir()) {
-        cases.extend(kept.iter().map(|k| k.description.described("kept")));
-    }
-    if let Some((n, seed)) = explore_samples() {
-        if let Ok(samples) = crate::explore::samples(seed, n) {
-            cases.extend(samples.iter().map(|d| d.described("explore")));
-        }
-    }
-    cases
+/// Which cases a run registers, as a value: the fixed cases, the kept
+/// ones and optionally explorer samples, or the descriptions of a
+/// `--cases FILE` alone. Built once from the command line; the runner and
+/// its workers build the same one (see [`Registry::worker_cases_file`]).
+#[derive(Debug, Default)]
+pub struct Registry {
+    /// `--cases FILE`: its path and descriptions.
+    cases_file: Option<(std::path::PathBuf, Vec<describe::Described>)>,
+    /// `--explore-samples N --explore-seed S`.
+    explore_samples: Option<(usize, u64)>,
+    /// The runner's own copy of the descriptions it read, for its workers.
+    worker_copy: std::sync::OnceLock<Result<std::path::PathBuf, String>>,
 }
 
-/// Every registered case, in report order: each built from its
-/// description alone.
-pub fn all() -> Vec<Case> {
-    if let Some((_, described)) = CASES_FILE.get() {
-        return described.iter().map(describe::build_or_failing).collect();
+impl Registry {
+    /// The fixed and kept cases.
+    pub fn new() -> Self {
+        Self::default()
     }
-    let mut cases: Vec<Case> = fixed_descriptions()
-        .iter()
-        .map(describe::build_or_failing)
-        .collect();
-    cases.extend(kept::cases());
-    if let Some((n, seed)) = explore_samples() {
-        match crate::explore::samples(seed, n) {
-            Ok(samples) => cases.extend(samples.iter().map(|d| d.case("explore"))),
-            // A strategy that cannot draw is one failing case, never a silent skip.
-            Err(e) => cases.push(Case::must_equal(
-                "explore/undrawable",
-                "explore",
-                "the explorer's strategies",
-                move |_| Err(crate::case::CaseError::Harness(e.clone())),
-            )),
+
+    /// Also registers the first `n` explorer samples of `seed` as
+    /// must-equal cases `explore/<case>/s<seed>` after every other case
+    /// (the release gate's run of explorer samples).
+    pub fn with_explore_samples(mut self, n: usize, seed: u64) -> Self {
+        self.explore_samples = Some((n, seed));
+        self
+    }
+
+    /// Registers the descriptions of `path` alone (`--cases FILE`),
+    /// instead of the fixed cases; the error names the file and what is
+    /// wrong.
+    pub fn with_cases_file(mut self, path: &std::path::Path) -> Result<Self, String> {
+        let described = describe::read_file(path)?;
+        self.cases_file = Some((path.to_owned(), described));
+        Ok(self)
+    }
+
+    /// The `(n, seed)` of [`Registry::with_explore_samples`].
+    pub fn explore_samples(&self) -> Option<(usize, u64)> {
+        self.explore_samples
+    }
+
+    /// The file workers read the registered descriptions from: a private
+    /// copy of what this runner read (written once, removed when the
+    /// registry is dropped), so a file edited, replaced or deleted during
+    /// the run (or a pipe) changes nothing.
+    pub fn worker_cases_file(&self) -> Option<Result<&std::path::Path, String>> {
+        let (_, described) = self.cases_file.as_ref()?;
+        let copy = self.worker_copy.get_or_init(|| {
+            let path = std::env::temp_dir()
+                .join(format!("conformance-cases-{}.jsonl", std::process::id()));
+            let text: String = described
+                .iter()
+                .map(|d| serde_json::to_string(d).map(|l| l + "\n"))
+                .collect::<Result<_, _>>()
+                .map_err(|e| e.to_string())?;
+            std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
+            Ok(path)
+        });
+        Some(copy.as_ref().map(|p| p.as_path()).map_err(Clone::clone))
+    }
+
+    /// Every registered case's description, in report order: the fixed
+    /// cases, the kept ones and the registered explorer samples (what
+    /// `conformance --describe` prints). A kept file that cannot be read or
+    /// samples that cannot be drawn have no description: [`Registry::cases`]
+    /// reports them as failing cases.
+    pub fn descriptions(&self) -> Vec<describe::Described> {
+        if let Some((_, described)) = &self.cases_file {
+            return described.clone();
+        }
+        let mut cases = fixed_descriptions();
+        if let Ok(kept) = crate::explore::read_kept(&crate::home::Home::get().fixtures_dir()) {
+            cases.extend(kept.iter().map(|k| k.description.described("kept")));
+        }
+        if let Some((n, seed)) = self.explore_samples {
+            if let Ok(samples) = crate::explore::samples(seed, n) {
+                cases.extend(samples.iter().map(|d| d.described("explore")));
+            }
+        }
+        cases
+    }
+
+    /// Every registered case, in report order: each built from its
+    /// description alone.
+    pub fn cases(&self) -> Vec<Case> {
+        if let Some((_, described)) = &self.cases_file {
+            return described.iter().map(describe::build_or_failing).collect();
+        }
+        let mut cases: Vec<Case> = fixed_descriptions()
+            .iter()
+            .map(describe::build_or_failing)
+            .collect();
+        cases.extend(kept::cases());
+        if let Some((n, seed)) = self.explore_samples {
+            match crate::explore::samples(seed, n) {
+                Ok(samples) => cases.extend(samples.iter().map(|d| d.case("explore"))),
+                // A strategy that cannot draw is one failing case, never a silent skip.
+                Err(e) => cases.push(Case::must_equal(
+                    "explore/undrawable",
+                    "explore",
+                    "the explorer's strategies",
+                    move |_| Err(crate::case::CaseError::Harness(e.clone())),
+                )),
+            }
+        }
+        cases
+    }
+}
+
+impl Drop for Registry {
+    /// Removes the workers' copy of the descriptions, if one was written.
+    fn drop(&mut self) {
+        if let Some(Ok(path)) = self.worker_copy.get() {
+            let _ = std::fs::remove_file(path);
         }
     }
-    cases
+}
+
+/// The fixed and kept cases' descriptions ([`Registry::descriptions`] of
+/// a plain run).
+pub fn descriptions() -> Vec<describe::Described> {
+    Registry::new().descriptions()
+}
+
+/// The fixed and kept cases ([`Registry::cases`] of a plain run).
+pub fn all() -> Vec<Case> {
+    Registry::new().cases()
 }
 
 #[cfg(test)]

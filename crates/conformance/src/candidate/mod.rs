@@ -22,29 +22,13 @@ pub mod ops;
 pub mod tape;
 pub mod wire;
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
-use oracle::Arg;
+use oracle::{Arg, HostTensor, Value};
 
 pub use client::{CallError, Config, Reply};
 
-static CONFIG: OnceLock<Config> = OnceLock::new();
-static CLIENT: Mutex<Option<client::Client>> = Mutex::new(None);
-
-/// Makes this process check `config`'s candidate instead of the linked port.
-pub fn enable(config: Config) {
-    let _ = CONFIG.set(config);
-}
-
-/// The candidate of this process, if any.
-pub fn config() -> Option<&'static Config> {
-    CONFIG.get()
-}
-
-/// Whether a candidate stands in for the linked port in this process.
-pub fn active() -> bool {
-    CONFIG.get().is_some()
-}
+use crate::hooks::{Answer, Counterpart, Substitute, SubstituteError};
 
 /// Whether glue function `glue`'s call goes to the candidate: every op
 /// but a setup op ([`ops::SETUP`]); a glue in no op goes, and fails there.
@@ -52,33 +36,78 @@ pub fn sends(glue: &str) -> bool {
     ops::by_glue(glue).is_none_or(|op| op.sent())
 }
 
-/// Sends glue function `glue`'s call to the candidate (started on first
-/// use, and again after a failure killed it).
-pub fn call(case: &str, glue: &str, args: &[(&str, Arg)]) -> Result<Reply, CallError> {
-    let config = CONFIG
-        .get()
-        .ok_or_else(|| CallError::Failed("no --candidate".into()))?;
-    let op = ops::by_glue(glue).ok_or_else(|| {
-        CallError::Failed(format!(
-            "harness: reference call `{glue}` is in no op of the vocabulary (candidate/ops.rs)"
-        ))
-    })?;
-    let mut slot = CLIENT.lock().unwrap_or_else(|e| e.into_inner());
-    if slot.as_ref().is_none_or(client::Client::is_dead) {
-        *slot = None;
-        *slot = Some(client::Client::start(config).map_err(CallError::Failed)?);
-    }
-    let client = slot.as_mut().expect("started above");
-    let reply = client.call(case, op, args);
-    if client.is_dead() {
-        *slot = None;
-    }
-    reply
+/// `--candidate CMD` as the substitute for the linked port: its process
+/// (started on first use, and again after a failure killed it) and the
+/// case's tape of its results.
+pub struct Candidate {
+    config: Config,
+    client: Mutex<Option<client::Client>>,
 }
 
-/// Ends this process's candidate (a worker's last step).
-pub fn stop() {
-    *CLIENT.lock().unwrap_or_else(|e| e.into_inner()) = None;
+impl Candidate {
+    pub fn new(config: Config) -> Self {
+        Self {
+            config,
+            client: Mutex::new(None),
+        }
+    }
+
+    /// Sends glue function `glue`'s call to the candidate.
+    fn call(&self, case: &str, glue: &str, args: &[(&str, Arg)]) -> Result<Reply, CallError> {
+        let op = ops::by_glue(glue).ok_or_else(|| {
+            CallError::Failed(format!(
+                "harness: reference call `{glue}` is in no op of the vocabulary (candidate/ops.rs)"
+            ))
+        })?;
+        let mut slot = self.client.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.as_ref().is_none_or(client::Client::is_dead) {
+            *slot = None;
+            *slot = Some(client::Client::start(&self.config).map_err(CallError::Failed)?);
+        }
+        let client = slot.as_mut().expect("started above");
+        let reply = client.call(case, op, args);
+        if client.is_dead() {
+            *slot = None;
+        }
+        reply
+    }
+}
+
+impl Substitute for Candidate {
+    fn case_start(&self) {
+        tape::begin();
+    }
+    fn sends(&self, function: &str) -> bool {
+        sends(function)
+    }
+    fn call(
+        &self,
+        case: &str,
+        function: &'static str,
+        args: &[(&str, Arg)],
+        reference: Option<&Value>,
+    ) -> Result<Answer, SubstituteError> {
+        match Candidate::call(self, case, function, args) {
+            Ok(reply) => {
+                tape::record(reference, &reply);
+                Ok(match reply {
+                    Reply::Raised(m) => Answer::Raised(m),
+                    Reply::Value(_) => Answer::Computed,
+                })
+            }
+            Err(CallError::Unsupported(why)) => Err(SubstituteError::Unsupported(why)),
+            Err(CallError::Failed(why)) => Err(SubstituteError::Failed(why)),
+        }
+    }
+    fn counterparts_of(&self, t: &HostTensor) -> Option<Vec<Counterpart>> {
+        tape::counterparts_of(t)
+    }
+    fn values_beside(&self, v: &Value) -> Option<Vec<Result<Value, String>>> {
+        tape::values_beside(v)
+    }
+    fn last_raised(&self) -> Option<bool> {
+        tape::last_raised()
+    }
 }
 
 /// How a candidate run's verdicts compare with a linked run's

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use oracle::{HostTensor, Value};
 
 /// The candidate's array at a reference array's place, or why it has none.
-pub type Counterpart = Result<HostTensor, String>;
+pub use crate::hooks::Counterpart;
 
 #[derive(Default)]
 struct Tape {

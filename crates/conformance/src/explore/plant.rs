@@ -15,8 +15,28 @@ use oracle::HostTensor;
 /// The variable of the hook.
 pub const PLANT_ENV: &str = "MLX_CONFORMANCE_PLANT";
 
-/// Cases of the planted family this process has run.
-static SEEN: AtomicUsize = AtomicUsize::new(0);
+/// The planted fault as an interceptor on the port outputs cases mark
+/// (`Ctx::port_output`).
+pub struct Plant {
+    family: String,
+    min_m: usize,
+    after: usize,
+    /// Cases of the planted family this process has run.
+    seen: AtomicUsize,
+}
+
+impl Plant {
+    /// The plant [`PLANT_ENV`] asks for, if any.
+    pub fn from_env() -> Option<Self> {
+        let (family, min_m, after) = planted()?;
+        Some(Self {
+            family,
+            min_m,
+            after,
+            seen: AtomicUsize::new(0),
+        })
+    }
+}
 
 /// The planted region: `(family, minimum M, after)`, odd N.
 fn planted() -> Option<(String, usize, usize)> {
@@ -31,17 +51,16 @@ fn planted() -> Option<(String, usize, usize)> {
     Some((family.to_owned(), m.parse().ok()?, after))
 }
 
-/// Flips the lowest bit of `y`'s first element when the plant covers this
-/// family, M and N (and enough cases of the family ran before).
-pub fn apply(family: &str, m: usize, n: usize, y: &mut HostTensor) {
-    let Some((planted, min_m, after)) = planted() else {
-        return;
-    };
-    if planted != family {
-        return;
-    }
-    let seen = SEEN.fetch_add(1, Ordering::Relaxed);
-    if seen >= after && m >= min_m && n % 2 == 1 && !y.bytes.is_empty() {
-        y.bytes[0] ^= 1;
+impl crate::hooks::Interceptor for Plant {
+    /// Flips the lowest bit of `y`'s first element when the plant covers
+    /// this family, M and N (and enough cases of the family ran before).
+    fn port_output(&self, family: &str, m: usize, n: usize, y: &mut HostTensor) {
+        if self.family != family {
+            return;
+        }
+        let seen = self.seen.fetch_add(1, Ordering::Relaxed);
+        if seen >= self.after && m >= self.min_m && n % 2 == 1 && !y.bytes.is_empty() {
+            y.bytes[0] ^= 1;
+        }
     }
 }

@@ -6,9 +6,8 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use serde::{Deserialize, Serialize};
 
 use super::{Description, Found, Search};
 use crate::families::quantized::linear::Bias;
@@ -414,55 +413,8 @@ print("k:", k.dtype, k.shape, "any NaN:", mx.any(mx.isnan(k)).item())
     }
 }
 
-/// One kept case in `fixtures/explore/kept.json`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Kept {
-    pub description: Description,
-    pub backend: String,
-    pub date: String,
-    /// What the explorer saw (kind and first difference).
-    pub seen: String,
-}
+pub use conformance_cases::explore::{kept_file, read_kept, Kept};
 
-/// `fixtures/explore/kept.json`.
-pub fn kept_file(fixtures: &Path) -> PathBuf {
-    fixtures.join("explore/kept.json")
-}
-
-/// The kept cases (none when the file does not exist); a file that is
-/// not a list of kept descriptions is an error naming it.
-pub fn read_kept(fixtures: &Path) -> Result<Vec<Kept>, String> {
-    let path = kept_file(fixtures);
-    // As a snapshot is read: no link followed, no FIFO blocked on, no
-    // file larger than 16 MiB read.
-    let bytes = match crate::snapshots::store::read(&path) {
-        Ok(Some(b)) => b,
-        Ok(None) => return Ok(Vec::new()),
-        Err(e) => return Err(format!("kept explorer cases: {e}")),
-    };
-    let text = String::from_utf8(bytes)
-        .map_err(|_| format!("{}: not UTF-8 text; restore it from git", path.display()))?;
-    let kept: Vec<Kept> = serde_json::from_str(&text).map_err(|e| {
-        format!(
-            "{}: not a list of kept explorer cases ({e}); restore it from git",
-            path.display()
-        )
-    })?;
-    let mut names = std::collections::BTreeSet::new();
-    for k in &kept {
-        let name = k.description.name("kept");
-        k.description
-            .check()
-            .map_err(|e| format!("{}: {name}: {e}", path.display()))?;
-        if !names.insert(name.clone()) {
-            return Err(format!(
-                "{}: {name} is kept twice; remove one",
-                path.display()
-            ));
-        }
-    }
-    Ok(kept)
-}
 
 /// Adds every bit or exact-bound violation's minimal description to the
 /// kept file (once each); returns how many were new. A description the

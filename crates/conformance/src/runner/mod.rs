@@ -35,9 +35,9 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use oracle::Oracle;
-use serde::{Deserialize, Serialize};
 
-use crate::case::{Backend, Case, CaseOutput, Ctx, Expect};
+use crate::case::{Backend, Case, Ctx, Expect};
+use crate::hooks::Hooks;
 
 /// How a run is configured.
 #[derive(Debug, Clone)]
@@ -49,55 +49,7 @@ pub struct RunOptions {
     pub perturb: bool,
 }
 
-/// A case's verdict.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Verdict {
-    /// Must-equal and every output bit-identical.
-    Pass,
-    /// Must-equal and some output differs.
-    Fail,
-    /// A finding was measured (whether it matches the record is the
-    /// snapshot gate's business).
-    Finding,
-    /// Cannot run on this backend.
-    Skip,
-    /// The case could not be evaluated (exception, panic, bad setup).
-    Error,
-}
-
-impl Verdict {
-    /// The word reports use (`pass`, `FAIL`, `finding`, `skip`, `ERROR`).
-    pub fn word(&self) -> &'static str {
-        match self {
-            Verdict::Pass => "pass",
-            Verdict::Fail => "FAIL",
-            Verdict::Finding => "finding",
-            Verdict::Skip => "skip",
-            Verdict::Error => "ERROR",
-        }
-    }
-}
-
-/// The result of one case.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct CaseResult {
-    pub name: String,
-    pub family: String,
-    pub reference: String,
-    /// Set when no single reference function exists for the case: the
-    /// reference pieces the glue composes (see `Case::glue_composed`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub glue_composed: Vec<String>,
-    pub expect: Expect,
-    pub verdict: Verdict,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub output: Option<CaseOutput>,
-    /// Skip reason or error message.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
-    pub time_ms: f64,
-}
+pub use conformance_core::result::{CaseResult, Verdict};
 
 /// Selects cases whose name contains `filter` (all when `None`). An unknown
 /// filter is an error listing the closest case names.
@@ -138,11 +90,24 @@ pub fn is_complete_selection(filter: Option<&str>) -> bool {
     filter.is_none_or(str::is_empty)
 }
 
-/// Runs `cases`, calling `progress` after each. Results keep the input order.
+/// Runs `cases` in this process with the environment's hooks
+/// ([`default_hooks`]), calling `progress` after each. Results keep the
+/// input order.
 pub fn run(
     cases: &[&Case],
     oracle: &Oracle,
     options: &RunOptions,
+    progress: &(dyn Fn(&CaseResult) + Sync),
+) -> Vec<CaseResult> {
+    run_hooked(cases, oracle, options, default_hooks(), progress)
+}
+
+/// [`run`] with the run's own `hooks` (`--in-process` runs).
+pub fn run_hooked(
+    cases: &[&Case],
+    oracle: &Oracle,
+    options: &RunOptions,
+    hooks: &Hooks,
     progress: &(dyn Fn(&CaseResult) + Sync),
 ) -> Vec<CaseResult> {
     let next = AtomicUsize::new(0);
@@ -153,7 +118,7 @@ pub fn run(
         }
         let i = next.fetch_add(1, Ordering::SeqCst);
         let Some(case) = cases.get(i) else { break };
-        let result = run_one(case, oracle, options);
+        let result = run_one(case, oracle, options, hooks);
         progress(&result);
         results
             .lock()
@@ -209,40 +174,35 @@ fn skipped(case: &Case, backend: Backend) -> Option<CaseResult> {
     Some(result)
 }
 
-static KEEP_OUTPUTS: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
-
-/// `--keep-outputs DIR`: every case of this process writes its port and
-/// reference tensors to `DIR/<case>.safetensors` (see [`crate::kept`]).
-pub fn keep_outputs(dir: std::path::PathBuf) {
-    crate::case::keep_tensors();
-    let _ = KEEP_OUTPUTS.set(dir);
-}
-
-/// The `--keep-outputs` directory of this process, if any.
-pub fn kept_outputs_dir() -> Option<&'static std::path::Path> {
-    KEEP_OUTPUTS.get().map(|p| p.as_path())
+/// The hooks of a run that names none (tests, benches, the explorer):
+/// what the environment asks for ([`crate::config::environment_interceptors`]),
+/// built once per process (a planted fault counts the cases it saw).
+pub fn default_hooks() -> &'static Hooks {
+    static DEFAULT: std::sync::OnceLock<Hooks> = std::sync::OnceLock::new();
+    DEFAULT.get_or_init(|| Hooks {
+        interceptors: crate::config::environment_interceptors(),
+        substitute: None,
+    })
 }
 
 /// Runs one case in this process (applicability, timing, panics as
 /// harness errors, the verdict); the explorer's entry point.
 pub fn run_case(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
-    run_one(case, oracle, options)
+    run_one(case, oracle, options, default_hooks())
 }
 
-fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
+fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions, hooks: &Hooks) -> CaseResult {
     if let Some(skip) = skipped(case, options.backend) {
         return skip;
     }
     let mut result = blank(case);
-    if crate::candidate::active() && case.expect == Expect::Finding {
+    if hooks.substitute.is_some() && case.expect == Expect::Finding {
         result.message = Some(
             "a finding: it measures the reference (and this repository's port), not a candidate"
                 .to_owned(),
         );
         return result;
     }
-    crate::candidate::tape::begin();
-    crate::export::begin(case.expect == Expect::MustEqual);
     let ctx = Ctx::new(
         oracle,
         options.backend,
@@ -252,9 +212,10 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
     )
     .with_run_seed(options.seed);
     let start = Instant::now();
-    // A case's first port call must not get an earlier case's freed result.
-    crate::poison::poison();
-    let outcome = catch_unwind(AssertUnwindSafe(|| (case.run)(&ctx)));
+    // Poisoning: a case's first port call must not get an earlier case's
+    // freed result.
+    hooks.case_start(case);
+    let outcome = crate::hooks::scoped(hooks, || catch_unwind(AssertUnwindSafe(|| (case.run)(&ctx))));
     result.time_ms = start.elapsed().as_secs_f64() * 1e3;
     match outcome {
         // A must-equal case that compared nothing cannot fail: a harness
@@ -273,23 +234,16 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
                 output.duplicate_name().unwrap_or_default()
             ));
         }
-        Ok(Ok(output)) if !output.candidate_errors.is_empty() => {
+        Ok(Ok(output)) if !output.substitute_errors.is_empty() => {
             result.verdict = Verdict::Error;
-            result.message = Some(output.candidate_errors.join("; "));
+            result.message = Some(output.substitute_errors.join("; "));
         }
-        Ok(Ok(mut output)) => {
+        Ok(Ok(output)) => {
             result.verdict = match case.expect {
                 Expect::MustEqual if output.all_equal() => Verdict::Pass,
                 Expect::MustEqual => Verdict::Fail,
                 Expect::Finding => Verdict::Finding,
             };
-            if let Some(dir) = KEEP_OUTPUTS.get() {
-                let kept = std::mem::take(&mut output.kept);
-                if let Err(e) = crate::kept::write(dir, &case.name, &kept) {
-                    result.verdict = Verdict::Error;
-                    result.message = Some(format!("harness error: --keep-outputs: {e}"));
-                }
-            }
             result.output = Some(output);
         }
         Ok(Err(e @ crate::case::CaseError::Unsupported(_))) => {
@@ -310,11 +264,8 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
             result.message = Some(format!("harness error: the case panicked: {text}"));
         }
     }
-    let kept = matches!(result.verdict, Verdict::Pass | Verdict::Fail);
-    if let Err(e) = crate::export::finish(&case.name, case.reference, kept) {
-        result.verdict = Verdict::Error;
-        result.message = Some(format!("harness error: --export: {e}"));
-    }
+    // Kept outputs, then the export (which keeps only verdicts).
+    hooks.case_end(case, &mut result);
     result
 }
 

@@ -44,6 +44,7 @@ use oracle::Oracle;
 
 use super::{blank, interrupted, run_one, skipped, CaseResult, RunOptions, Verdict};
 use crate::case::{Backend, Case};
+use crate::hooks::Hooks;
 
 /// The hidden flag that makes the binary a worker.
 pub const WORKER_FLAG: &str = "--worker";
@@ -77,7 +78,7 @@ pub fn die_with_runner() {
 
 /// The worker's side: answers case names read on stdin until EOF. Returns
 /// the process exit code (0; 3 when the protocol channel cannot be set up).
-pub fn serve(cases: &[Case], oracle: &Oracle, options: &RunOptions) -> i32 {
+pub fn serve(cases: &[Case], oracle: &Oracle, options: &RunOptions, hooks: &Hooks) -> i32 {
     // The protocol gets a private copy of fd 1; fd 1 itself then goes to
     // stderr, so stray prints from Python or MLX land there.
     let channel = match std::io::stdout().as_fd().try_clone_to_owned() {
@@ -106,7 +107,7 @@ pub fn serve(cases: &[Case], oracle: &Oracle, options: &RunOptions) -> i32 {
                 if let Some(fault) = &fault {
                     inject_fault(fault, &name);
                 }
-                run_one(case, oracle, options)
+                run_one(case, oracle, options, hooks)
             }
             None => unknown_case(&name),
         };
@@ -174,39 +175,13 @@ pub struct WorkerCommand {
 }
 
 impl WorkerCommand {
-    /// This executable as a worker for `options` on `backend`.
-    pub fn for_run(options: &RunOptions, case_timeout: Option<Duration>) -> std::io::Result<Self> {
-        let mut args: Vec<OsString> = vec![
-            WORKER_FLAG.into(),
-            "--worker-backend".into(),
-            options.backend.as_str().into(),
-            "--seed".into(),
-            options.seed.to_string().into(),
-        ];
-        if options.perturb {
-            args.push("--perturb".into());
-        }
-        if let Some(dir) = super::kept_outputs_dir() {
-            args.push("--keep-outputs".into());
-            args.push(dir.as_os_str().to_owned());
-        }
-        if let Some(config) = crate::candidate::config() {
-            args.extend(["--candidate".into(), config.command.clone().into()]);
-            args.push("--candidate-timeout".into());
-            args.push(config.timeout.as_secs().to_string().into());
-        }
-        if let Some(dir) = crate::export::dir() {
-            args.push("--export".into());
-            args.push(dir.as_os_str().to_owned());
-        }
-        if let Some(file) = crate::families::cases_file() {
-            let file = file.map_err(std::io::Error::other)?;
-            args.extend(["--cases".into(), file.as_os_str().to_owned()]);
-        }
-        if let Some((n, seed)) = crate::families::explore_samples() {
-            args.extend(["--explore-samples".into(), n.to_string().into()]);
-            args.extend(["--explore-seed".into(), seed.to_string().into()]);
-        }
+    /// This executable as a worker of the run `config` describes.
+    pub fn for_run(
+        config: &crate::config::RunConfig,
+        case_timeout: Option<Duration>,
+    ) -> std::io::Result<Self> {
+        let mut args: Vec<OsString> = vec![WORKER_FLAG.into()];
+        args.extend(config.worker_args()?);
         Ok(WorkerCommand {
             program: std::env::current_exe()?,
             args,

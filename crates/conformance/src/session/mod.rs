@@ -54,6 +54,9 @@ pub struct Session {
     set_dir: PathBuf,
     environment: Environment,
     options: RunOptions,
+    /// The run's modes, built once from the flags: its hooks and its
+    /// workers' command line.
+    config: conformance::config::RunConfig,
     /// Whether stderr is a terminal: a progress bar then, else a line per
     /// case (human format).
     terminal: bool,

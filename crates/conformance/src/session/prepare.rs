@@ -4,7 +4,7 @@
 use std::io::IsTerminal;
 
 use conformance::case::{Backend, Case, Device};
-use conformance::families;
+use conformance::families::Registry;
 use conformance::home::Home;
 use conformance::report::{self, Environment};
 use conformance::runner::{self, RunOptions};
@@ -23,7 +23,7 @@ impl Session {
         // workspace, or a bundle (`MLX_CONFORMANCE_HOME`, see home.rs).
         let home = Home::get();
         let mode = gate_mode(&cli)?;
-        let (selected, registered) = select(&cli)?;
+        let (selected, registered, registry) = select(&cli)?;
         // Relative paths are resolved once, against the directory the run
         // was started in, and printed absolute everywhere.
         let absolute =
@@ -37,14 +37,14 @@ impl Session {
         // be writable, and a declared set key must be usable as a name.
         report::check_writable(&out_dir).map_err(fail)?;
         report::clear(&out_dir);
-        if let Some(dir) = cli.keep_outputs.as_deref().map(absolute).as_ref() {
+        let keep_outputs = cli.keep_outputs.as_deref().map(absolute);
+        if let Some(dir) = &keep_outputs {
             std::fs::create_dir_all(dir).map_err(|e| {
                 fail(format!(
                     "--keep-outputs {}: {e}; choose a writable directory",
                     dir.display()
                 ))
             })?;
-            runner::keep_outputs(dir.clone());
         }
         let declared = match cli.device_family.as_deref().filter(|k| !k.is_empty()) {
             None => None,
@@ -130,23 +130,17 @@ impl Session {
             poison: conformance::poison::enabled(),
             candidate: cli.candidate.clone(),
         };
-        if let Some(command) = &cli.candidate {
-            conformance::candidate::enable(conformance::candidate::Config {
-                command: command.clone(),
-                timeout: cli.candidate_timeout(),
-                backend: backend.as_str().into(),
-            });
-        }
-        if let Some(dir) = cli.export.as_deref().map(absolute) {
+        let export = cli.export.as_deref().map(absolute);
+        if let Some(dir) = &export {
             std::fs::create_dir_all(&dir).map_err(|e| {
                 fail(format!(
                     "--export {}: {e}; choose a writable directory",
                     dir.display()
                 ))
             })?;
-            conformance::export::clear(&dir).map_err(|e| fail(format!("--export: {e}")))?;
-            conformance::export::enable(dir);
+            conformance::export::clear(dir).map_err(|e| fail(format!("--export: {e}")))?;
         }
+        let config = crate::run_config(&cli, backend, registry, keep_outputs, export);
 
         let options = RunOptions {
             backend,
@@ -167,6 +161,7 @@ impl Session {
             set_dir,
             environment,
             options,
+            config,
             terminal: std::io::stderr().is_terminal(),
         })
     }
@@ -205,14 +200,18 @@ fn gate_mode(cli: &Cli) -> Result<Mode, Exit> {
 
 /// The cases `--filter` selects, and every registered case's snapshot
 /// file name; `--list` prints the selection and ends the run.
-fn select(cli: &Cli) -> Result<(Vec<Case>, std::collections::BTreeSet<String>), Exit> {
+#[allow(clippy::type_complexity)]
+fn select(
+    cli: &Cli,
+) -> Result<(Vec<Case>, std::collections::BTreeSet<String>, Registry), Exit> {
+    let mut registry = Registry::new();
     if let Some(n) = cli.explore_samples {
         if !cli.no_snapshots {
             return Err(fail(
                 "--explore-samples: explorer samples have no snapshots; add --no-snapshots (as `cargo xtask gate` does)",
             ));
         }
-        families::register_explore_samples(n as usize, cli.explore_seed);
+        registry = registry.with_explore_samples(n as usize, cli.explore_seed);
     }
     if let Some(file) = &cli.cases {
         if !cli.no_snapshots && !cli.describe && !cli.list {
@@ -220,9 +219,9 @@ fn select(cli: &Cli) -> Result<(Vec<Case>, std::collections::BTreeSet<String>), 
                 "--cases: described cases may differ from the registered ones of their names; add --no-snapshots",
             ));
         }
-        families::register_cases_file(file).map_err(fail)?;
+        registry = registry.with_cases_file(file).map_err(fail)?;
     }
-    let cases = families::all();
+    let cases = registry.cases();
     if let Err(dup) = unique_names(&cases) {
         return Err(fail(format!(
             "two cases are named `{dup}`; case names must be unique"
@@ -232,7 +231,7 @@ fn select(cli: &Cli) -> Result<(Vec<Case>, std::collections::BTreeSet<String>), 
     if cli.describe {
         let chosen: std::collections::BTreeSet<&str> =
             selected.iter().map(|c| c.name.as_str()).collect();
-        let described = families::descriptions();
+        let described = registry.descriptions();
         let have: std::collections::BTreeSet<&str> =
             described.iter().map(|d| d.name.as_str()).collect();
         let without: Vec<&str> = chosen
@@ -274,7 +273,7 @@ fn select(cli: &Cli) -> Result<(Vec<Case>, std::collections::BTreeSet<String>), 
         .iter()
         .map(|c| snapshots::file_name(&c.name))
         .collect();
-    Ok((selected.into_iter().cloned().collect(), registered))
+    Ok((selected.into_iter().cloned().collect(), registered, registry))
 }
 
 /// `--device` (default: gpu when available, else cpu) and the backend it

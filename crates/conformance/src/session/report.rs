@@ -52,7 +52,7 @@ impl Session {
                 out_dir.display()
             ))
         })?;
-        if let Some(dir) = conformance::export::dir() {
+        if let Some(dir) = &self.config.export {
             let environment = serde_json::json!({
                 "backend": self.environment.backend,
                 "device": self.environment.device,

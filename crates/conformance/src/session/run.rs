@@ -24,7 +24,7 @@ impl Session {
         let workers = if self.cli.in_process {
             None
         } else {
-            match runner::worker::WorkerCommand::for_run(&self.options, self.cli.case_timeout()) {
+            match runner::worker::WorkerCommand::for_run(&self.config, self.cli.case_timeout()) {
                 Ok(command) => Some(command),
                 Err(e) => {
                     return Err(fail(format!(
@@ -62,7 +62,10 @@ impl Session {
         runner::catch_interrupts();
         let results = match &workers {
             Some(command) => runner::worker::run(&selected, command, &self.options, &progress),
-            None => runner::run(&selected, &self.oracle, &self.options, &progress),
+            None => {
+                let hooks = self.config.hooks();
+                runner::run_hooked(&selected, &self.oracle, &self.options, &hooks, &progress)
+            }
         };
         bar.finish_and_clear();
         std::panic::set_hook(default_hook);

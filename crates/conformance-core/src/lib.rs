@@ -1,0 +1,19 @@
+//! What a conformance case is, and nothing about how a run is driven.
+//!
+//! A [`case::Case`] describes seeded inputs ([`inputs`]); its run function
+//! calls the port (crate `layers`) and the pinned reference through the
+//! typed boundary ([`reference`], the only way to reach the oracle), and
+//! compares them bit for bit into a [`case::CaseOutput`], with the exact
+//! oracle's bounds beside ([`exactness`]) and measured relations
+//! ([`relation`]). What a run mode does around a case (poisoning, golden
+//! vectors, kept outputs, an external candidate) reaches it only through
+//! the traits of [`hooks`]: this crate names no mode, no snapshot, no
+//! runner and no registry (`crates/conformance/tests/tidy.rs` checks it).
+
+pub mod case;
+pub mod exactness;
+pub mod hooks;
+pub mod inputs;
+pub mod reference;
+pub mod relation;
+pub mod result;

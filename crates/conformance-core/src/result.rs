@@ -1,0 +1,57 @@
+//! What running a case gave: its verdict and result row (a report.json
+//! row, and the line a worker answers its runner with).
+
+use serde::{Deserialize, Serialize};
+
+use crate::case::{CaseOutput, Expect};
+
+/// A case's verdict.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Must-equal and every output bit-identical.
+    Pass,
+    /// Must-equal and some output differs.
+    Fail,
+    /// A finding was measured (whether it matches the record is the
+    /// gate's business).
+    Finding,
+    /// Cannot run on this backend.
+    Skip,
+    /// The case could not be evaluated (exception, panic, bad setup).
+    Error,
+}
+
+impl Verdict {
+    /// The word reports use (`pass`, `FAIL`, `finding`, `skip`, `ERROR`).
+    pub fn word(&self) -> &'static str {
+        match self {
+            Verdict::Pass => "pass",
+            Verdict::Fail => "FAIL",
+            Verdict::Finding => "finding",
+            Verdict::Skip => "skip",
+            Verdict::Error => "ERROR",
+        }
+    }
+}
+
+/// The result of one case.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CaseResult {
+    pub name: String,
+    pub family: String,
+    pub reference: String,
+    /// Set when no single reference function exists for the case: the
+    /// reference pieces the glue composes (see `Case::glue_composed`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub glue_composed: Vec<String>,
+    pub expect: Expect,
+    pub verdict: Verdict,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<CaseOutput>,
+    /// Skip reason or error message.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    pub time_ms: f64,
+}
+

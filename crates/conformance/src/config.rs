@@ -1,0 +1,104 @@
+//! One run's configuration, built once from the command line (`main.rs`),
+//! by the runner and by each of its workers alike: it gives the run's
+//! hooks ([`RunConfig::hooks`]: poisoning, kept outputs, the export, the
+//! candidate, a planted fault) and the worker's command line
+//! ([`RunConfig::worker_args`]), so no mode lives in a process global.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use crate::case::Backend;
+use crate::families::Registry;
+use crate::hooks::{Hooks, Interceptor, Substitute};
+
+/// What one run does besides running its cases.
+#[derive(Debug)]
+pub struct RunConfig {
+    /// The backend `--device` resolved to (a worker's `--worker-backend`).
+    pub backend: Backend,
+    /// `--seed`.
+    pub seed: u64,
+    /// `--perturb`: the proof mode.
+    pub perturb: bool,
+    /// `--keep-outputs DIR`.
+    pub keep_outputs: Option<PathBuf>,
+    /// `--candidate CMD` (with its timeout).
+    pub candidate: Option<crate::candidate::Config>,
+    /// `--export DIR`.
+    pub export: Option<PathBuf>,
+    /// The registered cases (`--cases FILE`, `--explore-samples N`).
+    pub registry: Registry,
+}
+
+/// The hooks the environment asks for, whatever the command line says:
+/// poisoning (on unless `MLX_CONFORMANCE_POISON` turns it off) and the
+/// explorer's planted fault (`MLX_CONFORMANCE_PLANT`, a testing hook).
+pub fn environment_interceptors() -> Vec<Box<dyn Interceptor>> {
+    let mut interceptors: Vec<Box<dyn Interceptor>> = Vec::new();
+    if crate::poison::enabled() {
+        interceptors.push(Box::new(crate::poison::Poison));
+    }
+    if let Some(plant) = crate::explore::plant::Plant::from_env() {
+        interceptors.push(Box::new(plant));
+    }
+    interceptors
+}
+
+impl RunConfig {
+    /// The run's hooks, in the order they act: poisoning (before and after
+    /// each reference call, at each case's start), a planted fault, kept
+    /// outputs, then the export (which records each call after poisoning
+    /// and writes at a case's end after the kept outputs); the candidate
+    /// as the substitute.
+    pub fn hooks(&self) -> Hooks {
+        let mut interceptors = environment_interceptors();
+        if let Some(dir) = &self.keep_outputs {
+            interceptors.push(Box::new(crate::kept::KeepOutputs::new(dir.clone())));
+        }
+        if let Some(dir) = &self.export {
+            interceptors.push(Box::new(crate::export::Recorder::new(dir.clone())));
+        }
+        Hooks {
+            interceptors,
+            substitute: self.candidate.clone().map(|config| {
+                Box::new(crate::candidate::Candidate::new(config)) as Box<dyn Substitute>
+            }),
+        }
+    }
+
+    /// The arguments that make this executable a worker of this run (after
+    /// [`crate::runner::worker::WORKER_FLAG`]). Paths stay raw OS strings.
+    pub fn worker_args(&self) -> std::io::Result<Vec<OsString>> {
+        let mut args: Vec<OsString> = vec![
+            "--worker-backend".into(),
+            self.backend.as_str().into(),
+            "--seed".into(),
+            self.seed.to_string().into(),
+        ];
+        if self.perturb {
+            args.push("--perturb".into());
+        }
+        if let Some(dir) = &self.keep_outputs {
+            args.push("--keep-outputs".into());
+            args.push(dir.as_os_str().to_owned());
+        }
+        if let Some(config) = &self.candidate {
+            args.extend(["--candidate".into(), config.command.clone().into()]);
+            args.push("--candidate-timeout".into());
+            args.push(config.timeout.as_secs().to_string().into());
+        }
+        if let Some(dir) = &self.export {
+            args.push("--export".into());
+            args.push(dir.as_os_str().to_owned());
+        }
+        if let Some(file) = self.registry.worker_cases_file() {
+            let file = file.map_err(std::io::Error::other)?;
+            args.extend(["--cases".into(), file.as_os_str().to_owned()]);
+        }
+        if let Some((n, seed)) = self.registry.explore_samples() {
+            args.extend(["--explore-samples".into(), n.to_string().into()]);
+            args.extend(["--explore-seed".into(), seed.to_string().into()]);
+        }
+        Ok(args)
+    }
+}
