@@ -37,8 +37,8 @@ pub enum Expect {
     /// Port and reference must produce identical bits: a verdict.
     MustEqual,
     /// A measured relation (where two paths differ, which lengths break
-    /// exactness). Recorded in the snapshot and checked both ways: a
-    /// recorded divergence that disappears is drift, as is a new one.
+    /// exactness). Pinned by the tool and checked both ways: a pinned
+    /// divergence that disappears is drift, as is a new one.
     Finding,
 }
 
@@ -60,7 +60,7 @@ impl Applies {
     }
 }
 
-/// Everything a case needs while it runs. Families reach the reference
+/// Everything a case needs while it runs. Cases reach the reference
 /// only through the typed functions of [`crate::reference`], which go
 /// through [`Ctx::call`].
 pub struct Ctx<'a> {
@@ -220,11 +220,11 @@ pub enum CaseError {
     /// calls.
     #[error("harness: {0}")]
     Harness(String),
-    /// `--candidate`: the candidate does not implement an op the case
-    /// calls (a skip row with the reason, not a verdict).
+    /// A substitute ([`crate::hooks::Substitute`]) does not implement an
+    /// op the case calls (a skip row with the reason, not a verdict).
     #[error("unsupported by the candidate: {0}")]
     Unsupported(String),
-    /// `--candidate`: the candidate crashed, hung, or broke the protocol.
+    /// A substitute crashed, hung, or broke its protocol.
     #[error("{0}")]
     Substitute(String),
 }
@@ -305,6 +305,12 @@ impl Expected {
             exact: None,
             port_side,
         }
+    }
+    /// A reference output from a bare tensor, for the tool's unit tests of
+    /// reports and gates; a case never calls it (tidy.rs checks).
+    #[doc(hidden)]
+    pub fn for_tests(t: HostTensor) -> Self {
+        Self::from_reference(t)
     }
     /// An array a reader derives from reference value `value` with
     /// `convert` (a list of floats as their bits, say); with a substitute
@@ -445,19 +451,19 @@ pub struct CaseOutput {
     /// order: compared outputs and the tensors a finding measured.
     pub digests: Vec<(String, String)>,
     /// sha256 chained over the same tensors in order: one value for the
-    /// whole case (reported; the snapshot pins [`CaseOutput::digests`]).
+    /// whole case (reported; the tool pins [`CaseOutput::digests`]).
     pub case_digest: String,
     /// Outputs measured by the exact oracle only, not bit-compared (a
     /// finding's output whose bytes vary run to run: an unwritten buffer).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exact_only: Vec<(String, crate::exactness::ExactCheck)>,
-    /// With `--keep-outputs`: every compared or digested tensor, named
-    /// `port/<output>` or `reference/<output>` (the release gate compares
-    /// two environments' tensors element by element).
+    /// When an interceptor asks ([`crate::hooks::Interceptor::keeps_tensors`]):
+    /// every compared or digested tensor, named `port/<output>` or
+    /// `reference/<output>`, for its case end.
     #[serde(skip)]
-    pub kept: Vec<(String, HostTensor)>,
-    /// With `--candidate`: outputs the candidate gave nothing comparable
-    /// for (it raised, its result lacked the place): the case is an ERROR.
+    pub tensors: Vec<(String, HostTensor)>,
+    /// With a substitute: outputs it gave nothing comparable for (it
+    /// raised, its result lacked the place): the case is an ERROR.
     #[serde(skip)]
     pub substitute_errors: Vec<String>,
 }
@@ -498,7 +504,7 @@ impl CaseOutput {
         };
         self.digest(name, port);
         if keeping() {
-            self.kept
+            self.tensors
                 .push((format!("reference/{name}"), expected.tensor().clone()));
         }
         let comparison = compare(port, expected.tensor());
@@ -560,7 +566,7 @@ impl CaseOutput {
     pub fn digest(&mut self, name: &str, t: &HostTensor) {
         self.digests.push((name.to_owned(), digest_of(t)));
         if keeping() {
-            self.kept.push((format!("port/{name}"), t.clone()));
+            self.tensors.push((format!("port/{name}"), t.clone()));
         }
         let mut h = Sha256::new();
         h.update(self.case_digest.as_bytes());

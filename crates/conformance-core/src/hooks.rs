@@ -1,13 +1,13 @@
 //! How run modes act on a case without the core naming them.
 //!
 //! The core calls two kinds of hooks, installed by whoever runs a case
-//! (the tool's runner) for the time of that case with [`scoped`]:
+//! (the tool) for the time of that case with [`scoped`]:
 //!
 //! - [`Interceptor`]: called at case start, before and after each
 //!   reference call, on each port output a case marks, when a compared
 //!   tensor is recorded, and at case end. Modes that watch or disturb a
-//!   run (poisoning MLX's buffer cache, recording golden vectors, keeping
-//!   outputs, a planted fault) are interceptors.
+//!   run (filling MLX's buffer cache with a sentinel, recording golden
+//!   vectors, writing outputs out, a planted fault) are interceptors.
 //! - [`Substitute`]: an implementation checked in place of the linked
 //!   port. Every reference call it [`Substitute::sends`] also goes to it;
 //!   each [`crate::case::Expected`] then carries its arrays from the same
@@ -49,7 +49,7 @@ pub trait Interceptor: Send + Sync {
     /// `family` and two of its sizes.
     fn port_output(&self, _family: &str, _m: usize, _n: usize, _y: &mut HostTensor) {}
     /// Whether compared and digested tensors are kept in
-    /// [`crate::case::CaseOutput`]'s `kept` for [`Interceptor::case_end`].
+    /// [`crate::case::CaseOutput`]'s `tensors` for [`Interceptor::case_end`].
     fn keeps_tensors(&self) -> bool {
         false
     }

@@ -5,10 +5,10 @@
 //! typed boundary ([`reference`], the only way to reach the oracle), and
 //! compares them bit for bit into a [`case::CaseOutput`], with the exact
 //! oracle's bounds beside ([`exactness`]) and measured relations
-//! ([`relation`]). What a run mode does around a case (poisoning, golden
-//! vectors, kept outputs, an external candidate) reaches it only through
-//! the traits of [`hooks`]: this crate names no mode, no snapshot, no
-//! runner and no registry (`crates/conformance/tests/tidy.rs` checks it).
+//! ([`relation`]). What a run mode does around a case reaches it only
+//! through the traits of [`hooks`]: this crate names no mode, no pinned
+//! record, no driver and no list of cases (`crates/conformance/tests/tidy.rs`
+//! checks it).
 
 pub mod case;
 pub mod exactness;

@@ -1,5 +1,5 @@
 //! What running a case gave: its verdict and result row (a report.json
-//! row, and the line a worker answers its runner with).
+//! row, and the line a worker process answers with).
 
 use serde::{Deserialize, Serialize};
 

@@ -127,7 +127,7 @@ impl crate::hooks::Interceptor for KeepOutputs {
         let Some(output) = result.output.as_mut() else {
             return;
         };
-        let kept = std::mem::take(&mut output.kept);
+        let kept = std::mem::take(&mut output.tensors);
         if let Err(e) = write(&self.dir, &case.name, &kept) {
             result.verdict = crate::result::Verdict::Error;
             result.message = Some(format!("harness error: --keep-outputs: {e}"));

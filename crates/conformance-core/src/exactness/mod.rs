@@ -34,7 +34,7 @@ pub struct Sent {
 }
 
 impl Sent {
-    pub(crate) fn new(args: Vec<(&'static str, Arg)>) -> Self {
+    pub fn new(args: Vec<(&'static str, Arg)>) -> Self {
         Self { args }
     }
     /// These arguments with `name` set to `value` (replaced if present).

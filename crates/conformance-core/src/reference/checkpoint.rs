@@ -60,7 +60,7 @@ pub fn safetensors_load(ctx: &Ctx, path: &Path) -> Result<Loaded, CaseError> {
     )?;
     let arrays_value = r.value("arrays")?;
     let metadata_value = r.value("metadata")?;
-    // The texts are derived from the dicts (and so are a candidate's).
+    // The texts are derived from the dicts (and so are a substitute's).
     let names =
         Expected::derived(&arrays_value, |v| dict_lines(v, false)).map_err(CaseError::Harness)?;
     let metadata_lines =

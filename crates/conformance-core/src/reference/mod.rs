@@ -1,6 +1,6 @@
 //! The typed boundary to the reference: one Rust function per glue function
 //! (`crates/oracle/python/reference_glue/`), with typed arguments and a
-//! typed result. Families never name a glue function, build an argument
+//! typed result. Cases never name a glue function, build an argument
 //! list or read a result by key; they call these.
 //!
 //! Each function marks which of its arguments the proof mode perturbs
@@ -470,8 +470,8 @@ pub fn refusal<T>(result: Result<T, CaseError>, expected: &str) -> Result<Refusa
                 .into(),
         ));
     }
-    // With `--candidate`, the flag's counterpart is whether the candidate
-    // raised on the same call.
+    // With a substitute, the flag's counterpart is whether it raised on
+    // the same call.
     let flag = |v: u8| Expected::raised_flag(v == 1);
     match result {
         Ok(_) => Ok(Refusal {

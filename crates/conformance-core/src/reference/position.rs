@@ -438,7 +438,7 @@ pub fn position_mrope_kernel_launch(
         .into_iter()
         .map(|row| {
             let mut r = Fields::of(F, row)?;
-            // Strings and an int, turned into arrays here (a candidate's
+            // Strings and an int, turned into arrays here (a substitute's
             // values at the same places are turned the same way).
             let derive = |v: Value, f: fn(&Value) -> Option<Expected>| {
                 Expected::derived(&v, |v| {

@@ -74,7 +74,7 @@ fn caught(planted: &HostTensor, exact: &ExactPair, fault: &str) -> String {
         ExactClass::ReferenceOutside,
         "{fault} not caught: {row}"
     );
-    outln!("{fault}: {row}");
+    println!("{fault}: {row}");
     row
 }
 
