@@ -122,7 +122,7 @@ impl<'a> Ctx<'a> {
     pub fn inputs(&self) -> crate::inputs::Inputs {
         crate::inputs::Inputs::new(self.seed)
     }
-    /// Marks a port output where an interceptor may plant a fault
+    /// Marks a port output where an interceptor may inject a fault
     /// ([`crate::hooks::Interceptor::port_output`]): `family` and two of
     /// the case's sizes say where it is.
     pub fn port_output(&self, family: &str, m: usize, n: usize, y: &mut HostTensor) {
@@ -356,10 +356,7 @@ impl Expected {
     }
     /// Attaches the exact value this output stands for.
     /// (`None`: the definition has no value for these inputs.)
-    pub fn with_exact(
-        mut self,
-        exact: impl Into<Option<crate::exactness::ExactPair>>,
-    ) -> Self {
+    pub fn with_exact(mut self, exact: impl Into<Option<crate::exactness::ExactPair>>) -> Self {
         self.exact = exact.into();
         self
     }

@@ -7,7 +7,7 @@
 //!   reference call, on each port output a case marks, when a compared
 //!   tensor is recorded, and at case end. Modes that watch or disturb a
 //!   run (filling MLX's buffer cache with a sentinel, recording golden
-//!   vectors, writing outputs out, a planted fault) are interceptors.
+//!   vectors, writing outputs out, an injected fault) are interceptors.
 //! - [`Substitute`]: an implementation checked in place of the linked
 //!   port. Every reference call it [`Substitute::sends`] also goes to it;
 //!   each [`crate::case::Expected`] then carries its arrays from the same
@@ -166,6 +166,10 @@ pub fn current<R>(f: impl FnOnce(&Hooks) -> R) -> R {
     let ptr = CURRENT.with(Cell::get);
     // SAFETY: a non-null pointer was set by `scoped` from a reference that
     // outlives the call of `f` there, and is reset before `scoped` returns.
-    let hooks = if ptr.is_null() { Hooks::none() } else { unsafe { &*ptr } };
+    let hooks = if ptr.is_null() {
+        Hooks::none()
+    } else {
+        unsafe { &*ptr }
+    };
     f(hooks)
 }

@@ -54,4 +54,3 @@ pub struct CaseResult {
     pub message: Option<String>,
     pub time_ms: f64,
 }
-

@@ -91,11 +91,7 @@ fn begin(record: bool) {
 
 /// Records one reference call: its arguments and result, or the last line
 /// of what it raised.
-fn record(
-    glue: &'static str,
-    args: &[(&str, Arg)],
-    result: Result<&Value, &oracle::OracleError>,
-) {
+fn record(glue: &'static str, args: &[(&str, Arg)], result: Result<&Value, &oracle::OracleError>) {
     CALLS.with(|c| {
         if let Some(calls) = c.borrow_mut().as_mut() {
             let args: Vec<(&str, Arg)> = args.iter().map(|(k, a)| (*k, portable(a))).collect();

@@ -1,7 +1,7 @@
 //! The explorer's data: what one sample is ([`Description`], each
 //! family's serde parameters and seed), the strategies that draw them
 //! ([`strategy`]), and the kept violations (`fixtures/explore/kept.json`).
-//! The search, shrinking and reports are the tool's (`conformance::explore`).
+//! The search, shrinking and reports are the tool's (the `explore` module of the `conformance` crate).
 
 pub mod strategy;
 

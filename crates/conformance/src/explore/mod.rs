@@ -448,7 +448,6 @@ fn shrink(
     (best, best_observation, steps)
 }
 
-
 /// Merges shard searches of one seed into one (samples in index order).
 pub fn merge(mut shards: Vec<Search>) -> Result<Search, String> {
     let first = shards.first().ok_or("no shard reports to merge")?.clone();

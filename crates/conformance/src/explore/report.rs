@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
-
 use super::{Description, Found, Search};
 use crate::families::quantized::linear::Bias;
 
@@ -414,7 +413,6 @@ print("k:", k.dtype, k.shape, "any NaN:", mx.any(mx.isnan(k)).item())
 }
 
 pub use conformance_cases::explore::{kept_file, read_kept, Kept};
-
 
 /// Adds every bit or exact-bound violation's minimal description to the
 /// kept file (once each); returns how many were new. A description the

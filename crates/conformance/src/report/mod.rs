@@ -745,8 +745,7 @@ mod tests {
             let mut out = CaseOutput::new("p");
             let t = oracle::HostTensor::new(oracle::DType::Uint8, vec![1], vec![1]).unwrap();
             let other = oracle::HostTensor::new(oracle::DType::Uint8, vec![1], vec![2]).unwrap();
-            let reference =
-                crate::case::Expected::for_tests(if equal { t.clone() } else { other });
+            let reference = crate::case::Expected::for_tests(if equal { t.clone() } else { other });
             out.compare("y", &t, &reference);
             Row {
                 result: CaseResult {

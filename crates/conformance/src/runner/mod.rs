@@ -215,7 +215,9 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions, hooks: &Hooks) ->
     // Poisoning: a case's first port call must not get an earlier case's
     // freed result.
     hooks.case_start(case);
-    let outcome = crate::hooks::scoped(hooks, || catch_unwind(AssertUnwindSafe(|| (case.run)(&ctx))));
+    let outcome = crate::hooks::scoped(hooks, || {
+        catch_unwind(AssertUnwindSafe(|| (case.run)(&ctx)))
+    });
     result.time_ms = start.elapsed().as_secs_f64() * 1e3;
     match outcome {
         // A must-equal case that compared nothing cannot fail: a harness

@@ -201,9 +201,7 @@ fn gate_mode(cli: &Cli) -> Result<Mode, Exit> {
 /// The cases `--filter` selects, and every registered case's snapshot
 /// file name; `--list` prints the selection and ends the run.
 #[allow(clippy::type_complexity)]
-fn select(
-    cli: &Cli,
-) -> Result<(Vec<Case>, std::collections::BTreeSet<String>, Registry), Exit> {
+fn select(cli: &Cli) -> Result<(Vec<Case>, std::collections::BTreeSet<String>, Registry), Exit> {
     let mut registry = Registry::new();
     if let Some(n) = cli.explore_samples {
         if !cli.no_snapshots {
@@ -273,7 +271,11 @@ fn select(
         .iter()
         .map(|c| snapshots::file_name(&c.name))
         .collect();
-    Ok((selected.into_iter().cloned().collect(), registered, registry))
+    Ok((
+        selected.into_iter().cloned().collect(),
+        registered,
+        registry,
+    ))
 }
 
 /// `--device` (default: gpu when available, else cpu) and the backend it
