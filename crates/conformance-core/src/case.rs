@@ -229,13 +229,18 @@ pub enum CaseError {
     Substitute(String),
 }
 
-/// Whether a case's error message is a [`CaseError::Port`] (its Display
-/// starts so): the port refused or failed where the reference did not.
-pub fn is_port_error(message: &str) -> bool {
-    message.starts_with("the port raised: ")
-}
-
 impl CaseError {
+    /// Whose error it is.
+    pub fn kind(&self) -> crate::result::ErrorKind {
+        use crate::result::ErrorKind;
+        match self {
+            CaseError::Reference(_) => ErrorKind::Reference,
+            CaseError::Port(_) => ErrorKind::Port,
+            CaseError::Harness(_) => ErrorKind::Harness,
+            CaseError::Unsupported(_) => ErrorKind::Unsupported,
+            CaseError::Substitute(_) => ErrorKind::Substitute,
+        }
+    }
     /// A port error, with what was being done.
     pub fn port(what: &str, e: impl std::fmt::Display) -> Self {
         CaseError::Port(format!("{what}: {e}"))

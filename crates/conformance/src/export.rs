@@ -53,6 +53,7 @@ impl crate::hooks::Interceptor for Recorder {
         if let Err(e) = finish(&self.dir, &case.name, case.reference, kept) {
             result.verdict = Verdict::Error;
             result.message = Some(format!("harness error: --export: {e}"));
+            result.error_kind = Some(crate::result::ErrorKind::Harness);
         }
     }
 }

@@ -131,6 +131,7 @@ impl crate::hooks::Interceptor for KeepOutputs {
         if let Err(e) = write(&self.dir, &case.name, &kept) {
             result.verdict = crate::result::Verdict::Error;
             result.message = Some(format!("harness error: --keep-outputs: {e}"));
+            result.error_kind = Some(crate::result::ErrorKind::Harness);
         }
     }
 }

@@ -778,6 +778,7 @@ mod tests {
             verdict: Verdict::Pass,
             output: Some(output),
             message: None,
+            error_kind: None,
             time_ms: 1.0,
         }
     }

@@ -155,7 +155,8 @@ pub fn compare_verdicts<'a>(
             out.same += 1;
         } else if *theirs == Verdict::Finding && r.verdict == Verdict::Skip {
             out.findings += 1;
-        } else if r.verdict == Verdict::Skip && message.starts_with("unsupported by the candidate")
+        } else if r.verdict == Verdict::Skip
+            && r.error_kind == Some(crate::result::ErrorKind::Unsupported)
         {
             out.unsupported.push((r.name.clone(), message));
         } else {

@@ -57,6 +57,9 @@ pub struct Observation {
     /// The case could not run (a harness or port error).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Whose error it was (with `error`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<crate::result::ErrorKind>,
     pub time_ms: f64,
 }
 
@@ -78,8 +81,8 @@ pub enum Violation {
 
 impl Observation {
     pub fn violation(&self) -> Option<Violation> {
-        if let Some(e) = &self.error {
-            Some(if crate::case::is_port_error(e) {
+        if self.error.is_some() {
+            Some(if self.error_kind == Some(crate::result::ErrorKind::Port) {
                 Violation::PortError
             } else {
                 Violation::Error
@@ -111,6 +114,7 @@ pub fn observe(oracle: &Oracle, backend: Backend, d: &Description) -> Observatio
         exact: None,
         invariances: Vec::new(),
         error: None,
+        error_kind: None,
         time_ms: 0.0,
     };
     match (&result.verdict, &result.output) {
@@ -129,7 +133,10 @@ pub fn observe(oracle: &Oracle, backend: Backend, d: &Description) -> Observatio
                 Err(e) => o.error = Some(format!("invariance: {e}")),
             }
         }
-        _ => o.error = Some(result.message.unwrap_or_else(|| "no output".into())),
+        _ => {
+            o.error = Some(result.message.unwrap_or_else(|| "no output".into()));
+            o.error_kind = result.error_kind;
+        }
     }
     o.time_ms = started.elapsed().as_secs_f64() * 1e3;
     o

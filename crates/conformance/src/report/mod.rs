@@ -615,6 +615,7 @@ mod tests {
             verdict: Verdict::Finding,
             output: Some(CaseOutput::new("p").with_finding(serde_json::json!({"parts": 3}))),
             message: None,
+            error_kind: None,
             time_ms: 1.0,
         }
     }

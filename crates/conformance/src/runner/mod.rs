@@ -49,7 +49,7 @@ pub struct RunOptions {
     pub perturb: bool,
 }
 
-pub use conformance_core::result::{CaseResult, Verdict};
+pub use conformance_core::result::{CaseResult, ErrorKind, Verdict};
 
 /// Selects cases whose name contains `filter` (all when `None`). An unknown
 /// filter is an error listing the closest case names.
@@ -162,6 +162,7 @@ fn blank(case: &Case) -> CaseResult {
         verdict: Verdict::Skip,
         output: None,
         message: None,
+        error_kind: None,
         time_ms: 0.0,
     }
 }
@@ -228,6 +229,7 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions, hooks: &Hooks) ->
                 "harness error: this must-equal case compared no output (a case that cannot fail)"
                     .to_owned(),
             );
+            result.error_kind = Some(ErrorKind::Harness);
         }
         Ok(Ok(output)) if output.duplicate_name().is_some() => {
             result.verdict = Verdict::Error;
@@ -235,10 +237,12 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions, hooks: &Hooks) ->
                 "harness error: output `{}` is recorded twice",
                 output.duplicate_name().unwrap_or_default()
             ));
+            result.error_kind = Some(ErrorKind::Harness);
         }
         Ok(Ok(output)) if !output.substitute_errors.is_empty() => {
             result.verdict = Verdict::Error;
             result.message = Some(output.substitute_errors.join("; "));
+            result.error_kind = Some(ErrorKind::Substitute);
         }
         Ok(Ok(output)) => {
             result.verdict = match case.expect {
@@ -251,10 +255,12 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions, hooks: &Hooks) ->
         Ok(Err(e @ crate::case::CaseError::Unsupported(_))) => {
             result.verdict = Verdict::Skip;
             result.message = Some(e.to_string());
+            result.error_kind = Some(e.kind());
         }
         Ok(Err(e)) => {
             result.verdict = Verdict::Error;
             result.message = Some(e.to_string());
+            result.error_kind = Some(e.kind());
         }
         Err(panic) => {
             let text = panic
@@ -264,6 +270,7 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions, hooks: &Hooks) ->
                 .unwrap_or_else(|| "non-string panic payload".into());
             result.verdict = Verdict::Error;
             result.message = Some(format!("harness error: the case panicked: {text}"));
+            result.error_kind = Some(ErrorKind::Harness);
         }
     }
     // Kept outputs, then the export (which keeps only verdicts).

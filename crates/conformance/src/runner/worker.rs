@@ -134,6 +134,7 @@ fn unknown_case(name: &str) -> CaseResult {
         message: Some(format!(
             "harness error: the worker has no case named `{name}` (parent and worker binaries differ?)"
         )),
+        error_kind: Some(super::ErrorKind::Harness),
         time_ms: 0.0,
     }
 }
@@ -374,6 +375,7 @@ fn crash_result(case: &Case, crash: Crash, time_ms: f64) -> CaseResult {
             }
         ));
         result.time_ms = time_ms;
+        result.error_kind = Some(super::ErrorKind::Timeout);
         return result;
     }
     let how = match crash.status {
@@ -404,6 +406,7 @@ fn crash_result(case: &Case, crash: Crash, time_ms: f64) -> CaseResult {
     let mut result = blank(case);
     result.verdict = Verdict::Error;
     result.message = Some(message);
+    result.error_kind = Some(super::ErrorKind::Crash);
     result.time_ms = time_ms;
     result
 }
@@ -466,6 +469,7 @@ fn run_in_worker(case: &Case, command: &WorkerCommand, worker: &mut Option<Worke
                     "harness error: cannot start a worker process ({}): {e}",
                     command.program.display()
                 ));
+                result.error_kind = Some(super::ErrorKind::Harness);
                 return result;
             }
         }
