@@ -14,6 +14,7 @@ pub mod console;
 pub mod bench;
 pub mod candidate;
 pub mod config;
+pub mod expected;
 pub mod explore;
 pub mod export;
 pub mod gate;

@@ -99,6 +99,16 @@ pub struct Summary {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub missing_set_fails: bool,
     pub wall_ms: f64,
+    /// Must-equal cases that FAILed as `expected-failures.json` lists them
+    /// for this backend (they do not fail the run).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expected_failures: Vec<String>,
+    /// Listed cases that passed: each fails the run (remove the entry).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unexpected_passes: Vec<String>,
+    /// The compiled-in list could not be read (exit 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_failures_error: Option<String>,
     pub exit_code: i32,
     /// The exact oracle over every output in its scope.
     pub exact: ExactSummary,
@@ -323,6 +333,24 @@ impl Report {
         if environment.perturb {
             s.proof = Some(Proof::of(&rows));
         }
+        // Expected failures by design (not in a proof run, whose cases are
+        // all meant to fail).
+        let mut unlisted_failed = s.failed;
+        if s.proof.is_none() {
+            match crate::expected::parse(crate::expected::LIST) {
+                Ok(list) => {
+                    let c = crate::expected::check(
+                        &list,
+                        &environment.backend,
+                        rows.iter().map(|r| &r.result),
+                    );
+                    unlisted_failed -= c.expected.len();
+                    s.expected_failures = c.expected.into_iter().map(|(n, _)| n).collect();
+                    s.unexpected_passes = c.unexpected_passes.into_iter().map(|(n, _)| n).collect();
+                }
+                Err(e) => s.expected_failures_error = Some(e),
+            }
+        }
         s.exit_code = if let Some(proof) = &s.proof {
             // The proof run: its cases are meant to fail; exit 1 when the
             // perturbation went undetected anywhere.
@@ -333,9 +361,9 @@ impl Report {
             } else {
                 exit::PASS
             }
-        } else if s.failed > 0 {
+        } else if unlisted_failed > 0 || !s.unexpected_passes.is_empty() {
             exit::MUST_EQUAL_FAILURE
-        } else if s.errors > 0 {
+        } else if s.errors > 0 || s.expected_failures_error.is_some() {
             exit::ENVIRONMENT
         } else if s.drifted > 0 || !s.orphaned_snapshots.is_empty() {
             exit::DRIFT
@@ -769,5 +797,50 @@ mod tests {
         );
         assert_eq!(missed.summary.exit_code, exit::MUST_EQUAL_FAILURE);
         assert!(human::summary(&missed).contains("1 UNDETECTED"));
+    }
+
+    /// `expected-failures.json` both ways, through the run's exit code: its
+    /// listed case FAILing on its backend does not fail the run, the same
+    /// case passing does, and elsewhere the list says nothing.
+    #[test]
+    fn a_listed_failure_is_expected_and_a_listed_pass_fails_the_run() {
+        let list = crate::expected::parse(crate::expected::LIST).unwrap();
+        let Some(listed) = list.first() else {
+            // An empty list: the both-ways check is expected::tests'.
+            return;
+        };
+        let row = |verdict: Verdict| Row {
+            result: CaseResult {
+                expect: Expect::MustEqual,
+                verdict,
+                ..finding(&listed.case)
+            },
+            snapshot: Status::NotChecked,
+        };
+        let run = |backend: &str, verdict: Verdict| {
+            Report::new(
+                environment(backend, "k", false),
+                vec![row(verdict)],
+                &[],
+                1.0,
+            )
+            .summary
+        };
+        let failed = run(&listed.backend, Verdict::Fail);
+        assert_eq!(failed.exit_code, exit::PASS);
+        assert_eq!(failed.expected_failures, vec![listed.case.clone()]);
+        let passed = run(&listed.backend, Verdict::Pass);
+        assert_eq!(passed.exit_code, exit::MUST_EQUAL_FAILURE);
+        assert_eq!(passed.unexpected_passes, vec![listed.case.clone()]);
+        let other = if listed.backend == "cpu" {
+            "metal"
+        } else {
+            "cpu"
+        };
+        assert_eq!(
+            run(other, Verdict::Fail).exit_code,
+            exit::MUST_EQUAL_FAILURE
+        );
+        assert_eq!(run(other, Verdict::Pass).exit_code, exit::PASS);
     }
 }

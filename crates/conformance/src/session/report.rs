@@ -111,6 +111,15 @@ impl Session {
             Format::Markdown => outln!("{}", report::markdown::render(&report)),
         }
         let mut code = report.summary.exit_code;
+        for case in &report.summary.expected_failures {
+            errln!("expected failure: {case} FAILs on {} as crates/conformance/expected-failures.json lists it", report.environment.backend);
+        }
+        for case in &report.summary.unexpected_passes {
+            errln!("unexpected pass: {case} is listed in crates/conformance/expected-failures.json as failing on {}, and passed; remove the entry", report.environment.backend);
+        }
+        if let Some(e) = &report.summary.expected_failures_error {
+            errln!("error: {e}");
+        }
         if let Some(linked) = &self.cli.same_verdicts_as {
             let c = conformance::candidate::compare_verdicts(
                 report.cases.iter().map(|r| &r.result),
