@@ -1140,3 +1140,53 @@ fn main() {
         }
     }
 }
+
+/// The op names have one source, the vocabulary (`candidate/ops.rs`, whose
+/// page is docs/ops.md): every op this candidate announces is in it, and
+/// the ops `call` dispatches on are exactly the ones it announces.
+#[cfg(test)]
+mod op_names {
+    use std::collections::BTreeSet;
+
+    /// The string patterns of `call`'s match arms (`"a" | "b" => ...` at
+    /// the match's indentation), read from this file.
+    fn dispatched() -> BTreeSet<String> {
+        let source = include_str!("port_candidate.rs");
+        let start = source.find("\nfn call(op: &str").expect("fn call");
+        let body = &source[start..];
+        let end = body.find("\n}\n").expect("end of fn call");
+        let mut names = BTreeSet::new();
+        for line in body[..end].lines() {
+            let Some(arm) = line.strip_prefix("        \"") else {
+                continue;
+            };
+            let Some((pattern, _)) = arm.split_once(" => ") else {
+                continue;
+            };
+            for name in format!("\"{pattern}").split(" | ") {
+                names.insert(name.trim_matches('"').to_owned());
+            }
+        }
+        names
+    }
+
+    #[test]
+    fn every_announced_op_is_in_the_vocabulary_and_sent() {
+        for name in super::OPS {
+            let op = conformance::candidate::ops::by_name(name)
+                .unwrap_or_else(|| panic!("`{name}` is in no op of candidate/ops.rs"));
+            assert!(op.sent(), "`{name}` is a setup op, never sent");
+        }
+    }
+
+    #[test]
+    fn the_dispatch_serves_exactly_the_announced_ops() {
+        let announced: BTreeSet<String> = super::OPS.iter().map(|s| (*s).to_owned()).collect();
+        let dispatched = dispatched();
+        assert!(dispatched.len() >= 20, "the match arms were not read: {dispatched:?}");
+        assert_eq!(
+            dispatched, announced,
+            "fn call's arms and OPS differ (announced but not dispatched, or the reverse)"
+        );
+    }
+}
