@@ -19,6 +19,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod dense;
 pub mod ffi;
+pub mod model;
 pub mod position;
 pub mod quantized;
 mod shape;

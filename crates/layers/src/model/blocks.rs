@@ -1,0 +1,352 @@
+//! The decoder's modules, each mirroring its mlx-vlm 0.7.6 class
+//! (`models/qwen3_5/language.py`, `models/qwen3_5_moe/language.py`,
+//! `models/switch_layers.py`).
+
+use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::ops::{
+    argpartition_axis, argsort_axis, conv1d, expand_dims, floor_divide, softmax_axis,
+    split_at_indices, squeeze_axes, sum_axis, transpose_axes,
+};
+use mlx_rs::{Array, Dtype};
+
+use crate::position::Mrope;
+use crate::quantized::QuantizedSwitchLinear;
+
+use super::cache::{KvCache, LinearCache};
+use super::gated_delta::gated_delta_update;
+use super::linear::Linear;
+use super::ops::{silu, slice_axis, weak_scalar};
+use super::trace::Trace;
+use super::{Faults, ModelError};
+
+/// `nn.RMSNorm`: `fast.rms_norm(x, weight, eps)`.
+#[derive(Debug)]
+pub struct RmsNorm {
+    pub weight: Array,
+    pub eps: f32,
+}
+
+impl RmsNorm {
+    pub fn forward(&self, x: &Array) -> Result<Array, ModelError> {
+        Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
+    }
+}
+
+/// `swiglu(gate, x)` (mlx-vlm `activations.swiglu`, compiled): `silu(gate) * x`.
+fn swiglu(gate: &Array, x: &Array) -> Result<Array, ModelError> {
+    Ok(silu(gate)?.multiply(x)?)
+}
+
+/// `Qwen3_5MLP`: `down_proj(swiglu(gate_proj(x), up_proj(x)))`.
+#[derive(Debug)]
+pub struct Mlp {
+    pub gate_proj: Linear,
+    pub up_proj: Linear,
+    pub down_proj: Linear,
+}
+
+impl Mlp {
+    pub fn forward(&self, x: &Array) -> Result<Array, ModelError> {
+        let g = self.gate_proj.forward(x)?;
+        let u = self.up_proj.forward(x)?;
+        self.down_proj.forward(&swiglu(&g, &u)?)
+    }
+}
+
+/// `switch_layers.SwitchGLU` with quantized experts.
+#[derive(Debug)]
+pub struct SwitchGlu {
+    pub gate_proj: QuantizedSwitchLinear,
+    pub up_proj: QuantizedSwitchLinear,
+    pub down_proj: QuantizedSwitchLinear,
+}
+
+/// `linear.DECODE_BLOCK_SIZE`: SwitchGLU's block of 2..=8 tokens takes the
+/// reference's "exact" verifier paths, which this port does not mirror.
+pub const DECODE_BLOCK_SIZE: i32 = 8;
+
+impl SwitchGlu {
+    /// `SwitchGLU.__call__(x, indices)` (no weights, no shared): `x`
+    /// `[B, L, D]`, indices `[B, L, K]` → `[B, L, K, D]`. Sorts the routed
+    /// rows when `indices.size >= 64` (`_gather_sort` / `_scatter_unsort`).
+    pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array, ModelError> {
+        if x.ndim() == 3 && 1 < x.shape()[1] && x.shape()[1] <= DECODE_BLOCK_SIZE {
+            return Err(ModelError::Unsupported {
+                what: format!("a sparse MoE block of {} tokens", x.shape()[1]),
+                why: "mlx-vlm 0.7.6's SwitchGLU runs blocks of 2..=8 tokens through its exact verifier kernels (fast_ops / quantized_verifier), which this port does not mirror; send 1 token or more than 8".into(),
+            });
+        }
+        let x = expand_dims(&expand_dims(x, -2)?, -3)?;
+        let do_sort = indices.size() >= 64;
+        let (x, idx, inv_order) = if do_sort {
+            let m = indices.shape()[indices.ndim() - 1];
+            let flat = indices.flatten(None, None)?;
+            let order = argsort_axis(&flat, 0)?;
+            let inv_order = argsort_axis(&order, 0)?;
+            let rows = x.flatten(0, x.ndim() as i32 - 3)?;
+            let picked = rows.take_axis(floor_divide(&order, Array::from_int(m).as_dtype(order.dtype())?)?, 0)?;
+            (picked, flat.take_axis(&order, 0)?, Some(inv_order))
+        } else {
+            (x, indices.clone(), None)
+        };
+        let up = self.up_proj.forward(&x, &idx, do_sort)?;
+        let gate = self.gate_proj.forward(&x, &idx, do_sort)?;
+        let mut y = self.down_proj.forward(&swiglu(&gate, &up)?, &idx, do_sort)?;
+        if let Some(inv) = inv_order {
+            y = y.take_axis(&inv, 0)?;
+            let mut shape = indices.shape().to_vec();
+            shape.extend_from_slice(&y.shape()[1..]);
+            y = y.reshape(&shape)?;
+        }
+        Ok(squeeze_axes(&y, &[-2])?)
+    }
+}
+
+/// `Qwen3_5MoeSparseMoeBlock`.
+#[derive(Debug)]
+pub struct SparseMoe {
+    pub gate: Linear,
+    pub switch_mlp: SwitchGlu,
+    pub shared_expert: Mlp,
+    pub shared_expert_gate: Linear,
+    pub top_k: i32,
+}
+
+impl SparseMoe {
+    pub fn forward(&self, x: &Array, trace: &mut Trace, at: &str) -> Result<Array, ModelError> {
+        let gates = self.gate.forward(x)?;
+        trace.record(at, "router", &gates);
+        let gates = softmax_axis(&gates, -1, true)?;
+        let k = self.top_k;
+        let e = gates.shape()[gates.ndim() - 1];
+        let inds = slice_axis(&argpartition_axis(&gates, -k, -1)?, gates.ndim() - 1, e - k, e)?;
+        let scores = mlx_rs::ops::indexing::take_along_axis(&gates, &inds, -1)?;
+        let scores = scores.divide(&sum_axis(&scores, -1, true)?)?;
+        let y = self.switch_mlp.forward(x, &inds)?;
+        let y = sum_axis(&y.multiply(&expand_dims(&scores, -1)?)?, -2, None)?;
+        trace.record(at, "experts", &y);
+        let shared = self.shared_expert.forward(x)?;
+        let shared = mlx_rs::ops::sigmoid(&self.shared_expert_gate.forward(x)?)?.multiply(&shared)?;
+        trace.record(at, "shared_expert", &shared);
+        Ok(y.add(&shared)?)
+    }
+}
+
+/// The feed-forward of a decoder layer.
+#[derive(Debug)]
+pub enum FeedForward {
+    Dense(Mlp),
+    Moe(SparseMoe),
+}
+
+impl FeedForward {
+    pub fn forward(&self, x: &Array, trace: &mut Trace, at: &str) -> Result<Array, ModelError> {
+        match self {
+            FeedForward::Dense(m) => m.forward(x),
+            FeedForward::Moe(m) => m.forward(x, trace, at),
+        }
+    }
+}
+
+/// `Qwen3_5Attention`: gated full attention.
+#[derive(Debug)]
+pub struct Attention {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+    pub q_norm: RmsNorm,
+    pub k_norm: RmsNorm,
+    pub n_heads: i32,
+    pub n_kv_heads: i32,
+    pub head_dim: i32,
+}
+
+impl Attention {
+    /// `__call__(x, mask, cache, position_ids)` for one request (B = 1 or
+    /// equal-length rows, no padding): mask `"causal"` for L > 1, none for
+    /// L = 1 (`create_attention_mask` with a `KVCache`).
+    pub fn forward(
+        &self,
+        x: &Array,
+        cache: &mut KvCache,
+        rope: &Mrope,
+        position_ids: &Array,
+        trace: &mut Trace,
+        at: &str,
+    ) -> Result<Array, ModelError> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let q_out = self.q_proj.forward(x)?;
+        let keys = self.k_proj.forward(x)?;
+        let values = self.v_proj.forward(x)?;
+        trace.record(at, "q_proj", &q_out);
+        trace.record(at, "k_proj", &keys);
+        trace.record(at, "v_proj", &values);
+        let halves = q_out.reshape(&[b, l, self.n_heads, -1])?.split_equal(2, -1)?;
+        let gate = halves[1].reshape(&[b, l, -1])?;
+        let queries = transpose_axes(&self.q_norm.forward(&halves[0])?, &[0, 2, 1, 3])?;
+        let keys = transpose_axes(
+            &self.k_norm.forward(&keys.reshape(&[b, l, self.n_kv_heads, -1])?)?,
+            &[0, 2, 1, 3],
+        )?;
+        let values = transpose_axes(&values.reshape(&[b, l, self.n_kv_heads, -1])?, &[0, 2, 1, 3])?;
+        let (queries, keys) = rope.apply(&queries, &keys, position_ids)?;
+        trace.record(at, "rope_q", &queries);
+        trace.record(at, "rope_k", &keys);
+        let (keys, values) = cache.update_and_fetch(&keys, &values)?;
+        trace.record_layout(at, cache.offset(), cache.capacity());
+        let scale = (self.head_dim as f32).powf(-0.5);
+        let mask = (l > 1).then_some(ScaledDotProductAttentionMask::Causal);
+        let out = fast::scaled_dot_product_attention(&queries, &keys, &values, scale, mask, None)?;
+        trace.record(at, "attention", &out);
+        let out = transpose_axes(&out, &[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        self.o_proj.forward(&out.multiply(mlx_rs::ops::sigmoid(&gate)?)?)
+    }
+}
+
+/// `Qwen3_5GatedDeltaNet`.
+#[derive(Debug)]
+pub struct GatedDeltaNet {
+    pub in_proj_qkv: Linear,
+    pub in_proj_z: Linear,
+    pub in_proj_b: Linear,
+    pub in_proj_a: Linear,
+    /// `conv1d.weight` `[conv_dim, K, 1]`.
+    pub conv_weight: Array,
+    /// `conv1d.weight[:, :, 0].T.astype(float32)` `[K, conv_dim]`, the
+    /// decode conv's (`_causal_conv1d_decode`) cached weight.
+    pub conv_weight_decode: Array,
+    pub dt_bias: Array,
+    pub a_log: Array,
+    /// `norm` (`Qwen3_5RMSNormGated`).
+    pub norm: RmsNorm,
+    pub out_proj: Linear,
+    pub num_k_heads: i32,
+    pub num_v_heads: i32,
+    pub head_k_dim: i32,
+    pub head_v_dim: i32,
+    pub conv_kernel: i32,
+}
+
+impl GatedDeltaNet {
+    pub fn key_dim(&self) -> i32 {
+        self.head_k_dim * self.num_k_heads
+    }
+    pub fn conv_dim(&self) -> i32 {
+        self.key_dim() * 2 + self.head_v_dim * self.num_v_heads
+    }
+
+    /// `__call__(inputs, mask=None, cache)`.
+    pub fn forward(
+        &self,
+        x: &Array,
+        cache: &mut LinearCache,
+        faults: &Faults,
+        trace: &mut Trace,
+        at: &str,
+    ) -> Result<Array, ModelError> {
+        let (b, s) = (x.shape()[0], x.shape()[1]);
+        let mixed_qkv = self.in_proj_qkv.forward(x)?;
+        let z = self.in_proj_z.forward(x)?;
+        let beta_in = self.in_proj_b.forward(x)?;
+        let a_in = self.in_proj_a.forward(x)?;
+        trace.record(at, "in_proj_qkv", &mixed_qkv);
+        trace.record(at, "in_proj_z", &z);
+        trace.record(at, "in_proj_b", &beta_in);
+        trace.record(at, "in_proj_a", &a_in);
+        let z = z.reshape(&[b, s, -1, self.head_v_dim])?;
+
+        let width = self.conv_kernel - 1;
+        let conv_state = match &cache.conv_state {
+            Some(c) if c.shape()[0] == b => c.clone(),
+            _ => mlx_rs::ops::zeros_dtype(&[b, width, self.conv_dim()], x.dtype())?,
+        };
+        let conv_input = mlx_rs::ops::concatenate(&[&conv_state, &mixed_qkv], 1)?;
+        // `cache.update_window(0, conv_input, K - 1)`: the trailing window.
+        let length = conv_input.shape()[1] - width;
+        let start = if faults.conv_state_shift { length - 1 } else { length };
+        cache.conv_state = Some(slice_axis(&conv_input, 1, start, start + width)?.contiguous()?);
+
+        let decode_conv = s == 1
+            && conv_input.shape()[1] == self.conv_kernel
+            && matches!(self.conv_weight.dtype(), Dtype::Bfloat16 | Dtype::Float16);
+        let conv = if decode_conv {
+            // `_qwen3_5_decode_depthwise_conv` (compiled).
+            let prod = conv_input
+                .as_dtype(Dtype::Float32)?
+                .multiply(&expand_dims(&self.conv_weight_decode, 0)?)?;
+            expand_dims(&sum_axis(&prod, 1, None)?.as_dtype(conv_input.dtype())?, 1)?
+        } else {
+            conv1d(&conv_input, &self.conv_weight, 1, 0, 1, self.conv_dim())?
+        };
+        trace.record(at, "conv", &conv);
+        let conv_out = silu(&conv)?;
+
+        let kd = self.key_dim();
+        let parts = split_at_indices(&conv_out, &[kd, 2 * kd], -1)?;
+        let q = parts[0].reshape(&[b, s, self.num_k_heads, self.head_k_dim])?;
+        let k = parts[1].reshape(&[b, s, self.num_k_heads, self.head_k_dim])?;
+        let v = parts[2].reshape(&[b, s, self.num_v_heads, self.head_v_dim])?;
+
+        // `_normalize_qk`.
+        let inv_scale = (self.head_k_dim as f64).powf(-0.5);
+        let q = weak_scalar(inv_scale * inv_scale, q.dtype())?.multiply(fast::rms_norm(&q, None, 1e-6)?)?;
+        let k = weak_scalar(inv_scale, k.dtype())?.multiply(fast::rms_norm(&k, None, 1e-6)?)?;
+        trace.record(at, "q_norm", &q);
+        trace.record(at, "k_norm", &k);
+
+        let (y, state, which) = gated_delta_update(
+            &q,
+            &k,
+            &v,
+            &a_in,
+            &beta_in,
+            &self.a_log,
+            &self.dt_bias,
+            cache.recurrent_state.as_ref(),
+        )?;
+        trace.note_recurrence(at, which);
+        trace.record(at, "recurrence", &y);
+        cache.recurrent_state = Some(if faults.recurrent_state_bf16 {
+            state.as_dtype(Dtype::Bfloat16)?
+        } else {
+            state
+        });
+
+        // `norm(out, z)`: `Qwen3_5RMSNormGated` with `_precise_swiglu`.
+        let eps = self.norm.eps * faults.gated_norm_eps_scale.unwrap_or(1.0);
+        let normed = fast::rms_norm(&y, Some(&self.norm.weight), eps)?;
+        let gate = silu(&z.as_dtype(Dtype::Float32)?)?;
+        let out = gate
+            .multiply(normed.as_dtype(Dtype::Float32)?)?
+            .as_dtype(y.dtype())?;
+        trace.record(at, "gated_norm", &out);
+        self.out_proj.forward(&out.reshape(&[b, s, -1])?)
+    }
+}
+
+/// The token mixer of a decoder layer.
+#[derive(Debug)]
+pub enum Mixer {
+    Linear(GatedDeltaNet),
+    Attention(Attention),
+}
+
+impl Mixer {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Mixer::Linear(_) => "linear_attention",
+            Mixer::Attention(_) => "full_attention",
+        }
+    }
+}
+
+/// `Qwen3_5DecoderLayer` / `Qwen3_5MoeDecoderLayer`.
+#[derive(Debug)]
+pub struct DecoderLayer {
+    pub mixer: Mixer,
+    pub input_layernorm: RmsNorm,
+    pub post_attention_layernorm: RmsNorm,
+    pub ff: FeedForward,
+}
+
