@@ -387,15 +387,21 @@ pub fn verify(root: &Path, report: Option<&Path>) -> Result<Verified, VerifyErro
         }
     }
     if let Some(report) = report {
-        let report = read_json(report)?;
+        let report = crate::schema::ReportFile::read(report).map_err(VerifyError::Unreadable)?;
         let exported: std::collections::BTreeSet<&str> =
             cases.iter().filter_map(|c| c["case"].as_str()).collect();
-        for c in report["cases"].as_array().into_iter().flatten() {
-            let verdict = c["verdict"].as_str().unwrap_or_default();
-            let case = c["name"].as_str().unwrap_or_default();
-            if matches!(verdict, "pass" | "fail") && !exported.contains(case) {
+        for c in &report.cases {
+            use crate::result::Verdict;
+            if matches!(c.verdict, Verdict::Pass | Verdict::Fail)
+                && !exported.contains(c.name.as_str())
+            {
                 problems.push(format!(
-                    "{case}: a must-equal case of the report ({verdict}) is not in the manifest"
+                    "{}: a must-equal case of the report ({}) is not in the manifest",
+                    c.name,
+                    match c.verdict {
+                        Verdict::Pass => "pass",
+                        _ => "fail",
+                    }
                 ));
             }
         }

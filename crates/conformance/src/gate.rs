@@ -13,6 +13,9 @@ use oracle::{compare, Comparison, HostTensor};
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::result::Verdict;
+use crate::schema::{ReportCase, ReportFile};
+
 /// What happened to a case between the baseline and the candidate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -122,16 +125,13 @@ pub struct ExactChange {
 
 /// Per output and side, whether it was within its exact bound
 /// (`report.json`'s `exact` object of each output).
-fn exact_classes(row: &Value) -> BTreeMap<(String, &'static str), String> {
+fn exact_classes(row: &ReportCase) -> BTreeMap<(String, &'static str), String> {
     let mut out = BTreeMap::new();
-    for o in row["output"]["outputs"].as_array().into_iter().flatten() {
-        let (Some(name), exact) = (o["name"].as_str(), &o["exact"]) else {
-            continue;
-        };
+    for o in row.output.iter().flat_map(|o| &o.outputs) {
         for side in ["port", "reference"] {
-            if let Some(outside) = exact[side]["outside"].as_u64() {
+            if let Some(outside) = o.outside(side) {
                 let class = if outside == 0 { "within" } else { "outside" };
-                out.insert((name.to_owned(), side), class.to_owned());
+                out.insert((o.name.clone(), side), class.to_owned());
             }
         }
     }
@@ -191,23 +191,19 @@ pub mod exit {
 /// A run directory: `report.json` and `outputs/`.
 struct Run {
     environment: Value,
-    cases: BTreeMap<String, Value>,
+    cases: BTreeMap<String, ReportCase>,
     outputs: std::path::PathBuf,
 }
 
 fn load(dir: &Path) -> Result<Run, String> {
-    let path = dir.join("report.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let report: Value =
-        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    let cases = report["cases"]
-        .as_array()
-        .ok_or_else(|| format!("{}: no cases", path.display()))?
-        .iter()
-        .filter_map(|c| Some((c["name"].as_str()?.to_owned(), c.clone())))
+    let report = ReportFile::read(&dir.join("report.json"))?;
+    let cases = report
+        .cases
+        .into_iter()
+        .map(|c| (c.name.clone(), c))
         .collect();
     Ok(Run {
-        environment: report["environment"].clone(),
+        environment: report.environment,
         cases,
         outputs: dir.join("outputs"),
     })
@@ -215,18 +211,17 @@ fn load(dir: &Path) -> Result<Run, String> {
 
 /// A case's kept tensors; an error when the file is unreadable, or missing
 /// although the run recorded outputs for the case.
-fn tensors(dir: &Path, case: &str, row: &Value) -> Result<BTreeMap<String, HostTensor>, String> {
+fn tensors(
+    dir: &Path,
+    case: &str,
+    row: &ReportCase,
+) -> Result<BTreeMap<String, HostTensor>, String> {
     match crate::kept::read(dir, case)? {
         Some(t) => Ok(t.into_iter().collect()),
-        None if row["output"]["digests"]
-            .as_array()
-            .is_some_and(|d| !d.is_empty()) =>
-        {
-            Err(format!(
-                "{} is missing although the run recorded outputs for `{case}`",
-                crate::kept::file(dir, case).display()
-            ))
-        }
+        None if row.output.as_ref().is_some_and(|o| !o.digests.is_empty()) => Err(format!(
+            "{} is missing although the run recorded outputs for `{case}`",
+            crate::kept::file(dir, case).display()
+        )),
         None => Ok(BTreeMap::new()),
     }
 }
@@ -289,22 +284,33 @@ pub fn compare_runs(candidate_name: &str, baseline: &Path, candidate: &Path) -> 
     gate
 }
 
-fn verdict(c: Option<&Value>) -> Option<String> {
-    c.and_then(|c| c["verdict"].as_str()).map(str::to_owned)
+/// A verdict as gate.json writes it (report.json's word for it).
+fn verdict_name(v: &Verdict) -> String {
+    serde_json::to_value(v)
+        .ok()
+        .and_then(|j| j.as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+fn verdict(c: Option<&ReportCase>) -> Option<String> {
+    c.map(|c| verdict_name(&c.verdict))
 }
 
 fn classify(
     name: &str,
-    base: Option<&Value>,
-    cand: Option<&Value>,
+    base: Option<&ReportCase>,
+    cand: Option<&ReportCase>,
     b: &Run,
     c: &Run,
 ) -> CaseChange {
-    let any = base.or(cand).cloned().unwrap_or(Value::Null);
+    let any = base.or(cand);
     let mut change = CaseChange {
         name: name.to_owned(),
-        family: any["family"].as_str().unwrap_or_default().to_owned(),
-        expect: any["expect"].as_str().unwrap_or_default().to_owned(),
+        family: any.map(|r| r.family.clone()).unwrap_or_default(),
+        expect: any
+            .and_then(|r| serde_json::to_value(r.expect).ok())
+            .and_then(|j| j.as_str().map(str::to_owned))
+            .unwrap_or_default(),
         class: Class::Unchanged,
         baseline_verdict: verdict(base),
         candidate_verdict: verdict(cand),
@@ -325,26 +331,27 @@ fn classify(
         );
         return change;
     };
-    let (bv, cv) = (
-        base["verdict"].as_str().unwrap_or(""),
-        cand["verdict"].as_str().unwrap_or(""),
-    );
-    if bv == "error" || bv == "fail" {
+    let (bv, cv) = (&base.verdict, &cand.verdict);
+    if matches!(bv, Verdict::Error | Verdict::Fail) {
         change.class = Class::HarnessProblem;
-        change.note = base["message"].as_str().map(str::to_owned);
+        change.note = base.message.clone();
         return change;
     }
-    if cv == "error" {
+    if *cv == Verdict::Error {
         change.class = Class::CandidateError;
-        change.note = cand["message"].as_str().map(str::to_owned);
+        change.note = cand.message.clone();
         return change;
     }
-    if (bv == "skip") != (cv == "skip") {
+    if (*bv == Verdict::Skip) != (*cv == Verdict::Skip) {
         change.class = Class::NewOrRemoved;
-        change.note = Some(format!("runs on one side only ({bv} vs {cv})"));
+        change.note = Some(format!(
+            "runs on one side only ({} vs {})",
+            verdict_name(bv),
+            verdict_name(cv)
+        ));
         return change;
     }
-    if bv == "skip" {
+    if *bv == Verdict::Skip {
         return change;
     }
     // Output bits, baseline vs candidate, port and reference.
@@ -403,11 +410,17 @@ fn classify(
     if bt.is_empty() && ct.is_empty() {
         change.note =
             Some("no kept tensors for this case: compared by verdicts and digests".into());
-        let digests = |v: &Value| v["output"]["digests"].clone();
+        let digests = |v: &ReportCase| v.output.as_ref().map(|o| o.digests.clone());
         port_moved = digests(base) != digests(cand);
     }
     // Findings: top-level keys that changed.
-    let (bf, cf) = (&base["output"]["finding"], &cand["output"]["finding"]);
+    let finding = |v: &ReportCase| {
+        v.output
+            .as_ref()
+            .and_then(|o| o.finding.clone())
+            .unwrap_or(Value::Null)
+    };
+    let (bf, cf) = (&finding(base), &finding(cand));
     if bf != cf {
         match (bf.as_object(), cf.as_object()) {
             (Some(x), Some(y)) => {
@@ -442,7 +455,7 @@ fn classify(
             });
         }
     }
-    change.class = if cv == "fail" {
+    change.class = if *cv == Verdict::Fail {
         if !port_moved {
             Class::ReferenceMovedAlone
         } else if !reference_moved {

@@ -23,6 +23,7 @@ pub mod kernel_settings;
 pub mod poison;
 pub mod report;
 pub mod runner;
+pub mod schema;
 pub mod snapshots;
 
 // The core and the cases, at the paths they had before the split.

@@ -1183,7 +1183,10 @@ mod op_names {
     fn the_dispatch_serves_exactly_the_announced_ops() {
         let announced: BTreeSet<String> = super::OPS.iter().map(|s| (*s).to_owned()).collect();
         let dispatched = dispatched();
-        assert!(dispatched.len() >= 20, "the match arms were not read: {dispatched:?}");
+        assert!(
+            dispatched.len() >= 20,
+            "the match arms were not read: {dispatched:?}"
+        );
         assert_eq!(
             dispatched, announced,
             "fn call's arms and OPS differ (announced but not dispatched, or the reverse)"

@@ -131,17 +131,11 @@ pub fn compare_verdicts<'a>(
     report: &std::path::Path,
 ) -> Result<VerdictComparison, String> {
     use crate::runner::Verdict;
-    let text = std::fs::read_to_string(report).map_err(|e| format!("{}: {e}", report.display()))?;
-    let json: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", report.display()))?;
-    let linked: std::collections::BTreeMap<&str, Verdict> = json["cases"]
-        .as_array()
-        .ok_or_else(|| format!("{}: no `cases`", report.display()))?
+    let file = crate::schema::ReportFile::read(report)?;
+    let linked: std::collections::BTreeMap<&str, Verdict> = file
+        .cases
         .iter()
-        .filter_map(|c| {
-            let verdict = serde_json::from_value(c["verdict"].clone()).ok()?;
-            Some((c["name"].as_str()?, verdict))
-        })
+        .map(|c| (c.name.as_str(), c.verdict.clone()))
         .collect();
     let mut out = VerdictComparison::default();
     for r in results {

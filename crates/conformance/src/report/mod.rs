@@ -628,7 +628,7 @@ pub fn verdict_word(row: &Row) -> &'static str {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::case::{CaseOutput, Expect};
     use crate::snapshots::{self, Mode, Provenance, Status};
@@ -648,7 +648,7 @@ mod tests {
         }
     }
 
-    fn environment(backend: &str, family: &str, declared: bool) -> Environment {
+    pub(crate) fn environment(backend: &str, family: &str, declared: bool) -> Environment {
         Environment {
             mlx_version: "0.32.2".into(),
             backend: backend.into(),

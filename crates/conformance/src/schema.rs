@@ -1,0 +1,143 @@
+//! The typed shape of the files this tool writes and then reads back, so
+//! no reader indexes untyped JSON by string: `report.json` as the gate,
+//! the protocol's self-test (`--same-verdicts-as`) and the export's check
+//! (`--verify-against`) read it. The writers' types are
+//! [`crate::report::Report`] (report.json), [`crate::gate::Gate`]
+//! (gate.json), [`crate::explore::Search`] (explore.json, read back by
+//! `--merge` as the same type) and the export's manifest.
+//!
+//! A reader takes what it needs and tolerates fields it does not know (a
+//! newer writer's additions); a missing required field is an error
+//! naming the file.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::case::Expect;
+use crate::result::{ErrorKind, Verdict};
+
+/// `report.json` as its readers see it.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ReportFile {
+    /// The run's environment, kept as written (the gate shows it whole).
+    #[serde(default)]
+    pub environment: serde_json::Value,
+    pub cases: Vec<ReportCase>,
+}
+
+/// One row of `report.json`'s `cases`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ReportCase {
+    pub name: String,
+    #[serde(default)]
+    pub family: String,
+    pub expect: Expect,
+    pub verdict: Verdict,
+    #[serde(default)]
+    pub message: Option<String>,
+    #[serde(default)]
+    pub error_kind: Option<ErrorKind>,
+    #[serde(default)]
+    pub output: Option<ReportOutput>,
+}
+
+/// A row's `output`: what the readers compare.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ReportOutput {
+    /// Each compared output's name and exact check.
+    #[serde(default)]
+    pub outputs: Vec<ReportCompared>,
+    /// The measured relation of a finding.
+    #[serde(default)]
+    pub finding: Option<serde_json::Value>,
+    /// sha256 of each output's bits, by name, in order.
+    #[serde(default)]
+    pub digests: Vec<(String, String)>,
+}
+
+/// One compared output of a row.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ReportCompared {
+    pub name: String,
+    /// Each side against the exact oracle (`port`, `reference`).
+    #[serde(default)]
+    pub exact: Option<BTreeMap<String, serde_json::Value>>,
+}
+
+impl ReportCompared {
+    /// How many elements of `side` are outside the exact bound, where the
+    /// output is in the exact oracle's scope.
+    pub fn outside(&self, side: &str) -> Option<u64> {
+        self.exact.as_ref()?.get(side)?.get("outside")?.as_u64()
+    }
+}
+
+impl ReportFile {
+    /// Reads `path`; the error names it.
+    pub fn read(path: &Path) -> Result<ReportFile, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        serde_json::from_str(&text)
+            .map_err(|e| format!("{}: not a report.json: {e}", path.display()))
+    }
+
+    /// The rows by case name.
+    pub fn by_name(&self) -> BTreeMap<&str, &ReportCase> {
+        self.cases.iter().map(|c| (c.name.as_str(), c)).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What the runner writes is what the readers read: a report written
+    /// by [`crate::report::Report`] reads back with its verdicts, kinds,
+    /// digests and findings.
+    #[test]
+    fn a_written_report_reads_back() {
+        use crate::case::CaseOutput;
+        use crate::report::{Report, Row};
+        use crate::result::CaseResult;
+        use crate::snapshots::Status;
+        let mut out = CaseOutput::new("p").with_finding(serde_json::json!({"parts": 3}));
+        let t = oracle::HostTensor::new(oracle::DType::Uint8, vec![1], vec![7]).unwrap();
+        out.compare("y", &t, &crate::case::Expected::for_tests(t.clone()));
+        let row = |name: &str, verdict: Verdict, kind: Option<ErrorKind>| Row {
+            result: CaseResult {
+                name: name.into(),
+                family: "f".into(),
+                reference: "r".into(),
+                glue_composed: Vec::new(),
+                expect: Expect::MustEqual,
+                verdict,
+                output: (kind.is_none()).then(|| out.clone()),
+                message: kind.map(|_| "why".to_owned()),
+                error_kind: kind,
+                time_ms: 1.0,
+            },
+            snapshot: Status::NotChecked,
+        };
+        let report = Report::new(
+            crate::report::tests::environment("cpu", "k", false),
+            vec![
+                row("a", Verdict::Pass, None),
+                row("b", Verdict::Error, Some(ErrorKind::Timeout)),
+            ],
+            &[],
+            1.0,
+        );
+        let text = serde_json::to_string(&report).unwrap();
+        let read: ReportFile = serde_json::from_str(&text).unwrap();
+        let rows = read.by_name();
+        assert_eq!(rows["a"].verdict, Verdict::Pass);
+        let a = rows["a"].output.as_ref().unwrap();
+        assert_eq!(a.digests.len(), 1);
+        assert_eq!(a.finding, Some(serde_json::json!({"parts": 3})));
+        assert_eq!(a.outputs[0].name, "y");
+        assert_eq!(rows["b"].verdict, Verdict::Error);
+        assert_eq!(rows["b"].error_kind, Some(ErrorKind::Timeout));
+        assert_eq!(rows["b"].message.as_deref(), Some("why"));
+    }
+}
