@@ -82,3 +82,22 @@ pub struct CaseResult {
     pub error_kind: Option<ErrorKind>,
     pub time_ms: f64,
 }
+
+impl CaseResult {
+    /// A result with no verdict yet (a skip until run), no output and no
+    /// message.
+    pub fn new(name: &str, family: &str, reference: &str, expect: Expect) -> Self {
+        CaseResult {
+            name: name.to_owned(),
+            family: family.to_owned(),
+            reference: reference.to_owned(),
+            glue_composed: Vec::new(),
+            expect,
+            verdict: Verdict::Skip,
+            output: None,
+            message: None,
+            error_kind: None,
+            time_ms: 0.0,
+        }
+    }
+}

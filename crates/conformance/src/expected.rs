@@ -84,16 +84,8 @@ mod tests {
 
     fn result(name: &str, verdict: Verdict) -> CaseResult {
         CaseResult {
-            name: name.into(),
-            family: "f".into(),
-            reference: "r".into(),
-            glue_composed: Vec::new(),
-            expect: Expect::MustEqual,
             verdict,
-            output: None,
-            message: None,
-            error_kind: None,
-            time_ms: 0.0,
+            ..CaseResult::new(name, "f", "r", Expect::MustEqual)
         }
     }
 

@@ -106,16 +106,11 @@ mod tests {
         out.compare("y", &t, &crate::case::Expected::for_tests(t.clone()));
         let row = |name: &str, verdict: Verdict, kind: Option<ErrorKind>| Row {
             result: CaseResult {
-                name: name.into(),
-                family: "f".into(),
-                reference: "r".into(),
-                glue_composed: Vec::new(),
-                expect: Expect::MustEqual,
                 verdict,
                 output: (kind.is_none()).then(|| out.clone()),
                 message: kind.map(|_| "why".to_owned()),
                 error_kind: kind,
-                time_ms: 1.0,
+                ..CaseResult::new(name, "f", "r", Expect::MustEqual)
             },
             snapshot: Status::NotChecked,
         };

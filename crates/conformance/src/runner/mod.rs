@@ -154,16 +154,8 @@ pub fn set_device(backend: Backend) {
 /// A result for `case` with no verdict yet (a skip until run).
 fn blank(case: &Case) -> CaseResult {
     CaseResult {
-        name: case.name.clone(),
-        family: case.family.to_owned(),
-        reference: case.reference.to_owned(),
         glue_composed: case.glue_composed.iter().map(|p| (*p).to_owned()).collect(),
-        expect: case.expect,
-        verdict: Verdict::Skip,
-        output: None,
-        message: None,
-        error_kind: None,
-        time_ms: 0.0,
+        ..CaseResult::new(&case.name, case.family, case.reference, case.expect)
     }
 }
 

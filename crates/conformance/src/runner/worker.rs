@@ -124,18 +124,12 @@ pub fn serve(cases: &[Case], oracle: &Oracle, options: &RunOptions, hooks: &Hook
 
 fn unknown_case(name: &str) -> CaseResult {
     CaseResult {
-        name: name.to_owned(),
-        family: String::new(),
-        reference: String::new(),
-        glue_composed: Vec::new(),
-        expect: crate::case::Expect::MustEqual,
         verdict: Verdict::Error,
-        output: None,
         message: Some(format!(
             "harness error: the worker has no case named `{name}` (parent and worker binaries differ?)"
         )),
         error_kind: Some(super::ErrorKind::Harness),
-        time_ms: 0.0,
+        ..CaseResult::new(name, "", "", crate::case::Expect::MustEqual)
     }
 }
 
