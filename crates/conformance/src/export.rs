@@ -24,6 +24,7 @@ use oracle::{Arg, HostTensor, Value};
 use serde_json::{json, Value as Json};
 
 use crate::candidate::{ops, wire};
+use crate::schema::{Manifest, ManifestCall, ManifestCase};
 
 /// The manifest's schema version.
 pub const SCHEMA_VERSION: u64 = 1;
@@ -192,42 +193,42 @@ fn finish(root: &Path, case: &str, reference: &str, keep: bool) -> Result<(), St
             .iter()
             .map(|(k, t)| (format!("inputs/{k}"), t.clone()))
             .collect();
-        let (result, raised, digests) = match &call.outcome {
+        let (result, raised, output_sha256) = match &call.outcome {
             Ok(e) => {
                 tensors.extend(
                     e.tensors
                         .iter()
                         .map(|(k, t)| (format!("outputs/{k}"), t.clone())),
                 );
-                let digests: serde_json::Map<String, Json> = e
+                let digests = e
                     .tensors
                     .iter()
-                    .map(|(k, t)| (k.clone(), Json::from(crate::case::digest_of(t))))
+                    .map(|(k, t)| (k.clone(), crate::case::digest_of(t)))
                     .collect();
-                (
-                    prefixed(&e.json, "outputs/"),
-                    Json::Null,
-                    Json::Object(digests),
-                )
+                (prefixed(&e.json, "outputs/"), None, digests)
             }
-            Err(line) => (Json::Null, Json::from(line.as_str()), json!({})),
+            Err(line) => (Json::Null, Some(line.clone()), Default::default()),
         };
         crate::kept::write_file(&root.join(&file), &tensors, None)?;
         let bytes =
             std::fs::read(root.join(&file)).map_err(|e| format!("{}: {e}", file.display()))?;
-        entries.push(json!({
-            "op": op.name,
-            "version": op.version,
-            "glue": op.glue,
-            "file": file.to_string_lossy().replace('\\', "/"),
-            "file_sha256": sha256_hex(&bytes),
-            "args": prefixed(&call.args.json, "inputs/"),
-            "result": result,
-            "raised": raised,
-            "output_sha256": digests,
-        }));
+        entries.push(ManifestCall {
+            args: prefixed(&call.args.json, "inputs/"),
+            file: file.to_string_lossy().replace('\\', "/"),
+            file_sha256: sha256_hex(&bytes),
+            glue: op.glue.to_owned(),
+            op: op.name.to_owned(),
+            output_sha256,
+            raised,
+            result,
+            version: op.version,
+        });
     }
-    let fragment = json!({"case": case, "reference": reference, "calls": entries});
+    let fragment = ManifestCase {
+        calls: entries,
+        case: case.to_owned(),
+        reference: reference.to_owned(),
+    };
     let path = root
         .join("cases")
         .join(format!("{}.json", crate::case::file_stem(case)));
@@ -255,7 +256,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     format!("{:x}", sha2::Sha256::digest(bytes))
 }
 
-fn write_json(path: &Path, value: &Json) -> Result<(), String> {
+fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), String> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
     }
@@ -283,22 +284,22 @@ pub fn write_manifest(root: &Path, environment: Json, seed: u64) -> Result<usize
             if path.extension().is_some_and(|e| e == "json") {
                 let text = std::fs::read_to_string(&path)
                     .map_err(|e| format!("{}: {e}", path.display()))?;
-                let j: Json =
+                let fragment: ManifestCase =
                     serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-                fragments.push(j);
+                fragments.push(fragment);
             }
         }
     }
-    fragments.sort_by(|a, b| a["case"].as_str().cmp(&b["case"].as_str()));
+    fragments.sort_by(|a, b| a.case.cmp(&b.case));
     let n = fragments.len();
-    let manifest = json!({
-        "schema_version": SCHEMA_VERSION,
-        "protocol": crate::candidate::client::PROTOCOL,
-        "what": "Golden vectors of the MLX conformance suite: per must-equal case, each reference call (op, arguments, the reference's result). Arrays are in the safetensors file named by `file`, under the keys the `$tensor` leaves name; output_sha256 is sha256(dtype name, shape as u64 LE, bytes). See docs/ops.md for the ops.",
-        "environment": environment,
-        "seed": seed,
-        "cases": fragments,
-    });
+    let manifest = Manifest {
+        cases: fragments,
+        environment,
+        protocol: crate::candidate::client::PROTOCOL,
+        schema_version: SCHEMA_VERSION,
+        seed,
+        what: "Golden vectors of the MLX conformance suite: per must-equal case, each reference call (op, arguments, the reference's result). Arrays are in the safetensors file named by `file`, under the keys the `$tensor` leaves name; output_sha256 is sha256(dtype name, shape as u64 LE, bytes). See docs/ops.md for the ops.".to_owned(),
+    };
     write_json(&root.join("manifest.json"), &manifest)?;
     std::fs::remove_dir_all(&cases_dir).map_err(|e| format!("{}: {e}", cases_dir.display()))?;
     Ok(n)
@@ -332,17 +333,23 @@ pub fn verify(root: &Path, report: Option<&Path>) -> Result<Verified, VerifyErro
             manifest["schema_version"]
         )));
     }
-    let cases = manifest["cases"].as_array().cloned().unwrap_or_default();
+    let manifest: Manifest = serde_json::from_value(manifest).map_err(|e| {
+        VerifyError::Unreadable(format!(
+            "{}: not an export manifest: {e}",
+            root.join("manifest.json").display()
+        ))
+    })?;
+    let cases = manifest.cases;
     let mut problems = Vec::new();
     let mut done = Verified {
         cases: cases.len(),
         ..Verified::default()
     };
     for case in &cases {
-        let name = case["case"].as_str().unwrap_or("?");
-        for call in case["calls"].as_array().into_iter().flatten() {
+        let name = case.case.as_str();
+        for call in &case.calls {
             done.calls += 1;
-            let file = call["file"].as_str().unwrap_or_default();
+            let file = call.file.as_str();
             let path = root.join(file);
             let bytes = match std::fs::read(&path) {
                 Ok(b) => b,
@@ -351,7 +358,7 @@ pub fn verify(root: &Path, report: Option<&Path>) -> Result<Verified, VerifyErro
                     continue;
                 }
             };
-            if call["file_sha256"].as_str() != Some(sha256_hex(&bytes).as_str()) {
+            if call.file_sha256 != sha256_hex(&bytes) {
                 problems.push(format!(
                     "{name}: {file}: its sha256 is not the manifest's file_sha256"
                 ));
@@ -365,8 +372,8 @@ pub fn verify(root: &Path, report: Option<&Path>) -> Result<Verified, VerifyErro
                     }
                 };
             let mut named = Vec::new();
-            tensor_keys(&call["args"], &mut named);
-            tensor_keys(&call["result"], &mut named);
+            tensor_keys(&call.args, &mut named);
+            tensor_keys(&call.result, &mut named);
             for key in named {
                 if !tensors.contains_key(&key) {
                     problems.push(format!(
@@ -374,10 +381,10 @@ pub fn verify(root: &Path, report: Option<&Path>) -> Result<Verified, VerifyErro
                     ));
                 }
             }
-            for (key, digest) in call["output_sha256"].as_object().into_iter().flatten() {
+            for (key, digest) in &call.output_sha256 {
                 done.outputs += 1;
                 match tensors.get(&format!("outputs/{key}")) {
-                    Some(t) if digest.as_str() == Some(crate::case::digest_of(t).as_str()) => {}
+                    Some(t) if *digest == crate::case::digest_of(t) => {}
                     Some(_) => problems.push(format!(
                         "{name}: {file}: `outputs/{key}`'s bits are not the manifest's output_sha256"
                     )),
@@ -389,7 +396,7 @@ pub fn verify(root: &Path, report: Option<&Path>) -> Result<Verified, VerifyErro
     if let Some(report) = report {
         let report = crate::schema::ReportFile::read(report).map_err(VerifyError::Unreadable)?;
         let exported: std::collections::BTreeSet<&str> =
-            cases.iter().filter_map(|c| c["case"].as_str()).collect();
+            cases.iter().map(|c| c.case.as_str()).collect();
         for c in &report.cases {
             use crate::result::Verdict;
             if matches!(c.verdict, Verdict::Pass | Verdict::Fail)

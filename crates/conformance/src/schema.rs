@@ -1,10 +1,12 @@
 //! The typed shape of the files this tool writes and then reads back, so
-//! no reader indexes untyped JSON by string: `report.json` as the gate,
-//! the protocol's self-test (`--same-verdicts-as`) and the export's check
-//! (`--verify-against`) read it. The writers' types are
-//! [`crate::report::Report`] (report.json), [`crate::gate::Gate`]
-//! (gate.json), [`crate::explore::Search`] (explore.json, read back by
-//! `--merge` as the same type) and the export's manifest.
+//! no reader indexes untyped JSON by string: `report.json` ([`ReportFile`])
+//! as the gate, the protocol's self-test (`--same-verdicts-as`) and the
+//! export's check (`--verify-against`) read it; the export's
+//! `manifest.json` ([`Manifest`]), written and verified as this type.
+//! The other writers' types are [`crate::report::Report`] (report.json),
+//! [`crate::gate::Gate`] (gate.json, read by no program) and
+//! [`crate::explore::Search`] (explore.json, read back by `--merge` as the
+//! same type).
 //!
 //! A reader takes what it needs and tolerates fields it does not know (a
 //! newer writer's additions); a missing required field is an error
@@ -13,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::case::Expect;
 use crate::result::{ErrorKind, Verdict};
@@ -86,6 +88,54 @@ impl ReportFile {
     pub fn by_name(&self) -> BTreeMap<&str, &ReportCase> {
         self.cases.iter().map(|c| (c.name.as_str(), c)).collect()
     }
+}
+
+/// The export's `manifest.json` (`--export DIR`), written and read as
+/// this type. Fields are in name order: the bytes are those the manifest
+/// always had (serde_json writes an untyped object's keys sorted).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Every exported must-equal case, sorted by name.
+    pub cases: Vec<ManifestCase>,
+    /// The run's environment (backend, device, MLX version, lock, ...).
+    pub environment: serde_json::Value,
+    /// The candidate protocol version whose value encoding the trees use.
+    pub protocol: u64,
+    pub schema_version: u64,
+    /// The run's `--seed`.
+    pub seed: u64,
+    /// One paragraph saying what the files are.
+    pub what: String,
+}
+
+/// One case of the manifest (also the fragment `cases/<case>.json` a
+/// worker writes before the run assembles them).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ManifestCase {
+    pub calls: Vec<ManifestCall>,
+    pub case: String,
+    pub reference: String,
+}
+
+/// One reference call of a case.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ManifestCall {
+    /// The argument tree (`$tensor` leaves name arrays in `file`).
+    pub args: serde_json::Value,
+    /// The call's safetensors file, relative to the export directory.
+    pub file: String,
+    pub file_sha256: String,
+    /// The glue function the reference call went through.
+    pub glue: String,
+    /// The op of the vocabulary (docs/ops.md).
+    pub op: String,
+    /// sha256 of each output array's bits (`case::digest_of`), by key.
+    pub output_sha256: BTreeMap<String, String>,
+    /// The reference's exception line, where it raised (refusal cases).
+    pub raised: Option<String>,
+    /// The result tree (null where it raised).
+    pub result: serde_json::Value,
+    pub version: u32,
 }
 
 #[cfg(test)]
