@@ -2,10 +2,11 @@
 
 use std::sync::Arc;
 
-use oracle::{compare, Comparison, HostTensor, Oracle, OracleError};
+use oracle::{compare, Comparison, HostTensor, Oracle};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+pub use crate::error::CaseError;
 pub use layers::Backend;
 
 /// The device asked for on the command line (`--device cpu|gpu`). `gpu` is
@@ -74,7 +75,7 @@ pub struct Ctx<'a> {
 
 impl<'a> Ctx<'a> {
     /// `seed` is this case's seed (run seed + the case's offset); `perturb`
-    /// is the proof mode (see [`crate::reference::Perturb`]).
+    /// is the proof mode (see [`crate::param::Perturb`]).
     pub fn new(
         oracle: &'a Oracle,
         backend: Backend,
@@ -123,21 +124,17 @@ impl<'a> Ctx<'a> {
         crate::inputs::Inputs::new(self.seed)
     }
     /// Marks a port output where an interceptor may inject a fault
-    /// ([`crate::hooks::Interceptor::port_output`]): `family` and two of
+    /// (`Interceptor::port_output` in hooks.rs): `family` and two of
     /// the case's sizes say where it is.
     pub fn port_output(&self, family: &str, m: usize, n: usize, y: &mut HostTensor) {
-        crate::hooks::current(|hooks| {
-            for i in &hooks.interceptors {
-                i.port_output(family, m, n, y);
-            }
-        });
+        crate::scope::current(|hooks| hooks.port_output(family, m, n, y));
     }
     /// Calls glue function `function` with keyword arguments. In the proof
     /// mode every parameter marked perturbable is perturbed first.
     pub(crate) fn call(
         &self,
         function: &'static str,
-        params: Vec<crate::reference::Param>,
+        params: Vec<crate::param::Param>,
     ) -> Result<oracle::Value, CaseError> {
         Ok(self.call_sent(function, params)?.0)
     }
@@ -148,14 +145,14 @@ impl<'a> Ctx<'a> {
     pub(crate) fn call_sent(
         &self,
         function: &'static str,
-        params: Vec<crate::reference::Param>,
+        params: Vec<crate::param::Param>,
     ) -> Result<(oracle::Value, crate::exactness::Calls), CaseError> {
         let mut kwargs = Vec::with_capacity(params.len());
         let mut original = Vec::new();
         for p in params {
             let value = if self.perturb {
                 original.push((p.name, p.value.clone()));
-                crate::reference::perturb(p.value, p.perturb).map_err(|what| {
+                crate::param::perturb(p.value, p.perturb).map_err(|what| {
                     CaseError::Harness(format!("`{function}` argument `{}`: {what}", p.name))
                 })?
             } else {
@@ -163,35 +160,31 @@ impl<'a> Ctx<'a> {
             };
             kwargs.push((p.name, value));
         }
-        // The hooks' order is a contract (see `crate::hooks`).
-        let value = crate::hooks::current(|hooks| {
-            for i in &hooks.interceptors {
-                i.before_call(self.backend);
-            }
+        // The hooks' order is a contract (see hooks.rs).
+        let value = crate::scope::current(|hooks| {
+            hooks.before_call(self.backend);
             let value = self.oracle.call(self.case, function, &[], &kwargs);
-            let call = crate::hooks::ReferenceCall {
+            let call = crate::scope::ReferenceCall {
                 function,
                 kwargs: &kwargs,
                 result: value.as_ref(),
             };
-            for i in &hooks.interceptors {
-                i.after_call(&call);
-            }
-            if let Some(substitute) = hooks.substitute.as_deref().filter(|s| s.sends(function)) {
+            hooks.after_call(&call);
+            if let Some(substitute) = hooks.substitute().filter(|s| s.sends(function)) {
                 // The substitute gets what the port gets: the unperturbed
                 // arguments.
                 let sent = if self.perturb { &original } else { &kwargs };
                 match substitute.call(self.case, function, sent, value.as_ref().ok()) {
-                    Ok(crate::hooks::Answer::Raised(m)) if value.is_ok() => {
+                    Ok(crate::scope::Answer::Raised(m)) if value.is_ok() => {
                         return Err(CaseError::Port(format!(
                             "the candidate raised where the reference computed (op of `{function}`): {m}"
                         )));
                     }
                     Ok(_) => {}
-                    Err(crate::hooks::SubstituteError::Unsupported(why)) => {
+                    Err(crate::scope::SubstituteError::Unsupported(why)) => {
                         return Err(CaseError::Unsupported(why))
                     }
-                    Err(crate::hooks::SubstituteError::Failed(why)) => {
+                    Err(crate::scope::SubstituteError::Failed(why)) => {
                         return Err(CaseError::Substitute(why))
                     }
                 }
@@ -204,65 +197,6 @@ impl<'a> Ctx<'a> {
             model: crate::exactness::model_of(self.backend),
         };
         Ok((value, calls))
-    }
-}
-
-/// A case that could not be evaluated (not a verdict), by who raised.
-#[derive(Debug, thiserror::Error)]
-pub enum CaseError {
-    /// The reference raised (its traceback and the case name are inside).
-    #[error(transparent)]
-    Reference(#[from] OracleError),
-    /// The port (the `layers` crate) returned an error.
-    #[error("the port raised: {0}")]
-    Port(String),
-    /// The harness itself: building inputs, reading results, its own MLX
-    /// calls.
-    #[error("harness: {0}")]
-    Harness(String),
-    /// A substitute ([`crate::hooks::Substitute`]) does not implement an
-    /// op the case calls (a skip row with the reason, not a verdict).
-    #[error("unsupported by the candidate: {0}")]
-    Unsupported(String),
-    /// A substitute crashed, hung, or broke its protocol.
-    #[error("{0}")]
-    Substitute(String),
-}
-
-impl CaseError {
-    /// Whose error it is.
-    pub fn kind(&self) -> crate::result::ErrorKind {
-        use crate::result::ErrorKind;
-        match self {
-            CaseError::Reference(_) => ErrorKind::Reference,
-            CaseError::Port(_) => ErrorKind::Port,
-            CaseError::Harness(_) => ErrorKind::Harness,
-            CaseError::Unsupported(_) => ErrorKind::Unsupported,
-            CaseError::Substitute(_) => ErrorKind::Substitute,
-        }
-    }
-    /// A port error, with what was being done.
-    pub fn port(what: &str, e: impl std::fmt::Display) -> Self {
-        CaseError::Port(format!("{what}: {e}"))
-    }
-    /// A harness error, with what was being done.
-    pub fn harness(what: &str, e: impl std::fmt::Display) -> Self {
-        CaseError::Harness(format!("{what}: {e}"))
-    }
-}
-
-/// The harness's own MLX calls (building inputs, copying results to the
-/// host, measuring a finding). The port's MLX calls map their errors with
-/// [`CaseError::port`] instead.
-impl From<mlx_rs::error::Exception> for CaseError {
-    fn from(e: mlx_rs::error::Exception) -> Self {
-        CaseError::Harness(format!("MLX: {e}"))
-    }
-}
-
-impl From<oracle::TensorError> for CaseError {
-    fn from(e: oracle::TensorError) -> Self {
-        CaseError::Harness(e.to_string())
     }
 }
 
@@ -287,16 +221,16 @@ enum PortSide {
     /// The linked port's own tensor (no substitute in this run).
     Linked,
     /// A substitute's arrays at this array's place in its results
-    /// ([`crate::hooks::Substitute`]); `None`: it has none there.
-    Substitute(Option<Vec<crate::hooks::Counterpart>>),
+    /// ([`crate::scope::Substitute`]); `None`: it has none there.
+    Substitute(Option<Vec<crate::scope::Counterpart>>),
 }
 
 /// The port side of a new reference output: the substitute's arrays found
 /// by `find` when a substitute is installed.
 fn port_side_of(
-    find: impl FnOnce(&dyn crate::hooks::Substitute) -> Option<Vec<crate::hooks::Counterpart>>,
+    find: impl FnOnce(&dyn crate::scope::Substitute) -> Option<Vec<crate::scope::Counterpart>>,
 ) -> PortSide {
-    crate::hooks::current(|hooks| match hooks.substitute.as_deref() {
+    crate::scope::current(|hooks| match hooks.substitute() {
         None => PortSide::Linked,
         Some(s) => PortSide::Substitute(find(s)),
     })
@@ -459,7 +393,7 @@ pub struct CaseOutput {
     /// finding's output whose bytes vary run to run: an unwritten buffer).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exact_only: Vec<(String, crate::exactness::ExactCheck)>,
-    /// When an interceptor asks ([`crate::hooks::Interceptor::keeps_tensors`]):
+    /// When an interceptor asks (`Interceptor::keeps_tensors` in hooks.rs):
     /// every compared or digested tensor, named `port/<output>` or
     /// `reference/<output>`, for its case end.
     #[serde(skip)]
@@ -471,9 +405,9 @@ pub struct CaseOutput {
 }
 
 /// Whether compared and digested tensors are kept for the case's end
-/// (an interceptor asked, see [`crate::hooks::Interceptor::keeps_tensors`]).
+/// (an interceptor asked, see `Interceptor::keeps_tensors` in hooks.rs).
 fn keeping() -> bool {
-    crate::hooks::current(|hooks| hooks.keeps_tensors())
+    crate::scope::current(|hooks| hooks.keeps_tensors())
 }
 
 /// sha256 over a tensor's dtype name, shape (u64 LE) and bytes.

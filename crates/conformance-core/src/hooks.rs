@@ -4,10 +4,10 @@
 //! (the tool) for the time of that case with [`scoped`]:
 //!
 //! - [`Interceptor`]: called at case start, before and after each
-//!   reference call, on each port output a case marks, when a compared
-//!   tensor is recorded, and at case end. Modes that watch or disturb a
-//!   run (filling MLX's buffer cache with a sentinel, recording golden
-//!   vectors, writing outputs out, an injected fault) are interceptors.
+//!   reference call, on each port output a case marks, and at case end.
+//!   Modes that watch or disturb a run (filling MLX's buffer cache with a
+//!   sentinel, recording golden vectors, writing outputs out, an injected
+//!   fault) are interceptors.
 //! - [`Substitute`]: an implementation checked in place of the linked
 //!   port. Every reference call it [`Substitute::sends`] also goes to it;
 //!   each [`crate::case::Expected`] then carries its arrays from the same
@@ -16,25 +16,21 @@
 //! Order within one reference call (the contract; `Ctx::call_sent`):
 //! every interceptor's [`Interceptor::before_call`] in order, the
 //! reference call, every interceptor's [`Interceptor::after_call`] in
-//! order, then the substitute's call.
+//! order, then the substitute's call. At a case's start: the
+//! substitute's, then every interceptor's in order; at its end every
+//! interceptor's in order.
+//!
+//! What a case's context consults while it runs is [`crate::scope`], below
+//! the case types; [`Hooks`] installs itself there.
 
-use std::cell::Cell;
+use layers::Backend;
+use oracle::HostTensor;
 
-use oracle::{Arg, HostTensor, OracleError, Value};
-
-use crate::case::{Backend, Case};
+use crate::case::Case;
 use crate::result::CaseResult;
-
-/// One reference call as the interceptors see it after it returned.
-pub struct ReferenceCall<'a> {
-    /// The glue function called.
-    pub function: &'static str,
-    /// The keyword arguments the reference received (perturbed under
-    /// `--perturb`).
-    pub kwargs: &'a [(&'a str, Arg)],
-    /// What it returned or raised.
-    pub result: Result<&'a Value, &'a OracleError>,
-}
+pub use crate::scope::{
+    Answer, CallHooks, Counterpart, ReferenceCall, Substitute, SubstituteError,
+};
 
 /// Watches (or disturbs) a case as it runs. Every method does nothing by
 /// default.
@@ -58,55 +54,6 @@ pub trait Interceptor: Send + Sync {
     fn case_end(&self, _case: &Case, _result: &mut CaseResult) {}
 }
 
-/// What a substitute answered to one call.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Answer {
-    /// It computed a result (kept beside the reference's, see
-    /// [`Substitute::counterparts_of`]).
-    Computed,
-    /// It raised, with its message.
-    Raised(String),
-}
-
-/// Why a substitute gave no answer.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SubstituteError {
-    /// It does not implement the op (a skip, not a verdict).
-    Unsupported(String),
-    /// It crashed, hung, or broke its protocol.
-    Failed(String),
-}
-
-/// An array the substitute gave at a reference array's place, or why
-/// there is none.
-pub type Counterpart = Result<HostTensor, String>;
-
-/// An implementation checked in place of the linked port.
-pub trait Substitute: Send + Sync {
-    /// A case starts: nothing of the previous case's results is kept.
-    fn case_start(&self) {}
-    /// Whether reference call `function` also goes to the substitute.
-    fn sends(&self, function: &str) -> bool;
-    /// Sends the call with the arguments the port gets; the substitute
-    /// keeps its result beside `reference` (the reference's result, when
-    /// it computed one) for the readers below.
-    fn call(
-        &self,
-        case: &str,
-        function: &'static str,
-        args: &[(&str, Arg)],
-        reference: Option<&Value>,
-    ) -> Result<Answer, SubstituteError>;
-    /// The substitute's arrays at reference array `t`'s place in this
-    /// case's results (`None`: `t` is in no result).
-    fn counterparts_of(&self, t: &HostTensor) -> Option<Vec<Counterpart>>;
-    /// The substitute's values at reference value `v`'s place.
-    fn values_beside(&self, v: &Value) -> Option<Vec<Result<Value, String>>>;
-    /// Whether the substitute raised on the case's last call (`None`: it
-    /// was not called).
-    fn last_raised(&self) -> Option<bool>;
-}
-
 /// The hooks of a run: interceptors in call order, and at most one
 /// substitute.
 #[derive(Default)]
@@ -116,17 +63,6 @@ pub struct Hooks {
 }
 
 impl Hooks {
-    /// No hooks: the linked port, nothing watched.
-    pub fn none() -> &'static Hooks {
-        static NONE: Hooks = Hooks {
-            interceptors: Vec::new(),
-            substitute: None,
-        };
-        &NONE
-    }
-    pub fn keeps_tensors(&self) -> bool {
-        self.interceptors.iter().any(|i| i.keeps_tensors())
-    }
     /// At a case's start: the substitute, then every interceptor in order.
     pub fn case_start(&self, case: &Case) {
         if let Some(s) = &self.substitute {
@@ -136,6 +72,7 @@ impl Hooks {
             i.case_start(case);
         }
     }
+    /// At a case's end: every interceptor in order.
     pub fn case_end(&self, case: &Case, result: &mut CaseResult) {
         for i in &self.interceptors {
             i.case_end(case, result);
@@ -143,33 +80,31 @@ impl Hooks {
     }
 }
 
-thread_local! {
-    /// The hooks of the case running on this thread (null: none).
-    static CURRENT: Cell<*const Hooks> = const { Cell::new(std::ptr::null()) };
-}
-
-/// Runs `f` (one case) with `hooks` installed on this thread; the
-/// previous hooks come back afterwards, on unwind too.
-pub fn scoped<R>(hooks: &Hooks, f: impl FnOnce() -> R) -> R {
-    struct Restore(*const Hooks);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            CURRENT.with(|c| c.set(self.0));
+impl CallHooks for Hooks {
+    fn before_call(&self, backend: Backend) {
+        for i in &self.interceptors {
+            i.before_call(backend);
         }
     }
-    let _restore = Restore(CURRENT.with(|c| c.replace(hooks)));
-    f()
+    fn after_call(&self, call: &ReferenceCall<'_>) {
+        for i in &self.interceptors {
+            i.after_call(call);
+        }
+    }
+    fn port_output(&self, family: &str, m: usize, n: usize, y: &mut HostTensor) {
+        for i in &self.interceptors {
+            i.port_output(family, m, n, y);
+        }
+    }
+    fn keeps_tensors(&self) -> bool {
+        self.interceptors.iter().any(|i| i.keeps_tensors())
+    }
+    fn substitute(&self) -> Option<&dyn Substitute> {
+        self.substitute.as_deref()
+    }
 }
 
-/// The hooks installed on this thread ([`Hooks::none`] outside [`scoped`]).
-pub fn current<R>(f: impl FnOnce(&Hooks) -> R) -> R {
-    let ptr = CURRENT.with(Cell::get);
-    // SAFETY: a non-null pointer was set by `scoped` from a reference that
-    // outlives the call of `f` there, and is reset before `scoped` returns.
-    let hooks = if ptr.is_null() {
-        Hooks::none()
-    } else {
-        unsafe { &*ptr }
-    };
-    f(hooks)
+/// Runs `f` (one case) with `hooks` installed on this thread.
+pub fn scoped<R>(hooks: &Hooks, f: impl FnOnce() -> R) -> R {
+    crate::scope::scoped(hooks, f)
 }

@@ -11,9 +11,12 @@
 //! checks it).
 
 pub mod case;
+pub mod error;
 pub mod exactness;
 pub mod hooks;
 pub mod inputs;
+pub mod param;
 pub mod reference;
 pub mod relation;
 pub mod result;
+pub mod scope;

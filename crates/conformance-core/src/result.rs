@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::case::{CaseOutput, Expect};
+pub use crate::error::ErrorKind;
 
 /// A case's verdict.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,31 +34,6 @@ impl Verdict {
             Verdict::Error => "ERROR",
         }
     }
-}
-
-/// Who or what stopped a case from reaching a verdict (an ERROR row),
-/// or why it was skipped for a substitute: the kind, so no reader parses
-/// the message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorKind {
-    /// The port refused or failed where the reference did not.
-    Port,
-    /// The reference raised.
-    Reference,
-    /// The harness itself (inputs, a case that compares nothing, a panic,
-    /// a file it could not write).
-    Harness,
-    /// A substitute crashed, hung, broke its protocol, or gave nothing
-    /// comparable.
-    #[serde(rename = "candidate")]
-    Substitute,
-    /// A substitute does not implement an op the case calls (a skip).
-    Unsupported,
-    /// The case ran past its time limit.
-    Timeout,
-    /// The process running the case crashed (a signal, an early exit).
-    Crash,
 }
 
 /// The result of one case.

@@ -13,6 +13,7 @@
 pub mod console;
 pub mod bench;
 pub mod candidate;
+pub mod child;
 pub mod config;
 pub mod expected;
 pub mod explore;

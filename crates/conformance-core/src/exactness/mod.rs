@@ -15,7 +15,8 @@ use exact::{Exact, ExactError, Float, Model, Side};
 use oracle::{Arg, DType, HostTensor};
 use serde::{Deserialize, Serialize};
 
-use crate::case::{Backend, CaseError};
+use crate::error::CaseError;
+use layers::Backend;
 
 /// The kernel model of a backend (where its kernels round; see
 /// [`exact::Model`]).

@@ -93,7 +93,7 @@ impl Client {
             .spawn()
             .map_err(|e| format!("cannot start `sh -c {:?}`: {e}", config.command))?;
         let stdin = child.stdin.take().expect("piped");
-        let lines = crate::runner::worker::read_lines(child.stdout.take().expect("piped"));
+        let lines = crate::child::read_lines(child.stdout.take().expect("piped"));
         let stderr = child.stderr.take().expect("piped");
         let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
         let tail = Arc::clone(&stderr_tail);

@@ -127,10 +127,10 @@ pub struct VerdictComparison {
 /// Compares `results` (this candidate run) with the cases of `report`
 /// (a linked run's report.json, same selection and seed).
 pub fn compare_verdicts<'a>(
-    results: impl IntoIterator<Item = &'a crate::runner::CaseResult>,
+    results: impl IntoIterator<Item = &'a crate::result::CaseResult>,
     report: &std::path::Path,
 ) -> Result<VerdictComparison, String> {
-    use crate::runner::Verdict;
+    use crate::result::Verdict;
     let file = crate::schema::ReportFile::read(report)?;
     let linked: std::collections::BTreeMap<&str, Verdict> = file
         .cases

@@ -224,7 +224,7 @@ impl Worker {
             .stderr(Stdio::piped())
             .spawn()?;
         let stdin = child.stdin.take().expect("piped");
-        let stdout_rx = read_lines(child.stdout.take().expect("piped"));
+        let stdout_rx = crate::child::read_lines(child.stdout.take().expect("piped"));
         let stderr = child.stderr.take().expect("piped");
         let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
         let tail = Arc::clone(&stderr_tail);
@@ -490,27 +490,4 @@ fn run_in_worker(case: &Case, command: &WorkerCommand, worker: &mut Option<Worke
 /// The backend named on a worker's command line.
 pub fn parse_backend(name: &str) -> Option<Backend> {
     name.parse().ok()
-}
-
-/// A child's stdout as lines on a channel, read by a thread of its own (so
-/// a caller can wait on it with a timeout); the channel ends at EOF or
-/// after the first read error, which it carries.
-pub(crate) fn read_lines(
-    stdout: std::process::ChildStdout,
-) -> std::sync::mpsc::Receiver<std::io::Result<String>> {
-    let mut stdout = BufReader::new(stdout);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || loop {
-        let mut line = String::new();
-        match stdout.read_line(&mut line) {
-            Ok(0) => break,
-            read => {
-                let failed = read.is_err();
-                if tx.send(read.map(|_| line)).is_err() || failed {
-                    break;
-                }
-            }
-        }
-    });
-    rx
 }
