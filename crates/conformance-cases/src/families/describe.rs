@@ -1,7 +1,8 @@
 //! Case parameters as data. Every registered case is a [`Described`]: its
 //! name, its seed and its family's typed parameters (serde). The registry
-//! ([`super::all`]) lists descriptions and builds each case from its
-//! description alone, through the builder its `builder` key names, so a
+//! ([`super::Registry`]) lists descriptions and builds each case from its
+//! description alone, through the builder its `builder` key names
+//! (`builders.rs`, above every family), so a
 //! case can be printed (`conformance --describe`), persisted, edited and
 //! run again as data (`conformance --cases FILE`). The explorer samples,
 //! shrinks and keeps descriptions of the same types
@@ -23,7 +24,7 @@ pub struct Described {
     /// The case's name (its report line and snapshot key).
     pub name: String,
     /// Which builder reads `params`: the family module's key (e.g.
-    /// `quantized/float`); [`builders`] lists them.
+    /// `quantized/float`); `builders::builders()` lists them.
     pub builder: String,
     /// The case's seed offset: its inputs come from the run's `--seed`
     /// plus this. A fixed case keeps the seed its name gave it when cases
@@ -55,7 +56,8 @@ pub fn described<P: Params>(name: impl Into<String>, params: &P) -> Described {
     }
 }
 
-type BuildFn = fn(String, serde_json::Value) -> Result<Case, String>;
+/// A builder: a case from its name and its parameters as JSON.
+pub type BuildFn = fn(String, serde_json::Value) -> Result<Case, String>;
 
 /// Why dimensions cannot make a case, if so: each named one must be
 /// positive, and their product (the work of one forward, about) at most
@@ -88,7 +90,8 @@ pub fn dims(named: &[(&str, usize)], max: usize) -> Result<(), crate::case::Case
 /// allocated. The fixed cases stay far below it (65 600 at most).
 pub const MAX_PARAM_INTEGER: u64 = 1 << 20;
 
-fn build_as<P: Params>(name: String, params: serde_json::Value) -> Result<Case, String> {
+/// The builder of parameters `P` ([`BuildFn`]).
+pub fn build_as<P: Params>(name: String, params: serde_json::Value) -> Result<Case, String> {
     let typed = serde_json::from_value::<P>(params.clone()).map_err(|e| e.to_string())?;
     // serde ignores fields a type does not have (and a unit variant takes
     // any): the typed value written back must hold every field given.
@@ -179,72 +182,6 @@ fn unknown_fields(
     }
 }
 
-macro_rules! builders {
-    ($($t:ty),* $(,)?) => {
-        /// Every builder key, in registry order.
-        pub fn builders() -> Vec<&'static str> {
-            vec![$(<$t as Params>::BUILDER),*]
-        }
-        fn builder_of(key: &str) -> Option<BuildFn> {
-            $(if key == <$t as Params>::BUILDER {
-                return Some(build_as::<$t> as BuildFn);
-            })*
-            None
-        }
-    };
-}
-
-builders!(
-    super::smoke::SmokeCase,
-    super::quantized::linear::LinearCase,
-    super::quantized::lora::LoraCase,
-    super::quantized::rows::RowsCase,
-    super::quantized::rows_regime::RowsRegimeCase,
-    super::quantized::switch::SwitchCase,
-    super::quantized::checkpoint::CheckpointCase,
-    super::quantized::float::FloatCase,
-    super::quantized::embedding::EmbeddingCase,
-    super::quantized::global_scale::GlobalScaleCase,
-    super::quantized::adapters::AdapterCase,
-    super::quantized::refused::RefusedCase,
-    super::quantized::accepted::AcceptedCase,
-    super::safetensors::SafetensorsCase,
-    super::position::mrope::MropeCase,
-    super::position::mrope::refused::MropeRefusedCase,
-    super::position::vs_rope::VsRopeCase,
-    super::position::inv_freq::InvFreqCase,
-    super::position::rope_index::RopeIndexCase,
-    super::position::rope2d::Rope2dCase,
-    super::position::rope2d::Rope2dRefusedCase,
-    super::position::accepted::AcceptedCase,
-    super::attention::AttentionCase,
-    super::attention::sdpa::SdpaShape,
-    super::configs::ConfigCase,
-    super::configs::refused::ConfigRefusedCase,
-);
-
-/// The case `d` describes: built by its builder from its parameters
-/// alone, with its seed. An unknown builder or parameters the builder
-/// cannot read is an error naming the case and what to fix.
-pub fn build(d: &Described) -> Result<Case, String> {
-    let Some(build) = builder_of(&d.builder) else {
-        return Err(format!(
-            "case `{}`: no builder `{}` (builders: {})",
-            d.name,
-            d.builder,
-            builders().join(", ")
-        ));
-    };
-    let mut case = build(d.name.clone(), d.params.clone()).map_err(|e| {
-        format!(
-            "case `{}`: builder `{}` cannot read its params: {e}",
-            d.name, d.builder
-        )
-    })?;
-    case.seed = d.seed;
-    Ok(case)
-}
-
 /// The most bytes a `--cases` file may hold (64 MiB).
 const MAX_CASES_FILE: u64 = 64 << 20;
 
@@ -326,21 +263,6 @@ pub fn read_file(path: &std::path::Path) -> Result<Vec<Described>, String> {
     Ok(described)
 }
 
-/// [`build`], or a case under the description's name that fails with
-/// why it cannot be built (never a silent skip).
-pub fn build_or_failing(d: &Described) -> Case {
-    build(d).unwrap_or_else(|why| {
-        let mut case = Case::must_equal(
-            d.name.clone(),
-            "describe",
-            "a case description",
-            move |_| Err(crate::case::CaseError::Harness(why.clone())),
-        );
-        case.seed = d.seed;
-        case
-    })
-}
-
 /// `QuantSpec` as its case-name spelling (`affine-4b-gs64`, `nvfp4-4b-gs16`).
 pub mod spec {
     use super::*;
@@ -396,6 +318,7 @@ pub mod spec_opt {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::families::builders::{build, build_or_failing, builders};
 
     /// What a built case is, apart from its run function.
     fn identity(c: &Case) -> String {

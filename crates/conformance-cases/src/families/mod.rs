@@ -4,6 +4,7 @@
 use crate::case::Case;
 
 pub mod attention;
+pub mod builders;
 pub mod configs;
 pub mod describe;
 pub mod kept;
@@ -112,11 +113,11 @@ impl Registry {
     /// description alone.
     pub fn cases(&self) -> Vec<Case> {
         if let Some((_, described)) = &self.cases_file {
-            return described.iter().map(describe::build_or_failing).collect();
+            return described.iter().map(builders::build_or_failing).collect();
         }
         let mut cases: Vec<Case> = fixed_descriptions()
             .iter()
-            .map(describe::build_or_failing)
+            .map(builders::build_or_failing)
             .collect();
         cases.extend(kept::cases());
         if let Some((n, seed)) = self.explore_samples {
