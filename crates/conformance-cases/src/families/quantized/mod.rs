@@ -44,6 +44,7 @@ pub mod float;
 pub mod global_scale;
 pub mod linear;
 pub mod lora;
+mod modules;
 pub mod refused;
 pub mod rows;
 pub mod rows_regime;

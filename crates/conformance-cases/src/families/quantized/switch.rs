@@ -30,8 +30,8 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{ops, Array};
 use oracle::{DType, HostTensor};
 
-use super::checkpoint::{layer_infos, LayerInfo};
 use super::layer_tensors;
+use super::modules::{layer_infos, LayerInfo};
 use super::{
     activation, affine, base_k, dtype_tag, fixture_dir, host, mode_default, port, quantized_weight,
     relation,
@@ -822,7 +822,7 @@ fn offload(ctx: &Ctx, fixture: &str, path: &str) -> Result<CaseOutput, CaseError
         ))
     })?;
     // The exact oracle on the module as the port loaded it (resident).
-    let module = super::checkpoint::module_args(
+    let module = super::modules::module_args(
         resident.payload(),
         resident.bias(),
         "switch",
@@ -831,7 +831,7 @@ fn offload(ctx: &Ctx, fixture: &str, path: &str) -> Result<CaseOutput, CaseError
     let exact = loaded.calls.exact_with(
         "quantized_checkpoint",
         &module,
-        super::checkpoint::module_exact,
+        super::modules::module_exact,
     )?;
     let reference = reference.with_exact(exact);
     // (1, tokens, in) as the glue's x[None]; indices (1, tokens, top).
