@@ -168,6 +168,7 @@ impl Fields {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use oracle::Arg;
 
     #[test]
     fn every_perturbation_changes_its_argument() {
