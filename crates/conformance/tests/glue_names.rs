@@ -80,6 +80,8 @@ fn every_glue_function_a_case_calls_exists() {
     let glue = glue_functions(&glue_source());
     let mut files = Vec::new();
     for dir in [
+        "crates/conformance-core/src",
+        "crates/conformance-cases/src",
         "crates/conformance/src",
         "crates/conformance/benches",
         "crates/conformance/tests",
@@ -87,11 +89,13 @@ fn every_glue_function_a_case_calls_exists() {
         rust_sources(&workspace().join(dir), &mut files);
     }
     let mut missing = Vec::new();
+    let mut named = 0;
     // This file names the marker itself. `const F: &str = "name"` is how
     // a typed reference wrapper names the glue function it calls (the one
     // way a case reaches the glue: `Ctx::call` takes that name).
     for (path, text) in files.iter().filter(|(p, _)| !p.ends_with("glue_names.rs")) {
         for name in first_literal_args(text, "const F: &str =") {
+            named += 1;
             if !glue.contains(name) {
                 missing.push(format!("{}: `{name}`", path.display()));
             }
@@ -101,6 +105,8 @@ fn every_glue_function_a_case_calls_exists() {
         missing.is_empty(),
         "glue functions called from Rust but not defined: {missing:#?}"
     );
+    // The typed wrappers name dozens: none found means the scan missed them.
+    assert!(named >= 20, "only {named} `const F` glue names found");
 }
 
 #[test]
@@ -108,7 +114,12 @@ fn every_public_glue_function_is_used() {
     let source = glue_source();
     let mut rust = String::new();
     let mut files = Vec::new();
-    for dir in ["crates/conformance", "crates/oracle"] {
+    for dir in [
+        "crates/conformance-core",
+        "crates/conformance-cases",
+        "crates/conformance",
+        "crates/oracle",
+    ] {
         rust_sources(&workspace().join(dir), &mut files);
     }
     for (_, text) in files {
