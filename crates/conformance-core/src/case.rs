@@ -9,25 +9,6 @@ use sha2::{Digest, Sha256};
 pub use crate::error::CaseError;
 pub use layers::Backend;
 
-/// The device asked for on the command line (`--device cpu|gpu`). `gpu` is
-/// the GPU backend of the linked libmlx (Metal on macOS, CUDA with the
-/// CUDA environment); the run resolves it to one [`Backend`] at start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Device {
-    Cpu,
-    Gpu,
-}
-
-impl Device {
-    pub fn name(self) -> &'static str {
-        match self {
-            Device::Cpu => "cpu",
-            Device::Gpu => "gpu",
-        }
-    }
-}
-
 /// Every GPU backend (for [`Case::only_on`]).
 pub const GPU_BACKENDS: &[Backend] = &[Backend::Metal, Backend::Cuda];
 

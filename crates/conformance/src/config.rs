@@ -7,9 +7,30 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 
+use serde::Serialize;
+
 use crate::case::Backend;
 use crate::families::Registry;
 use crate::hooks::{Hooks, Interceptor, Substitute};
+
+/// The device asked for on the command line (`--device cpu|gpu`). `gpu` is
+/// the GPU backend of the linked libmlx (Metal on macOS, CUDA with the
+/// CUDA environment); the run resolves it to one [`Backend`] at start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    Cpu,
+    Gpu,
+}
+
+impl Device {
+    pub fn name(self) -> &'static str {
+        match self {
+            Device::Cpu => "cpu",
+            Device::Gpu => "gpu",
+        }
+    }
+}
 
 /// What one run does besides running its cases.
 #[derive(Debug)]

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, ValueEnum};
-use conformance::case::Device;
+use conformance::config::Device;
 use conformance::config::RunConfig;
 use conformance::families::Registry;
 use conformance::report::exit;

@@ -27,7 +27,10 @@ struct Recorder {
 
 impl Recorder {
     fn note(&self, what: String) {
-        self.log.lock().unwrap().push(format!("{}:{what}", self.tag));
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("{}:{what}", self.tag));
     }
 }
 
@@ -39,7 +42,11 @@ impl Interceptor for Recorder {
         self.note("before".into());
     }
     fn after_call(&self, call: &ReferenceCall<'_>) {
-        self.note(format!("after {} ok={}", call.function, call.result.is_ok()));
+        self.note(format!(
+            "after {} ok={}",
+            call.function,
+            call.result.is_ok()
+        ));
     }
     fn port_output(&self, family: &str, m: usize, n: usize, _y: &mut HostTensor) {
         self.note(format!("port {family} {m} {n}"));
@@ -73,7 +80,10 @@ impl Substitute for Echo {
         _args: &[(&str, oracle::Arg)],
         reference: Option<&Value>,
     ) -> Result<Answer, SubstituteError> {
-        self.log.lock().unwrap().push(format!("sub:call {function}"));
+        self.log
+            .lock()
+            .unwrap()
+            .push(format!("sub:call {function}"));
         if let Some(Value::Tensor(t)) = reference {
             *self.last.lock().unwrap() = Some(t.clone());
         }
@@ -189,7 +199,11 @@ fn a_substitute_that_does_not_serve_an_op_makes_an_unsupported_skip() {
     assert_eq!(result.verdict, Verdict::Skip);
     assert_eq!(result.error_kind, Some(ErrorKind::Unsupported));
     assert!(
-        result.message.as_deref().unwrap_or("").contains("not served"),
+        result
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains("not served"),
         "{result:?}"
     );
 }

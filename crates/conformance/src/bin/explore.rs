@@ -14,7 +14,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use conformance::case::{Backend, Device};
+use conformance::case::Backend;
+use conformance::config::Device;
 use conformance::explore::{self, report, Config};
 use conformance::home::Home;
 use oracle::Oracle;

@@ -3,7 +3,8 @@
 
 use std::io::IsTerminal;
 
-use conformance::case::{Backend, Case, Device};
+use conformance::case::{Backend, Case};
+use conformance::config::Device;
 use conformance::families::Registry;
 use conformance::home::Home;
 use conformance::report::{self, Environment};
