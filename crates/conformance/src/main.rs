@@ -85,6 +85,13 @@ struct Cli {
     /// must-equal output must then differ, unless declared derived.
     #[arg(long)]
     perturb: bool,
+    /// How much the finders measure: `default` searches each limit (probes
+    /// at the kernel switch points MLX's source names, bisection, a
+    /// confirmation around the limit, every probe when one contradicts the
+    /// search); `deep` also sweeps every count of the range, as CI, the
+    /// release gate and the Apple bootstrap run. Same cases, same findings.
+    #[arg(long, value_enum, default_value_t = families::Tier::Default)]
+    tier: families::Tier,
     /// Do not check snapshots (runs of the release gate, which compares two
     /// environments' runs with each other instead).
     #[arg(long)]
@@ -278,6 +285,7 @@ fn worker_main(cli: &Cli) -> Result<ExitCode, Exit> {
     else {
         return Err(fail("--worker needs --worker-backend cpu|metal|cuda"));
     };
+    families::register_tier(cli.tier);
     if let Some(n) = cli.explore_samples {
         families::register_explore_samples(n as usize, cli.explore_seed);
     }

@@ -186,6 +186,9 @@ impl WorkerCommand {
         if options.perturb {
             args.push("--perturb".into());
         }
+        if crate::families::tier() != crate::families::Tier::Default {
+            args.extend(["--tier".into(), crate::families::tier().as_str().into()]);
+        }
         if let Some(dir) = super::kept_outputs_dir() {
             args.push("--keep-outputs".into());
             args.push(dir.as_os_str().to_owned());

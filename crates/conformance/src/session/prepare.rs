@@ -206,6 +206,7 @@ fn gate_mode(cli: &Cli) -> Result<Mode, Exit> {
 /// The cases `--filter` selects, and every registered case's snapshot
 /// file name; `--list` prints the selection and ends the run.
 fn select(cli: &Cli) -> Result<(Vec<Case>, std::collections::BTreeSet<String>), Exit> {
+    families::register_tier(cli.tier);
     if let Some(n) = cli.explore_samples {
         if !cli.no_snapshots {
             return Err(fail(

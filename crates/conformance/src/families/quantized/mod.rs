@@ -43,6 +43,7 @@ mod exact_faults;
 pub mod float;
 pub mod global_scale;
 pub mod linear;
+pub mod limit_search;
 pub mod lora;
 pub mod refused;
 pub mod rows;
