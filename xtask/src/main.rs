@@ -14,6 +14,7 @@
 // Shadows std's print macros in every module below (see console.rs).
 #[macro_use]
 mod console;
+mod book;
 mod bundle;
 mod conformance;
 mod env;
@@ -117,6 +118,10 @@ enum Command {
     /// and gate.md; exit 0 unchanged, 2 changed, 1 a must-equal case fails on the candidate, 3
     /// environment
     Gate(gate::Args),
+    /// The book under docs/ (mdBook): write the generated reference pages (CLI, exit
+    /// codes, environment; `--check` or CI=true: fail when one is stale), check every
+    /// relative link and anchor, and build it into target/book
+    Book(book::Args),
 }
 
 /// The workspace root: xtask lives in `<root>/xtask`.
@@ -148,6 +153,7 @@ fn main() {
         Command::Fixtures { backend, action } => fixtures::run(&root, backend, &action),
         Command::Bundle(args) => bundle::run(&root, &args),
         Command::Gate(args) => gate::run(&root, &args),
+        Command::Book(args) => book::run(&root, &args),
     };
     match result {
         Ok(code) => std::process::exit(code),

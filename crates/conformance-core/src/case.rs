@@ -532,6 +532,10 @@ pub struct Case {
     pub applies: Applies,
     /// Seed offset of this case (inputs are generated from run seed + this).
     pub seed: u64,
+    /// Cases with the same key share host work one process memoises (the
+    /// attention scenarios): whoever runs cases gives them to one process, in
+    /// order, so that work is done once per run. Never changes a bit.
+    pub shares: Option<&'static str>,
     pub run: RunFn,
 }
 
@@ -553,6 +557,7 @@ impl Case {
             expect: Expect::MustEqual,
             applies: Applies::Everywhere,
             seed,
+            shares: None,
             run: Arc::new(run),
         }
     }
@@ -572,6 +577,12 @@ impl Case {
     /// puts together (no single reference function does what it checks).
     pub fn glue_composed(mut self, pieces: &'static [&'static str]) -> Self {
         self.glue_composed = pieces;
+        self
+    }
+    /// Marks the case as sharing memoised host work with every case of the
+    /// same `key` (see [`Case::shares`]).
+    pub fn sharing(mut self, key: &'static str) -> Self {
+        self.shares = Some(key);
         self
     }
     /// Restricts the case to some backends (e.g. `&[Backend::Metal]`,

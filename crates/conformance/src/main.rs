@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use clap::{Parser, ValueEnum};
 use conformance::config::Device;
 use conformance::config::RunConfig;
-use conformance::families::Registry;
+use conformance::families::{self, Registry};
 use conformance::report::exit;
 use conformance::runner::{self, RunOptions};
 use oracle::Oracle;
@@ -86,6 +86,13 @@ struct Cli {
     /// must-equal output must then differ, unless declared derived.
     #[arg(long)]
     perturb: bool,
+    /// How much the finders measure: `default` searches each limit (probes
+    /// at the kernel switch points MLX's source names, bisection, a
+    /// confirmation around the limit, every probe when one contradicts the
+    /// search); `deep` also sweeps every count of the range, as CI, the
+    /// release gate and the Apple bootstrap run. Same cases, same findings.
+    #[arg(long, value_enum, default_value_t = families::Tier::Default)]
+    tier: families::Tier,
     /// Do not check snapshots (runs of the release gate, which compares two
     /// environments' runs with each other instead).
     #[arg(long)]
@@ -283,6 +290,7 @@ pub(crate) fn run_config(
         backend,
         seed: cli.seed,
         perturb: cli.perturb,
+        tier: cli.tier,
         keep_outputs,
         candidate: cli
             .candidate
@@ -308,6 +316,7 @@ fn worker_main(cli: &Cli) -> Result<ExitCode, Exit> {
         return Err(fail("--worker needs --worker-backend cpu|metal|cuda"));
     };
     let mut registry = Registry::new();
+    families::register_tier(cli.tier);
     if let Some(n) = cli.explore_samples {
         registry = registry.with_explore_samples(n as usize, cli.explore_seed);
     }

@@ -48,6 +48,7 @@ const GLUE_MODULES: &[(&str, &str)] = glue_modules![
     "adapters",
     "attention",
     "bench",
+    "model",
 ];
 
 /// The glue package's name, and the directory its files live in (what

@@ -47,6 +47,7 @@ builders!(
     super::attention::sdpa::SdpaShape,
     super::configs::ConfigCase,
     super::configs::refused::ConfigRefusedCase,
+    super::model::ModelCase,
 );
 
 /// The case `d` describes: built by its builder from its parameters

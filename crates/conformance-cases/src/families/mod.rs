@@ -8,11 +8,50 @@ pub mod builders;
 pub mod configs;
 pub mod describe;
 pub mod kept;
+pub mod model;
 pub mod position;
 pub mod quantized;
 pub mod safetensors;
 pub mod smoke;
 pub(crate) mod support;
+
+/// How much a finder measures (`--tier`): the same finding either way,
+/// from fewer or from all of its probes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Tier {
+    /// Finders search for their limit (probes at the kernel switch points
+    /// MLX's source names, bisection, a confirmation around the limit) and
+    /// fall back to every probe when one contradicts the search: the run a
+    /// user waits for.
+    #[default]
+    Default,
+    /// Finders also take every probe of their range (the full sweep): what
+    /// CI, the release gate and the Apple bootstrap run.
+    Deep,
+}
+
+impl Tier {
+    /// The name `--tier` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Default => "default",
+            Tier::Deep => "deep",
+        }
+    }
+}
+
+/// `--tier` of this process (the runner and its workers hold the same).
+static TIER: std::sync::OnceLock<Tier> = std::sync::OnceLock::new();
+
+/// Sets this process's tier. Set once, before any case runs.
+pub fn register_tier(tier: Tier) {
+    let _ = TIER.set(tier);
+}
+
+/// The tier registered by [`register_tier`] ([`Tier::Default`] if none).
+pub fn tier() -> Tier {
+    TIER.get().copied().unwrap_or_default()
+}
 
 /// The fixed cases' descriptions, in report order.
 pub fn fixed_descriptions() -> Vec<describe::Described> {
@@ -23,6 +62,7 @@ pub fn fixed_descriptions() -> Vec<describe::Described> {
     cases.extend(position::descriptions());
     cases.extend(attention::descriptions());
     cases.extend(configs::descriptions());
+    cases.extend(model::descriptions());
     cases
 }
 

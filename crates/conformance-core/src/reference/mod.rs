@@ -23,6 +23,7 @@ pub mod attention;
 pub mod bench;
 pub mod checkpoint;
 pub mod configs;
+pub mod model;
 pub mod position;
 pub mod quantized;
 pub mod selftest;

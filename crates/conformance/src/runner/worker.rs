@@ -417,27 +417,31 @@ pub fn run(
 ) -> Vec<CaseResult> {
     let next = AtomicUsize::new(0);
     let results: Mutex<Vec<Option<CaseResult>>> = Mutex::new(vec![None; cases.len()]);
-    let jobs = options.jobs.clamp(1, cases.len().max(1));
+    let units = units(cases);
+    let jobs = options.jobs.clamp(1, units.len().max(1));
     std::thread::scope(|s| {
         for _ in 0..jobs {
             s.spawn(|| {
                 let mut worker: Option<Worker> = None;
-                loop {
-                    if interrupted() {
-                        break;
+                'units: loop {
+                    let u = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(unit) = units.get(u) else { break };
+                    for &i in unit {
+                        if interrupted() {
+                            break 'units;
+                        }
+                        let case = cases[i];
+                        let result = match skipped(case, options.backend) {
+                            Some(skip) => skip,
+                            None => run_in_worker(case, command, &mut worker),
+                        };
+                        // A worker killed by the same Ctrl-C is no case's crash.
+                        if interrupted() {
+                            break 'units;
+                        }
+                        progress(&result);
+                        results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(result);
                     }
-                    let i = next.fetch_add(1, Ordering::SeqCst);
-                    let Some(case) = cases.get(i) else { break };
-                    let result = match skipped(case, options.backend) {
-                        Some(skip) => skip,
-                        None => run_in_worker(case, command, &mut worker),
-                    };
-                    // A worker killed by the same Ctrl-C is no case's crash.
-                    if interrupted() {
-                        break;
-                    }
-                    progress(&result);
-                    results.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(result);
                 }
             });
         }
@@ -448,6 +452,30 @@ pub fn run(
         .unwrap_or_else(|e| e.into_inner())
         .into_iter()
         .flatten()
+        .collect()
+}
+
+/// The units of work handed to one worker each, as indices into `cases`:
+/// the cases of one [`Case::shares`] key together (in their order, so the
+/// work they share is done once, in one process), then every other case
+/// alone, in order. Shared units go first: they hold the run's longest
+/// work, which would otherwise end the run on one worker alone.
+fn units(cases: &[&Case]) -> Vec<Vec<usize>> {
+    let mut shared: Vec<(&str, Vec<usize>)> = Vec::new();
+    let mut alone = Vec::new();
+    for (i, case) in cases.iter().enumerate() {
+        match case.shares {
+            Some(key) => match shared.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, unit)) => unit.push(i),
+                None => shared.push((key, vec![i])),
+            },
+            None => alone.push(vec![i]),
+        }
+    }
+    shared
+        .into_iter()
+        .map(|(_, unit)| unit)
+        .chain(alone)
         .collect()
 }
 

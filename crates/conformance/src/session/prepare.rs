@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 
 use conformance::case::{Backend, Case};
 use conformance::config::Device;
-use conformance::families::Registry;
+use conformance::families::{self, Registry};
 use conformance::home::Home;
 use conformance::report::{self, Environment};
 use conformance::runner::{self, RunOptions};
@@ -203,6 +203,7 @@ fn gate_mode(cli: &Cli) -> Result<Mode, Exit> {
 /// file name; `--list` prints the selection and ends the run.
 #[allow(clippy::type_complexity)]
 fn select(cli: &Cli) -> Result<(Vec<Case>, std::collections::BTreeSet<String>, Registry), Exit> {
+    families::register_tier(cli.tier);
     let mut registry = Registry::new();
     if let Some(n) = cli.explore_samples {
         if !cli.no_snapshots {

@@ -112,9 +112,20 @@ fn check_window(start: usize, end: usize) -> Result<(), CaseError> {
     Ok(())
 }
 
+/// Every `attention/*` decode-graph case reads the memoised scenarios (the
+/// port's M = 1 trajectory per window, seconds at 65k tokens on CPU): one
+/// worker runs them all, so each scenario is computed once per run.
+const SHARES: &str = "attention/scenarios";
+
 impl Params for AttentionCase {
     const BUILDER: &'static str = "attention";
     fn build(self, name: String) -> Case {
+        self.case(name).sharing(SHARES)
+    }
+}
+
+impl AttentionCase {
+    fn case(self, name: String) -> Case {
         match self {
             AttentionCase::DecodeM1 { start, end } => {
                 Case::must_equal(name, "attention/decode", REFERENCE_M1, move |ctx| {

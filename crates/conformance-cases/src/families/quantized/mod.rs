@@ -42,6 +42,7 @@ pub mod embedding;
 mod exact_faults;
 pub mod float;
 pub mod global_scale;
+pub mod limit_search;
 pub mod linear;
 pub mod lora;
 mod modules;

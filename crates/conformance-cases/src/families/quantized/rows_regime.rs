@@ -12,10 +12,13 @@
 //!   reference projection called once per token;
 //! * finding, `…/linear/finder`, `…/switch-E8-top{2,8}/finder`: the limit
 //!   re-measured from the reference alone (its batched call of M rows, or
-//!   T tokens, against its calls per row, for every M up to 24, T up to
-//!   12), and the shipped limit checked against it both ways: one that is
-//!   too large is an ERROR (and its must-equal cases fail), one that is
-//!   too small is reported (`"shipped": "too small"`).
+//!   T tokens, against its calls per row, over M up to 24, T up to 12),
+//!   and the shipped limit checked against it both ways: one that is too
+//!   large is an ERROR (and its must-equal cases fail), one that is too
+//!   small is reported (`"shipped": "too small"`). The default tier
+//!   searches for the limit from the kernel switch points MLX's source
+//!   names ([`linear_switch_points`], [`switch_switch_points`];
+//!   [`super::limit_search`]); `--tier deep` probes every count.
 
 use layers::quantized::{
     ExpertIndices, Forward, QuantSpec, QuantizedLinear, QuantizedSwitchLinear, RowsCall, RowsLimit,
@@ -24,9 +27,10 @@ use layers::quantized::{
 use oracle::{DType, HostTensor};
 use serde_json::json;
 
+use super::limit_search;
 use super::switch::expert_indices;
 use super::{activation, dtype_tag, host, layer_tensors, port, quantized_weight};
-use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::case::{Backend, Case, CaseError, CaseOutput, Ctx};
 use crate::families::describe::{described, Described, Params};
 use crate::reference;
 
@@ -277,6 +281,45 @@ fn switch(
     Ok(out)
 }
 
+/// The first row count of each new `quantized_matmul` kernel class on
+/// `backend` at K = 512, N = 256, as MLX 0.32's dispatch names it (the
+/// default tier's search probes each side of each; `--tier deep` every
+/// count):
+///
+/// * CPU (`mlx/backend/cpu/quantized.cpp`): none, the kernels loop over
+///   rows one at a time;
+/// * CUDA (`mlx/backend/cuda/quantized/quantized.cpp`,
+///   `QuantizedMatmul::eval_gpu`): `qmm_sm90` from 2 rows (`qmv` only for
+///   `M == 1 && B == 1`), `qmm_sm80` / `qmm_naive` from 8 (`qmv` while
+///   `M * B < 8`);
+/// * Metal (`mlx/backend/metal/quantized.cpp`): `qmm` from
+///   `get_qmv_batch_limit(K, N)` rows, which for K, N <= 2048 is 13, 14 or
+///   18 by GPU generation (or 32, 33: beyond the range probed).
+fn linear_switch_points(backend: Backend) -> Vec<usize> {
+    match backend {
+        Backend::Cpu => vec![],
+        Backend::Cuda => vec![2, 8],
+        Backend::Metal => vec![13, 14, 18],
+    }
+}
+
+/// The first token count of each new `gather_qmm` kernel class on
+/// `backend` for a switch layer routing each token to `top_k` experts:
+///
+/// * CPU: none (as [`linear_switch_points`]);
+/// * CUDA (`GatherQMM::eval_gpu`): `gather_qmv` while the routed rows
+///   `M * B < 8`, so the first count with `T * top_k >= 8` (none above 1
+///   token at top-8);
+/// * Metal (`GatherQMM::eval_gpu`): none, each routed row is its own
+///   batch entry of M = 1 (`gather_qmv`; `gather_qmm_rhs` only for sorted
+///   indices, which SwitchGLU's unsorted call does not pass).
+fn switch_switch_points(backend: Backend, top_k: usize) -> Vec<usize> {
+    match backend {
+        Backend::Cpu | Backend::Metal => vec![],
+        Backend::Cuda => vec![8usize.div_ceil(top_k.max(1))],
+    }
+}
+
 /// The measured limit (largest count `c` with every count `<= c` equal)
 /// and the shipped one, both in the finder's units, as a finding; an
 /// ERROR when the shipped one is larger than measured.
@@ -331,13 +374,14 @@ fn linear_finder(ctx: &Ctx, spec: QuantSpec, dtype: DType) -> Result<CaseOutput,
     let s = linear_setup(ctx, spec, dtype, FINDER_ROWS)?;
     let rows =
         reference::quantized::quantized_linear_rows(ctx, &s.x, &s.tensors, &[])?.into_tensor();
-    let mut matches = vec![true];
-    for m in 2..=FINDER_ROWS {
+    let points = linear_switch_points(ctx.backend());
+    let matches = limit_search::measure(FINDER_ROWS, &points, crate::families::tier(), |m| {
         let batched =
             reference::quantized::quantized_linear_unchecked(ctx, &leading(&s.x, m)?, &s.tensors)?
                 .into_tensor();
-        matches.push(batched == leading(&rows, m)?);
-    }
+        Ok::<_, CaseError>(batched == leading(&rows, m)?)
+    })?
+    .matches;
     let shipped = RowsRegime::for_backend(ctx.backend()).limit(
         RowsCall::QuantizedMatmul,
         spec,
@@ -365,8 +409,8 @@ fn switch_finder(
     let s = switch_setup(ctx, spec, dtype, top_k, FINDER_TOKENS)?;
     let per_token = reference::quantized::quantized_switch_rows(ctx, &s.x, &s.indices, &s.tensors)?
         .into_tensor();
-    let mut matches = vec![true];
-    for t in 2..=FINDER_TOKENS {
+    let points = switch_switch_points(ctx.backend(), top_k);
+    let matches = limit_search::measure(FINDER_TOKENS, &points, crate::families::tier(), |t| {
         let batched = reference::quantized::quantized_switch_unchecked(
             ctx,
             &leading(&s.x, t)?,
@@ -374,8 +418,9 @@ fn switch_finder(
             &s.tensors,
         )?
         .into_tensor();
-        matches.push(batched == leading(&per_token, t)?);
-    }
+        Ok::<_, CaseError>(batched == leading(&per_token, t)?)
+    })?
+    .matches;
     let shipped = RowsRegime::for_backend(ctx.backend()).limit(
         RowsCall::GatherQmm,
         spec,

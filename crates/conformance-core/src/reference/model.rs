@@ -1,0 +1,65 @@
+//! The whole Qwen3.5 text decoder: mlx-vlm 0.7.6's own model on a
+//! checkpoint directory (glue `model_generate`, composed as `load_model`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use oracle::{HostTensor, Value};
+
+use super::{fixed, tensor, Fields};
+use crate::case::{CaseError, Ctx, Expected};
+
+/// One greedy generation of the reference.
+pub struct Generation {
+    /// Logits of every prompt position `[P, vocab]`.
+    pub prefill: Expected,
+    /// Logits of every decode step `[steps, vocab]`.
+    pub decode: Expected,
+    /// The greedy tokens `[steps + 1]` (int32).
+    pub tokens: Expected,
+    /// Intermediates of the traced call, by point name.
+    pub trace: Option<BTreeMap<String, HostTensor>>,
+}
+
+/// `model_generate`: `prompt` int32 `[1, P]` prefilled in chunks of
+/// `chunk` (0: at once), then `steps` greedy decode steps; call
+/// `trace_step` (0 = first prefill chunk; negative: none) traced.
+pub fn generate(
+    ctx: &Ctx,
+    directory: &Path,
+    prompt: &HostTensor,
+    steps: usize,
+    chunk: usize,
+    trace_step: i64,
+) -> Result<Generation, CaseError> {
+    const F: &str = "model_generate";
+    let params = vec![
+        fixed("directory", directory.to_string_lossy().as_ref()),
+        tensor("prompt", prompt),
+        fixed("steps", steps),
+        fixed("chunk", chunk),
+        fixed("trace_step", trace_step),
+    ];
+    let value = ctx.call(F, params)?;
+    let mut r = Fields::of(F, value)?;
+    let trace = match r.value("trace")? {
+        Value::None => None,
+        Value::Dict(map) => Some(
+            map.into_iter()
+                .map(|(k, v)| match v {
+                    Value::Tensor(t) => Ok((k, t)),
+                    _ => Err(CaseError::Harness(format!(
+                        "`{F}` trace point `{k}` is not an array"
+                    ))),
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+        _ => return Err(CaseError::Harness(format!("`{F}` trace is not a dict"))),
+    };
+    Ok(Generation {
+        prefill: r.tensor("prefill")?,
+        decode: r.tensor("decode")?,
+        tokens: r.tensor("tokens")?,
+        trace,
+    })
+}
