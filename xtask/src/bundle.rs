@@ -47,7 +47,7 @@ use sha2::{Digest, Sha256};
 use crate::env::{Backend, Layout};
 use crate::util;
 
-/// The variable the launcher sets (read by crates/conformance/src/home.rs and
+/// The variable the launcher sets (read by crates/conformance-cases/src/home.rs and
 /// crates/oracle/src/interpreter.rs).
 const HOME_ENV: &str = "MLX_CONFORMANCE_HOME";
 
