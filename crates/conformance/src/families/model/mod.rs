@@ -141,6 +141,8 @@ pub struct PortGeneration {
     pub prefill: HostTensor,
     pub decode: HostTensor,
     pub tokens: HostTensor,
+    /// Each KV cache's `[offset, capacity]` at the end.
+    pub kv_layout: HostTensor,
     pub trace: Option<Trace>,
     pub algorithms: Vec<String>,
     /// Logits of each call (prefill chunks, then decode steps).
@@ -207,11 +209,26 @@ pub fn port_generate(
     }
     let decode = mlx_rs::ops::stack(&decode, 0).map_err(port_err)?;
     let n = tokens.len();
+    let layout: Vec<i32> = cache
+        .iter()
+        .filter_map(|c| match c {
+            LayerCache::Attention(kv) => Some([kv.offset() as i32, kv.capacity() as i32]),
+            LayerCache::Linear(_) => None,
+        })
+        .flatten()
+        .collect();
+    let kv_layout = HostTensor::new(
+        DType::Int32,
+        vec![layout.len() / 2, 2],
+        layout.iter().flat_map(|t| t.to_le_bytes()).collect(),
+    )
+    .map_err(|e| CaseError::Harness(e.to_string()))?;
     Ok(PortGeneration {
         prefill: host(&prefill)?,
         decode: host(&decode)?,
         tokens: HostTensor::new(DType::Int32, vec![n], tokens.iter().flat_map(|t| t.to_le_bytes()).collect())
             .map_err(|e| CaseError::Harness(e.to_string()))?,
+        kv_layout,
         trace: kept_trace,
         algorithms,
         calls,
@@ -266,6 +283,14 @@ fn run(ctx: &Ctx, case: &ModelCase) -> Result<CaseOutput, CaseError> {
     out.compare("prefill_logits", &port.prefill, &reference.prefill);
     out.compare("decode_logits", &port.decode, &reference.decode);
     out.compare("tokens", &port.tokens, &reference.tokens);
+    // Same bits on the CPU whatever the layout, but CUDA's SDPA picks its
+    // kernel from the strides of the view it is handed.
+    out.compare_derived(
+        "kv_layout",
+        &port.kv_layout,
+        &reference.kv_layout,
+        "the cache's offset and allocation follow from the token counts, constants of the case",
+    );
     if !out.all_equal() && !ctx.perturbed() {
         let blame = first_divergence(ctx, &model, &dir, &prompt, &prompt_t, case, &port.calls, &reference)?;
         out.path = format!("{} · first divergence: {blame}", out.path);
@@ -313,9 +338,9 @@ pub fn first_divergence(
             break;
         }
     }
-    let Some(call) = first else {
-        return Ok("every call's logits agree (the tokens part)".into());
-    };
+    // Every call's logits agree (a layout or token difference): trace the
+    // first call, whose points include each KV cache's layout.
+    let call = first.unwrap_or(0);
     let what = if call < n_prefill {
         format!("call {call} (prefill chunk {call})")
     } else {
