@@ -503,7 +503,11 @@ fn units(cases: &[&Case]) -> Vec<Vec<usize>> {
             None => alone.push(vec![i]),
         }
     }
-    shared.into_iter().map(|(_, unit)| unit).chain(alone).collect()
+    shared
+        .into_iter()
+        .map(|(_, unit)| unit)
+        .chain(alone)
+        .collect()
 }
 
 fn run_in_worker(case: &Case, command: &WorkerCommand, worker: &mut Option<Worker>) -> CaseResult {

@@ -156,7 +156,10 @@ mod tests {
                 for points in [&[][..], &[2, 8][..], &[4][..], &[13, 14, 18][..]] {
                     let truth = step(probed, limit);
                     let found = run(&truth, points, Tier::Default);
-                    assert_eq!(found.matches, truth, "probed {probed} limit {limit} {points:?}");
+                    assert_eq!(
+                        found.matches, truth,
+                        "probed {probed} limit {limit} {points:?}"
+                    );
                     if probed >= 12 {
                         assert!(found.probes.len() < probed - 1, "{:?}", found.probes);
                     }
@@ -194,12 +197,21 @@ mod tests {
         assert_eq!(deep.matches, truth);
         assert_eq!(deep.probes, (2..=24).collect::<Vec<_>>());
         let default = run(&truth, &[2, 8], Tier::Default);
-        assert_ne!(default.matches, truth, "the default tier records the step it saw");
+        assert_ne!(
+            default.matches, truth,
+            "the default tier records the step it saw"
+        );
     }
 
     #[test]
     fn probe_errors_propagate() {
-        let r = measure(24, &[], Tier::Default, |c| if c == 24 { Err(c) } else { Ok(true) });
+        let r = measure(24, &[], Tier::Default, |c| {
+            if c == 24 {
+                Err(c)
+            } else {
+                Ok(true)
+            }
+        });
         assert_eq!(r, Err(24));
     }
 }
