@@ -10,8 +10,12 @@
 //! hand out the smallest cached buffer of at least the requested size and
 //! under `min(2 size, size + 2 pages)`; the ladder below has a buffer for
 //! every request up to [`LARGEST`] bytes on each of them (powers of two
-//! below a page, then 4 KiB steps, then 16 KiB steps: CUDA rounds requests
-//! of a page or more to 16 KiB). Larger outputs are not poisoned.
+//! below a page, then 4 KiB steps to 64 KiB, then 8 KiB steps: two 4 KiB
+//! pages, the CPU's window; CUDA rounds requests of a page or more to
+//! 16 KiB, which these steps include). Larger outputs are not poisoned.
+//! `tests/poison.rs` allocates every size through MLX's allocator after
+//! poisoning (16 KiB steps above 64 KiB left the first half of each step
+//! unpoisoned on the CPU).
 //!
 //! `MLX_CONFORMANCE_POISON=0` (or `off`, `false`, `no`) turns it off, to
 //! measure its cost; report.json's `environment.poison` and report.md say so.
@@ -30,7 +34,7 @@ fn sizes() -> &'static [usize] {
     SIZES.get_or_init(|| {
         let mut s: Vec<usize> = (4..=12).map(|p| 1usize << p).collect();
         s.extend((2..=16).map(|k| k * 4096));
-        s.extend((5..=LARGEST / 16384).map(|k| k * 16384));
+        s.extend((9..=LARGEST / 8192).map(|k| k * 8192));
         s.dedup();
         s
     })

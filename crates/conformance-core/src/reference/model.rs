@@ -17,6 +17,8 @@ pub struct Generation {
     pub decode: Expected,
     /// The greedy tokens `[steps + 1]` (int32).
     pub tokens: Expected,
+    /// Each KV cache's `[offset, keys.shape[2]]` at the end.
+    pub kv_layout: Expected,
     /// Intermediates of the traced call, by point name.
     pub trace: Option<BTreeMap<String, HostTensor>>,
 }
@@ -57,6 +59,7 @@ pub fn generate(
         _ => return Err(CaseError::Harness(format!("`{F}` trace is not a dict"))),
     };
     Ok(Generation {
+        kv_layout: r.tensor("kv_layout")?,
         prefill: r.tensor("prefill")?,
         decode: r.tensor("decode")?,
         tokens: r.tensor("tokens")?,

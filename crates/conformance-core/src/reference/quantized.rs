@@ -129,13 +129,39 @@ pub fn quantized_linear_rows(
     layer: &QuantizedTensors,
     adapters: &[Adapter],
 ) -> Result<Expected, CaseError> {
-    const F: &str = "quantized_linear_rows";
+    let (value, calls) = quantized_linear_rows_call(ctx, x, layer, adapters)?;
+    let exact = calls.exact(QUANTIZED_LINEAR_ROWS, |s, m| {
+        q::linear(s, m, "weight", true)
+    })?;
+    Ok(one_array(QUANTIZED_LINEAR_ROWS, value)?.with_exact(exact))
+}
+
+const QUANTIZED_LINEAR_ROWS: &str = "quantized_linear_rows";
+
+fn quantized_linear_rows_call(
+    ctx: &Ctx,
+    x: &HostTensor,
+    layer: &QuantizedTensors,
+    adapters: &[Adapter],
+) -> Result<(oracle::Value, Calls), CaseError> {
     let mut params = vec![tensor("x", x)];
     params.extend(layer.params());
     params.extend(adapter_params(adapters));
-    let (value, calls) = ctx.call_sent(F, params)?;
-    let exact = calls.exact(F, |s, m| q::linear(s, m, "weight", true))?;
-    Ok(one_array(F, value)?.with_exact(exact))
+    ctx.call_sent(QUANTIZED_LINEAR_ROWS, params)
+}
+
+/// [`quantized_linear_rows`] bit-compared only: for measurements that
+/// compare the reference with itself (a finder's batched calls against its
+/// calls per row), where no output of the case is exact-checked.
+pub fn quantized_linear_rows_unchecked(
+    ctx: &Ctx,
+    x: &HostTensor,
+    layer: &QuantizedTensors,
+) -> Result<Expected, CaseError> {
+    one_array(
+        QUANTIZED_LINEAR_ROWS,
+        quantized_linear_rows_call(ctx, x, layer, &[])?.0,
+    )
 }
 
 /// `mlx_lm.tuner.lora.LoRALinear.__call__`, nested once per adapter.
@@ -207,11 +233,29 @@ pub fn quantized_switch_rows(
     indices: &HostTensor,
     layer: &QuantizedTensors,
 ) -> Result<Expected, CaseError> {
-    const F: &str = "quantized_switch_rows";
+    const F: &str = QUANTIZED_SWITCH_ROWS;
     let params = switch_params(x, indices, layer);
     let (value, calls) = ctx.call_sent(F, params)?;
     let exact = calls.exact_if_defined(F, q::switch)?;
     Ok(one_array(F, value)?.with_exact(exact))
+}
+
+const QUANTIZED_SWITCH_ROWS: &str = "quantized_switch_rows";
+
+/// [`quantized_switch_rows`] bit-compared only: for measurements that
+/// compare the reference with itself (see
+/// [`quantized_linear_rows_unchecked`]).
+pub fn quantized_switch_rows_unchecked(
+    ctx: &Ctx,
+    x: &HostTensor,
+    indices: &HostTensor,
+    layer: &QuantizedTensors,
+) -> Result<Expected, CaseError> {
+    let params = switch_params(x, indices, layer);
+    one_array(
+        QUANTIZED_SWITCH_ROWS,
+        ctx.call_sent(QUANTIZED_SWITCH_ROWS, params)?.0,
+    )
 }
 
 /// `x`, `indices` and the layer's tensors: what every switch call sends.

@@ -202,7 +202,8 @@ def model_generate(directory, prompt, steps, chunk, trace_step):
     Returns `prefill` (logits of every prompt position, [P, vocab], the
     chunks' logits concatenated), `decode` ([steps, vocab]), `tokens`
     (int32 [steps + 1]: the first greedy token and every decode step's),
-    and `trace`: the intermediates of call `trace_step` (0 = the first
+    `kv_layout` (int32 [full-attention layers, 2]: each KVCache's offset
+    and allocated rows at the end), and `trace`: the intermediates of call `trace_step` (0 = the first
     prefill chunk, then one per later call) as {point: array}, or None
     when `trace_step` is negative."""
     with _MODEL_LOCK:
@@ -242,7 +243,9 @@ def model_generate(directory, prompt, steps, chunk, trace_step):
             decode.append(logits[0, -1])
             token = mx.argmax(logits[0, -1], axis=-1).astype(mx.int32)
             tokens.append(token)
+        layout = [[c.offset, c.keys.shape[2]] for c in cache if hasattr(c, "keys")]
         return {
+            "kv_layout": mx.array(layout, dtype=mx.int32),
             "prefill": mx.concatenate(prefill, axis=0),
             "decode": mx.stack(decode) if decode else mx.zeros((0, 1)),
             "tokens": mx.stack(tokens),

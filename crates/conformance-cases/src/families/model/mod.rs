@@ -111,10 +111,7 @@ fn checkpoint_dir(name: &str) -> Result<PathBuf, CaseError> {
             CHECKPOINTS.join(", ")
         )));
     }
-    Ok(crate::home::Home::get()
-        .fixtures_dir()
-        .join("checkpoints")
-        .join(name))
+    Ok(crate::home::Home::get().fixtures_dir().join("checkpoints").join(name))
 }
 
 /// The named planted faults.
@@ -144,6 +141,8 @@ pub struct PortGeneration {
     pub prefill: HostTensor,
     pub decode: HostTensor,
     pub tokens: HostTensor,
+    /// Each KV cache's `[offset, capacity]` at the end.
+    pub kv_layout: HostTensor,
     pub trace: Option<Trace>,
     pub algorithms: Vec<String>,
     /// Logits of each call (prefill chunks, then decode steps).
@@ -194,10 +193,7 @@ pub fn port_generate(
     }
     let prefill = concatenate(&prefill, 0).map_err(port_err)?;
     let argmax = |row: &Array| -> Result<i32, CaseError> {
-        let t = argmax_axis(row, -1, None)
-            .map_err(port_err)?
-            .as_dtype(mlx_rs::Dtype::Int32)
-            .map_err(port_err)?;
+        let t = argmax_axis(row, -1, None).map_err(port_err)?.as_dtype(mlx_rs::Dtype::Int32).map_err(port_err)?;
         t.try_item_exact::<i32>().map_err(port_err)
     };
     let last = prefill.index_last_row().map_err(port_err)?;
@@ -213,15 +209,26 @@ pub fn port_generate(
     }
     let decode = mlx_rs::ops::stack(&decode, 0).map_err(port_err)?;
     let n = tokens.len();
+    let layout: Vec<i32> = cache
+        .iter()
+        .filter_map(|c| match c {
+            LayerCache::Attention(kv) => Some([kv.offset() as i32, kv.capacity() as i32]),
+            LayerCache::Linear(_) => None,
+        })
+        .flatten()
+        .collect();
+    let kv_layout = HostTensor::new(
+        DType::Int32,
+        vec![layout.len() / 2, 2],
+        layout.iter().flat_map(|t| t.to_le_bytes()).collect(),
+    )
+    .map_err(|e| CaseError::Harness(e.to_string()))?;
     Ok(PortGeneration {
         prefill: host(&prefill)?,
         decode: host(&decode)?,
-        tokens: HostTensor::new(
-            DType::Int32,
-            vec![n],
-            tokens.iter().flat_map(|t| t.to_le_bytes()).collect(),
-        )
-        .map_err(|e| CaseError::Harness(e.to_string()))?,
+        tokens: HostTensor::new(DType::Int32, vec![n], tokens.iter().flat_map(|t| t.to_le_bytes()).collect())
+            .map_err(|e| CaseError::Harness(e.to_string()))?,
+        kv_layout,
         trace: kept_trace,
         algorithms,
         calls,
@@ -276,17 +283,16 @@ fn run(ctx: &Ctx, case: &ModelCase) -> Result<CaseOutput, CaseError> {
     out.compare("prefill_logits", &port.prefill, &reference.prefill);
     out.compare("decode_logits", &port.decode, &reference.decode);
     out.compare("tokens", &port.tokens, &reference.tokens);
+    // Same bits on the CPU whatever the layout, but CUDA's SDPA picks its
+    // kernel from the strides of the view it is handed.
+    out.compare_derived(
+        "kv_layout",
+        &port.kv_layout,
+        &reference.kv_layout,
+        "the cache's offset and allocation follow from the token counts, constants of the case",
+    );
     if !out.all_equal() && !ctx.perturbed() {
-        let blame = first_divergence(
-            ctx,
-            &model,
-            &dir,
-            &prompt,
-            &prompt_t,
-            case,
-            &port.calls,
-            &reference,
-        )?;
+        let blame = first_divergence(ctx, &model, &dir, &prompt, &prompt_t, case, &port.calls, &reference)?;
         out.path = format!("{} · first divergence: {blame}", out.path);
     }
     Ok(out)
@@ -294,14 +300,8 @@ fn run(ctx: &Ctx, case: &ModelCase) -> Result<CaseOutput, CaseError> {
 
 /// Which recurrence ran where, compressed (`chunked ×N, ops ×M`).
 fn summarise(algorithms: &[String]) -> String {
-    let chunked = algorithms
-        .iter()
-        .filter(|a| a.ends_with("gated_delta_chunked"))
-        .count();
-    let ops = algorithms
-        .iter()
-        .filter(|a| a.ends_with("gated_delta_ops"))
-        .count();
+    let chunked = algorithms.iter().filter(|a| a.ends_with("gated_delta_chunked")).count();
+    let ops = algorithms.iter().filter(|a| a.ends_with("gated_delta_ops")).count();
     format!("recurrence: gated_delta_chunked ×{chunked}, gated_delta_ops ×{ops}")
 }
 
@@ -319,11 +319,7 @@ pub fn first_divergence(
 ) -> Result<String, CaseError> {
     // The reference's logits per call, cut from its outputs.
     let p = prompt.len();
-    let chunk = if case.chunk == 0 {
-        p
-    } else {
-        case.chunk.min(p)
-    };
+    let chunk = if case.chunk == 0 { p } else { case.chunk.min(p) };
     let n_prefill = p.div_ceil(chunk);
     let pre = reference.prefill.tensor();
     let dec = reference.decode.tensor();
@@ -335,26 +331,23 @@ pub fn first_divergence(
             &pre.bytes[s * row_bytes..e * row_bytes]
         } else {
             let s = i - n_prefill;
-            dec.bytes
-                .get(s * row_bytes..(s + 1) * row_bytes)
-                .unwrap_or(&[])
+            dec.bytes.get(s * row_bytes..(s + 1) * row_bytes).unwrap_or(&[])
         };
         if port_call.bytes != ref_bytes {
             first = Some(i);
             break;
         }
     }
-    let Some(call) = first else {
-        return Ok("every call's logits agree (the tokens part)".into());
-    };
+    // Every call's logits agree (a layout or token difference): trace the
+    // first call, whose points include each KV cache's layout.
+    let call = first.unwrap_or(0);
     let what = if call < n_prefill {
         format!("call {call} (prefill chunk {call})")
     } else {
         format!("call {call} (decode step {})", call - n_prefill)
     };
     let port = port_generate(model, prompt, case.chunk, case.steps, Some(call))?;
-    let traced =
-        reference::model::generate(ctx, dir, prompt_t, case.steps, case.chunk, call as i64)?;
+    let traced = reference::model::generate(ctx, dir, prompt_t, case.steps, case.chunk, call as i64)?;
     let (Some(port_trace), Some(ref_trace)) = (port.trace, traced.trace) else {
         return Ok(format!("{what}: no trace"));
     };
@@ -388,9 +381,7 @@ pub fn first_divergence(
             ));
         }
     }
-    Ok(format!(
-        "{what}: every captured point agrees (the difference is in a point not captured)"
-    ))
+    Ok(format!("{what}: every captured point agrees (the difference is in a point not captured)"))
 }
 
 /// `layers.2.recurrence` → `layer 2 (linear_attention) · recurrence`.

@@ -1,0 +1,77 @@
+//! The first divergence of a `model/` case is named at the right layer and
+//! operation: four faults planted in the port (the `fault` parameter of a
+//! `model` case, run through `--cases FILE`), each failing with the layer
+//! and operation where the fault adds its difference.
+
+use std::process::Command;
+
+use serde_json::{json, Value as Json};
+
+/// (fault, the point the report must name).
+const FAULTS: [(&str, &str); 4] = [
+    // Prefill leaves the state in float32; written back in bf16, it first
+    // changes the next call's recurrence output.
+    ("recurrent-state-bf16", "call 1 (decode step 0): layer 0 (linear_attention) · recurrence"),
+    ("gated-norm-eps", "call 0 (prefill chunk 0): layer 0 (linear_attention) · gated_norm"),
+    ("conv-state-shift", "call 1 (decode step 0): layer 0 (linear_attention) · conv"),
+    // Same bits on the CPU; the layout itself parts.
+    ("kv-contiguous", "call 0 (prefill chunk 0): layer 3 (full_attention) · kv_layout"),
+];
+
+#[test]
+fn each_planted_fault_fails_naming_its_layer_and_operation() {
+    let dir = std::env::temp_dir().join(format!("conformance-model-faults-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases: String = FAULTS
+        .iter()
+        .map(|(fault, _)| {
+            let d = json!({
+                "name": format!("model/qwen3_5-tiny/fault-{fault}"),
+                "seed": 7,
+                "builder": "model",
+                "params": {
+                    "checkpoint": "qwen3_5-tiny",
+                    "prompt_len": 16,
+                    "chunk": 0,
+                    "steps": 2,
+                    "fault": fault,
+                }
+            });
+            d.to_string() + "\n"
+        })
+        .collect();
+    let file = dir.join("faults.jsonl");
+    std::fs::write(&file, cases).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args(["--device", "cpu", "--no-snapshots", "--cases"])
+        .arg(&file)
+        .arg("--out")
+        .arg(dir.join("out"))
+        .env_remove("MLX_CONFORMANCE_DEVICE_FAMILY")
+        .output()
+        .expect("the conformance binary starts");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Json =
+        serde_json::from_slice(&std::fs::read(dir.join("out/report.json")).expect(&text)).unwrap();
+    let rows = report["cases"].as_array().unwrap();
+    assert_eq!(rows.len(), FAULTS.len(), "{text}");
+    for (fault, expected) in FAULTS {
+        let row = rows
+            .iter()
+            .find(|r| r["name"].as_str().unwrap().ends_with(fault))
+            .unwrap_or_else(|| panic!("no row for {fault}: {text}"));
+        assert_eq!(row["verdict"], "fail", "{fault}: {row}");
+        let path = row["output"]["path"].as_str().unwrap_or_default();
+        assert!(
+            path.contains(&format!("first divergence: {expected}")),
+            "{fault}: expected `{expected}` in `{path}`"
+        );
+    }
+    // And without a fault the same case passes (the test can tell).
+    let _ = std::fs::remove_dir_all(&dir);
+}
