@@ -8,7 +8,8 @@
 //!
 //! - The port: the attention step's own cache and mask policy
 //!   ([`super::step`]: the first L − M keys prefilled, the last M appended
-//!   by [`KvCache`]'s concatenation, no mask for M = 1, `"causal"` above),
+//!   by [`KvCache`] (the step-256 buffer of `layers::model::KvCache`, since
+//!   the model family), no mask for M = 1, `"causal"` above),
 //!   then `fast::scaled_dot_product_attention`. With
 //!   [`KvView::CacheBuffer`] the port instead hands SDPA the prefix slice
 //!   of a buffer grown in steps of 256, as `mlx_lm.models.cache.KVCache`

@@ -17,16 +17,13 @@
 //! y = o_proj(o.transpose(0, 2, 1, 3).reshape(1, M, H * D))
 //! ```
 //!
-//! The cache differs from `mlx_lm.models.cache.KVCache` in storage only: it
-//! concatenates (one contiguous array) where mlx-lm writes into a buffer
-//! preallocated in steps of 256 and hands SDPA a prefix slice of it. Both
-//! give SDPA a row-contiguous `[1, H_kv, n, D]` holding the same bits; the
-//! must-equal cases check that this makes no difference.
+//! The cache is `layers::model::KvCache`, laid out as
+//! `mlx_lm.models.cache.KVCache` (a buffer preallocated in steps of 256,
+//! SDPA handed a prefix slice of it).
 
 use layers::ffi::{self, Mode};
 use layers::quantized::{Forward, QuantSpec, QuantizedLinear};
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
-use mlx_rs::ops::concatenate;
 use mlx_rs::Array;
 use oracle::{DType, HostTensor};
 
@@ -142,61 +139,51 @@ impl HostWeights {
     }
 }
 
-/// A growing KV cache: `[1, H_kv, len, D]` keys and values.
+/// The port's KV cache: [`layers::model::KvCache`], the reference's own
+/// layout (`mlx_lm.models.cache.KVCache`: a buffer grown in steps of 256,
+/// SDPA handed the prefix view `keys[..., :offset, :]`). Until the model
+/// family it concatenated into one contiguous array: same bits on the CPU,
+/// but CUDA picks SDPA's kernel from the view's strides (the kept case
+/// `kept/attention/sdpa/bf16/B1-H1-KV1-D64/L257-M1/s0`, up to 123 ulp).
 pub struct KvCache {
-    keys: Option<Array>,
-    values: Option<Array>,
-    len: usize,
+    inner: layers::model::KvCache,
+    /// The prefill's refusal, returned by the next append.
+    refused: Option<String>,
 }
 
 impl KvCache {
-    /// A cache holding `keys`/`values` `[1, H_kv, n, D]` (one-shot prefill);
-    /// `None` for an empty cache.
+    /// A cache prefilled with `keys`/`values` `[B, H_kv, n, D]` in one
+    /// update (one-shot prefill); `None` for an empty cache.
     pub fn prefilled(kv: Option<(Array, Array)>) -> Self {
-        match kv {
-            Some((keys, values)) => {
-                let len = keys.shape()[2] as usize;
-                Self {
-                    keys: Some(keys),
-                    values: Some(values),
-                    len,
-                }
-            }
-            None => Self {
-                keys: None,
-                values: None,
-                len: 0,
-            },
-        }
+        let mut inner = layers::model::KvCache::new();
+        let refused = kv.and_then(|(keys, values)| {
+            inner.update_and_fetch(&keys, &values).err().map(|e| e.to_string())
+        });
+        Self { inner, refused }
     }
 
     /// Tokens held.
     pub fn len(&self) -> usize {
-        self.len
+        self.inner.offset()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
-    /// Appends `[1, H_kv, m, D]` keys and values; returns the whole cache.
+    /// Appends `[B, H_kv, m, D]` keys and values; returns the views SDPA
+    /// is handed (`update_and_fetch`).
     pub(crate) fn append(
         &mut self,
         keys: &Array,
         values: &Array,
     ) -> Result<(Array, Array), CaseError> {
-        let joined = |old: &Option<Array>, new: &Array| -> Result<Array, CaseError> {
-            Ok(match old {
-                Some(old) => concatenate(&[old, new], 2)?,
-                None => new.clone(),
-            })
-        };
-        let k = joined(&self.keys, keys)?;
-        let v = joined(&self.values, values)?;
-        self.len += keys.shape()[2] as usize;
-        self.keys = Some(k.clone());
-        self.values = Some(v.clone());
-        Ok((k, v))
+        if let Some(e) = self.refused.take() {
+            return Err(CaseError::port("layers::model::KvCache::update_and_fetch (prefill)", e));
+        }
+        self.inner
+            .update_and_fetch(keys, values)
+            .map_err(|e| CaseError::port("layers::model::KvCache::update_and_fetch", e))
     }
 }
 
