@@ -150,6 +150,10 @@ fn cli_page(root: &Path) -> Result<String> {
     xtask.build();
     s += &help_section("cargo xtask", &xtask.render_help().to_string());
     for sub in xtask.get_subcommands_mut() {
+        // clap's own `help` subcommand says nothing the page does not.
+        if sub.get_name() == "help" {
+            continue;
+        }
         let name = format!("cargo xtask {}", sub.get_name());
         let help = sub.render_help().to_string();
         s += &help_section(&name, &help);

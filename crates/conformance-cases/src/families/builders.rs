@@ -48,6 +48,7 @@ builders!(
     super::configs::ConfigCase,
     super::configs::refused::ConfigRefusedCase,
     super::model::ModelCase,
+    super::model::finding::ChunkedFinding,
 );
 
 /// The case `d` describes: built by its builder from its parameters

@@ -18,6 +18,8 @@
 //! compared in the order the port computes them, so the blame goes to the
 //! operation that adds the difference (its inputs, earlier points, agree).
 
+pub mod finding;
+
 use std::path::PathBuf;
 
 use layers::model::{Faults, LayerCache, Model, Trace};
@@ -101,10 +103,11 @@ pub fn descriptions() -> Vec<Described> {
         ));
         let _ = moe;
     }
+    out.extend(finding::descriptions());
     out
 }
 
-fn checkpoint_dir(name: &str) -> Result<PathBuf, CaseError> {
+pub(crate) fn checkpoint_dir(name: &str) -> Result<PathBuf, CaseError> {
     if !CHECKPOINTS.contains(&name) {
         return Err(CaseError::Harness(format!(
             "model checkpoint `{name}` is none of {}",
@@ -131,7 +134,7 @@ pub fn fault(name: &str) -> Result<Faults, CaseError> {
     Ok(f)
 }
 
-fn port_err(e: impl std::fmt::Display) -> CaseError {
+pub(crate) fn port_err(e: impl std::fmt::Display) -> CaseError {
     CaseError::port("layers::model", e)
 }
 
@@ -249,7 +252,7 @@ impl LastRow for Array {
 }
 
 /// The seeded prompt of a case: `prompt_len` token ids below the vocabulary.
-fn prompt(ctx: &Ctx, len: usize, vocab: usize) -> Vec<i32> {
+pub(crate) fn prompt(ctx: &Ctx, len: usize, vocab: usize) -> Vec<i32> {
     let mut inputs = ctx.inputs();
     let raw = inputs.uniform(DType::Float32, &[len], 1.0);
     raw.bytes

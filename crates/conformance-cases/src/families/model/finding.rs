@@ -1,0 +1,116 @@
+//! `model/.../finding-chunked-vs-one-shot`: where the reference parts from
+//! itself. The same prompt prefilled in one call and in chunks (32, 32,
+//! then the last token as a decode-shaped call) by mlx-vlm's own model:
+//! the prefill recurrence runs `gated_delta_chunked` over other chunk
+//! boundaries and the last token through `gated_delta_ops`, the MoE sorts
+//! other row sets, SDPA sees other query counts. Measured: how many prompt
+//! positions' logits differ in bits, the largest difference in bf16 ulp,
+//! whether the greedy continuations agree; and whether the port parts from
+//! itself in exactly the same way (it must: it mirrors each call).
+
+use layers::model::Model;
+use oracle::{DType, HostTensor};
+use serde_json::json;
+
+use super::{checkpoint_dir, port_err, port_generate, prompt};
+use crate::case::{Case, CaseError, CaseOutput, Ctx};
+use crate::families::describe::{described, Described, Params};
+use crate::reference;
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChunkedFinding {
+    pub checkpoint: String,
+    pub prompt_len: usize,
+    pub chunk: usize,
+    pub steps: usize,
+}
+
+impl Params for ChunkedFinding {
+    const BUILDER: &'static str = "model-chunked-finding";
+    fn build(self, name: String) -> Case {
+        Case::finding(name, super::FAMILY, super::REFERENCE, move |ctx| run(ctx, &self))
+            .glue_composed(super::GLUE_PIECES)
+    }
+}
+
+pub fn descriptions() -> Vec<Described> {
+    super::CHECKPOINTS
+        .iter()
+        .map(|c| {
+            described(
+                format!("model/{c}/finding-chunked-vs-one-shot/prefill65-chunk32"),
+                &ChunkedFinding {
+                    checkpoint: (*c).into(),
+                    prompt_len: 65,
+                    chunk: 32,
+                    steps: 8,
+                },
+            )
+        })
+        .collect()
+}
+
+/// bf16 rows: (rows differing, max ulp over all elements).
+fn relation(a: &HostTensor, b: &HostTensor, rows: usize) -> Result<(usize, u32), CaseError> {
+    if a.dtype != DType::Bfloat16 || a.bytes.len() != b.bytes.len() || rows == 0 {
+        return Err(CaseError::Harness("logits are not two bf16 tables of one shape".into()));
+    }
+    let row = a.bytes.len() / rows;
+    let mut differing = 0;
+    let mut max_ulp = 0u32;
+    for (ra, rb) in a.bytes.chunks(row).zip(b.bytes.chunks(row)) {
+        if ra != rb {
+            differing += 1;
+        }
+        for (x, y) in ra.chunks(2).zip(rb.chunks(2)) {
+            let key = |v: u16| -> i32 {
+                let v = v as i32;
+                if v & 0x8000 != 0 {
+                    -(v & 0x7fff)
+                } else {
+                    v
+                }
+            };
+            let (x, y) = (u16::from_le_bytes([x[0], x[1]]), u16::from_le_bytes([y[0], y[1]]));
+            max_ulp = max_ulp.max((key(x) - key(y)).unsigned_abs());
+        }
+    }
+    Ok((differing, max_ulp))
+}
+
+fn run(ctx: &Ctx, f: &ChunkedFinding) -> Result<CaseOutput, CaseError> {
+    let dir = checkpoint_dir(&f.checkpoint)?;
+    let model = Model::load(&dir).map_err(port_err)?;
+    let tokens = prompt(ctx, f.prompt_len, model.config.vocab_size);
+    let prompt_t = HostTensor::new(
+        DType::Int32,
+        vec![1, tokens.len()],
+        tokens.iter().flat_map(|t| t.to_le_bytes()).collect(),
+    )
+    .map_err(|e| CaseError::Harness(e.to_string()))?;
+    let one = reference::model::generate(ctx, &dir, &prompt_t, f.steps, 0, -1)?;
+    let chunked = reference::model::generate(ctx, &dir, &prompt_t, f.steps, f.chunk, -1)?;
+    let (ref_rows, ref_ulp) = relation(one.prefill.tensor(), chunked.prefill.tensor(), f.prompt_len)?;
+    let ref_tokens_equal = one.tokens.tensor().bytes == chunked.tokens.tensor().bytes;
+    let port_one = port_generate(&model, &tokens, 0, f.steps, None)?;
+    let port_chunked = port_generate(&model, &tokens, f.chunk, f.steps, None)?;
+    let (port_rows, port_ulp) = relation(&port_one.prefill, &port_chunked.prefill, f.prompt_len)?;
+    let port_tokens_equal = port_one.tokens.bytes == port_chunked.tokens.bytes;
+    let mut out = CaseOutput::new("one-shot (gated_delta_chunked over 65) against chunks 32, 32, 1");
+    out.digest("port one-shot prefill", &port_one.prefill);
+    out.digest("port chunked prefill", &port_chunked.prefill);
+    out.digest("reference one-shot prefill", one.prefill.tensor());
+    out.digest("reference chunked prefill", chunked.prefill.tensor());
+    Ok(out.with_finding(json!({
+        "reference": {
+            "prompt positions whose logits differ": ref_rows,
+            "of": f.prompt_len,
+            "max bf16 ulp": ref_ulp,
+            "greedy tokens equal": ref_tokens_equal,
+        },
+        "port parts from itself the same way": port_rows == ref_rows
+            && port_ulp == ref_ulp
+            && port_tokens_equal == ref_tokens_equal,
+    })))
+}
