@@ -50,7 +50,9 @@ pub fn generate(
             map.into_iter()
                 .map(|(k, v)| match v {
                     Value::Tensor(t) => Ok((k, t)),
-                    _ => Err(CaseError::Harness(format!("`{F}` trace point `{k}` is not an array"))),
+                    _ => Err(CaseError::Harness(format!(
+                        "`{F}` trace point `{k}` is not an array"
+                    ))),
                 })
                 .collect::<Result<_, _>>()?,
         ),
