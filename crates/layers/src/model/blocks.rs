@@ -145,6 +145,8 @@ impl SparseMoe {
 
 /// The feed-forward of a decoder layer.
 #[derive(Debug)]
+// One per layer, built once at load: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum FeedForward {
     Dense(Mlp),
     Moe(SparseMoe),
