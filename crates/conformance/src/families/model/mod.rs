@@ -75,11 +75,10 @@ impl Params for ModelCase {
 pub fn descriptions() -> Vec<Described> {
     let mut out = Vec::new();
     for checkpoint in CHECKPOINTS {
-        let moe = checkpoint.contains("moe");
         // One-shot prefill (16 tokens: the MoE routes 64 rows, the sorted
         // switch path), then 32 greedy steps.
         out.push(described(
-            &format!("model/{checkpoint}/prefill16-decode32"),
+            format!("model/{checkpoint}/prefill16-decode32"),
             &ModelCase {
                 checkpoint: checkpoint.into(),
                 prompt_len: 16,
@@ -92,7 +91,7 @@ pub fn descriptions() -> Vec<Described> {
         // last token as a decode-shaped call), across a chunk of the
         // chunked recurrence (64) and the ops path.
         out.push(described(
-            &format!("model/{checkpoint}/prefill65-chunk32-decode32"),
+            format!("model/{checkpoint}/prefill65-chunk32-decode32"),
             &ModelCase {
                 checkpoint: checkpoint.into(),
                 prompt_len: 65,
@@ -101,7 +100,6 @@ pub fn descriptions() -> Vec<Described> {
                 fault: None,
             },
         ));
-        let _ = moe;
     }
     out.extend(finding::descriptions());
     out
