@@ -358,6 +358,7 @@ fn the_same_seed_draws_the_same_samples_and_shards_merge_into_the_whole() {
         &["--samples", "12", "--shrink-steps", "0"],
         false,
     );
+    assert_eq!(names(&root.join("a")).len(), 12, "12 samples drawn");
     assert_eq!(names(&root.join("a")), names(&root.join("b")));
     explore(
         &root.join("s0"),
