@@ -69,6 +69,17 @@ fn cases(report: &Json) -> &Vec<Json> {
     report["cases"].as_array().unwrap()
 }
 
+/// How many cases `--list --filter filter` names: what a run of that filter
+/// must have one row each for (a loop over rows proves nothing when there
+/// are none).
+fn listed(filter: &str) -> usize {
+    let out = conformance(&["--list", "--filter", filter]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let n = String::from_utf8_lossy(&out.stdout).lines().count();
+    assert!(n > 0, "--filter {filter} lists no case");
+    n
+}
+
 fn python_candidate(extra: &str) -> String {
     let script = root().join("candidates/python/mlx_core_candidate.py");
     format!("{} {} {extra}", python(), script.display())
@@ -98,6 +109,7 @@ fn the_python_candidate_passes_its_four_ops() {
             .filter(|c| c["verdict"] == "pass")
             .count();
         assert!(passed >= 4, "{filter}: {passed} passed: {all}");
+        assert_eq!(cases(&report).len(), listed(filter), "{filter}: {all}");
         for c in cases(&report) {
             let message = c["message"].as_str().unwrap_or_default();
             assert!(
@@ -123,6 +135,7 @@ fn the_wrong_python_candidate_fails_with_the_first_differing_element() {
     );
     let all = text(&out);
     assert_eq!(out.status.code(), Some(1), "{all}");
+    assert_eq!(cases(&report).len(), listed("position/rope2d/2d/hd64/"));
     for c in cases(&report) {
         let name = c["name"].as_str().unwrap();
         let comparison = &c["output"]["outputs"][0]["comparison"];
@@ -149,14 +162,14 @@ fn rows(mode: &str, extra: &[&str]) -> (Vec<(String, String)>, Output, Duration)
                 c["message"].as_str().unwrap_or_default().to_owned(),
             )
         })
-        .collect();
+        .collect::<Vec<_>>();
+    assert_eq!(rows.len(), listed(TWO), "one row per case: {}", text(&out));
     (rows, out, start.elapsed())
 }
 
 #[test]
 fn a_crashing_candidate_is_an_error_row_per_case_and_is_restarted() {
-    let (rows, out, _) = rows("crash", &[]);
-    assert_eq!(rows.len(), 2, "{}", text(&out));
+    let (rows, _, _) = rows("crash", &[]);
     for (verdict, message) in &rows {
         assert_eq!(verdict, "error", "{message}");
         assert!(
@@ -195,6 +208,7 @@ fn a_wrong_dtype_or_shape_fails_saying_which() {
     ] {
         let (out, report, _dir) = run_candidate(&bad(mode), TWO, &[]);
         assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+        assert_eq!(cases(&report).len(), listed(TWO), "{mode}");
         for c in cases(&report) {
             assert_eq!(c["verdict"], "fail", "{mode}: {c}");
             assert_eq!(

@@ -1,7 +1,11 @@
-//! The release gate end to end on real runs: the baseline gated against
-//! itself exits 0 with every case unchanged; a candidate whose reference is
-//! deliberately changed (the proof mode's perturbation) has its must-equal
-//! cases classified "reference moved alone" and exits 1.
+//! The release gate end to end on real runs (its inputs are the runner's
+//! own report.json and kept outputs, never text written here): the
+//! baseline gated against itself exits 0 with every case unchanged; a
+//! candidate whose reference is deliberately changed (the proof mode's
+//! perturbation) has its must-equal cases classified "reference moved
+//! alone" and exits 1; a candidate run on other inputs (another seed: port
+//! and reference move together) exits 2; a candidate run where a case
+//! crashed, or an environment error, exits 3.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -10,6 +14,12 @@ use std::process::Command;
 const FILTER: &str = "quantized/rows/affine-4b-gs64/bf16/M";
 
 fn run(dir: &Path, perturb: bool) {
+    run_with(dir, perturb, &[], None)
+}
+
+/// A run of FILTER into `dir` with `extra` flags, `fault` as
+/// MLX_CONFORMANCE_FAULT.
+fn run_with(dir: &Path, perturb: bool, extra: &[&str], fault: Option<&str>) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_conformance"));
     cmd.env("CI", "true")
         .args([
@@ -26,6 +36,10 @@ fn run(dir: &Path, perturb: bool) {
     if perturb {
         cmd.arg("--perturb");
     }
+    cmd.args(extra);
+    if let Some(fault) = fault {
+        cmd.env("MLX_CONFORMANCE_FAULT", fault);
+    }
     let out = cmd.output().unwrap();
     assert!(
         dir.join("report.json").exists(),
@@ -35,12 +49,23 @@ fn run(dir: &Path, perturb: bool) {
 }
 
 fn gate(name: &str, base: &Path, cand: &Path, out: &Path) -> (i32, serde_json::Value) {
+    gate_with(name, base, cand, out, &[])
+}
+
+fn gate_with(
+    name: &str,
+    base: &Path,
+    cand: &Path,
+    out: &Path,
+    extra: &[&str],
+) -> (i32, serde_json::Value) {
     let status = Command::new(env!("CARGO_BIN_EXE_conformance-gate"))
         .arg(name)
         .arg(base)
         .arg(cand)
         .arg("--out")
         .arg(out)
+        .args(extra)
         .output()
         .unwrap();
     let json = std::fs::read_to_string(out.join("gate.json")).unwrap();
@@ -81,4 +106,72 @@ fn baseline_against_itself_is_unchanged_and_a_moved_reference_fails() {
             assert!(port_unchanged, "{c:#}");
         }
     }
+}
+
+/// The other two exits the gate's table promises, from real runs.
+#[test]
+fn other_inputs_exit_2_and_a_crashed_case_or_an_environment_error_exit_3() {
+    let (a, seeded) = (temp("a2"), temp("seed1"));
+    run(&a, false);
+    // Another seed: every input moves, so port and reference bits move
+    // together; must-equal cases still pass.
+    run_with(&seeded, false, &["--seed", "1"], None);
+    let (code, g) = gate("seeded", &a, &seeded, &temp("seeded"));
+    assert_eq!(code, 2, "{g:#}");
+    let cases = g["cases"].as_array().unwrap();
+    let must_equal: Vec<_> = cases
+        .iter()
+        .filter(|c| c["expect"] == "must_equal")
+        .collect();
+    assert!(!must_equal.is_empty(), "{g:#}");
+    for c in must_equal {
+        assert_eq!(c["class"], "both_moved_together", "{c:#}");
+    }
+
+    // One case crashes in the candidate run: that case is a candidate
+    // error, and the gate exits 3.
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(a.join("report.json")).unwrap()).unwrap();
+    let crashing = report["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["expect"] == "must_equal")
+        .unwrap()["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let crashed = temp("crashed");
+    run_with(
+        &crashed,
+        false,
+        &["--jobs", "1"],
+        Some(&format!("SIGSEGV@{crashing}")),
+    );
+    let (code, g) = gate("crashed", &a, &crashed, &temp("crashed-gate"));
+    assert_eq!(code, 3, "{g:#}");
+    let row = g["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == crashing.as_str())
+        .unwrap();
+    assert_eq!(row["class"], "candidate_error", "{row:#}");
+
+    // An environment error found before the runs: 3, recorded.
+    let (code, g) = gate_with(
+        "env",
+        &a,
+        &a,
+        &temp("env"),
+        &[
+            "--environment-error",
+            "the candidate's wheel did not install",
+        ],
+    );
+    assert_eq!(code, 3, "{g:#}");
+    assert_eq!(
+        g["environment_errors"][0], "the candidate's wheel did not install",
+        "{g:#}"
+    );
 }

@@ -11,11 +11,23 @@ use serde_json::{json, Value as Json};
 const FAULTS: [(&str, &str); 4] = [
     // Prefill leaves the state in float32; written back in bf16, it first
     // changes the next call's recurrence output.
-    ("recurrent-state-bf16", "call 1 (decode step 0): layer 0 (linear_attention) · recurrence"),
-    ("gated-norm-eps", "call 0 (prefill chunk 0): layer 0 (linear_attention) · gated_norm"),
-    ("conv-state-shift", "call 1 (decode step 0): layer 0 (linear_attention) · conv"),
+    (
+        "recurrent-state-bf16",
+        "call 1 (decode step 0): layer 0 (linear_attention) · recurrence",
+    ),
+    (
+        "gated-norm-eps",
+        "call 0 (prefill chunk 0): layer 0 (linear_attention) · gated_norm",
+    ),
+    (
+        "conv-state-shift",
+        "call 1 (decode step 0): layer 0 (linear_attention) · conv",
+    ),
     // Same bits on the CPU; the layout itself parts.
-    ("kv-contiguous", "call 0 (prefill chunk 0): layer 3 (full_attention) · kv_layout"),
+    (
+        "kv-contiguous",
+        "call 0 (prefill chunk 0): layer 3 (full_attention) · kv_layout",
+    ),
 ];
 
 #[test]

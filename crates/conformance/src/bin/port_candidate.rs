@@ -455,6 +455,46 @@ fn call(op: &str, a: &Args) -> Result<Value> {
             out.push(("rope_deltas", ints_as(&deltas, &[p.batch, 1], dtype)?));
             Ok(dict(out))
         }
+        "model_generate" => {
+            let model = layers::model::Model::load(a.string("directory")?).map_err(s)?;
+            let prompt = a.host("prompt")?;
+            if prompt.dtype != oracle::DType::Int32 {
+                return Err(format!("prompt is {}, not int32", prompt.dtype.name()));
+            }
+            let tokens: Vec<i32> = prompt
+                .bytes
+                .chunks(4)
+                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            let trace_step = a.int("trace_step")?;
+            let g = conformance::families::model::port_generate(
+                &model,
+                &tokens,
+                a.int("chunk")?.max(0) as usize,
+                a.int("steps")?.max(0) as usize,
+                (trace_step >= 0).then_some(trace_step as usize),
+            )
+            .map_err(|e| e.to_string())?;
+            let trace = match g.trace {
+                Some(t) => {
+                    let mut points = BTreeMap::new();
+                    for p in &t.points {
+                        if !points.contains_key(&p.point) {
+                            points.insert(p.point.clone(), tensor(&p.value)?);
+                        }
+                    }
+                    Value::Dict(points)
+                }
+                None => Value::None,
+            };
+            Ok(dict(vec![
+                ("prefill", Value::Tensor(g.prefill)),
+                ("decode", Value::Tensor(g.decode)),
+                ("tokens", Value::Tensor(g.tokens)),
+                ("kv_layout", Value::Tensor(g.kv_layout)),
+                ("trace", trace),
+            ]))
+        }
         "safetensors_load" => {
             let file = layers::checkpoint::SafetensorsFile::open(a.string("path")?).map_err(s)?;
             let mut arrays = BTreeMap::new();
@@ -1069,6 +1109,7 @@ const OPS: &[&str] = &[
     "switch_nvfp4_global_scale",
     "attention_decode_step",
     "sdpa_kv_cache",
+    "model_generate",
 ];
 
 fn answer(out: &mut impl Write, message: Json) -> bool {

@@ -389,6 +389,20 @@ pub const OPS: &[Op] = &[
         outputs: "array [B, Hq, M, D]: the attention output (M = queries' L; the first S - M keys and values prefill the cache, the last M are appended)",
     },
     Op {
+        name: "model_generate",
+        version: 1,
+        glue: "model_generate",
+        reference: "mlx_vlm.models.qwen3_5 / qwen3_5_moe (mlx-vlm 0.7.6): Model.sanitize, LanguageModel.__call__ with make_cache(), greedy argmax",
+        inputs: &[
+            i("directory", "str: a model directory (config.json + safetensors)"),
+            i("prompt", "array int32 [1, P]: prompt token ids"),
+            i("steps", "int: greedy decode steps after the prompt"),
+            i("chunk", "int: prefill chunk (0: the whole prompt in one call)"),
+            i("trace_step", "int: the call whose intermediates to return (0 = first prefill chunk), or -1"),
+        ],
+        outputs: "dict: `prefill` [P, vocab] logits of every prompt position, `decode` [steps, vocab], `tokens` int32 [steps + 1] greedy tokens, `kv_layout` int32 [full-attention layers, 2] each KV cache's offset and allocated rows, `trace` {point: array} or None",
+    },
+    Op {
         name: "rope2d_apply",
         version: 1,
         glue: "position_rope2d",

@@ -84,14 +84,19 @@ impl SwitchGlu {
             let order = argsort_axis(&flat, 0)?;
             let inv_order = argsort_axis(&order, 0)?;
             let rows = x.flatten(0, x.ndim() as i32 - 3)?;
-            let picked = rows.take_axis(floor_divide(&order, Array::from_int(m).as_dtype(order.dtype())?)?, 0)?;
+            let picked = rows.take_axis(
+                floor_divide(&order, Array::from_int(m).as_dtype(order.dtype())?)?,
+                0,
+            )?;
             (picked, flat.take_axis(&order, 0)?, Some(inv_order))
         } else {
             (x, indices.clone(), None)
         };
         let up = self.up_proj.forward(&x, &idx, do_sort)?;
         let gate = self.gate_proj.forward(&x, &idx, do_sort)?;
-        let mut y = self.down_proj.forward(&swiglu(&gate, &up)?, &idx, do_sort)?;
+        let mut y = self
+            .down_proj
+            .forward(&swiglu(&gate, &up)?, &idx, do_sort)?;
         if let Some(inv) = inv_order {
             y = y.take_axis(&inv, 0)?;
             let mut shape = indices.shape().to_vec();
@@ -119,14 +124,20 @@ impl SparseMoe {
         let gates = softmax_axis(&gates, -1, true)?;
         let k = self.top_k;
         let e = gates.shape()[gates.ndim() - 1];
-        let inds = slice_axis(&argpartition_axis(&gates, -k, -1)?, gates.ndim() - 1, e - k, e)?;
+        let inds = slice_axis(
+            &argpartition_axis(&gates, -k, -1)?,
+            gates.ndim() - 1,
+            e - k,
+            e,
+        )?;
         let scores = mlx_rs::ops::indexing::take_along_axis(&gates, &inds, -1)?;
         let scores = scores.divide(&sum_axis(&scores, -1, true)?)?;
         let y = self.switch_mlp.forward(x, &inds)?;
         let y = sum_axis(&y.multiply(&expand_dims(&scores, -1)?)?, -2, None)?;
         trace.record(at, "experts", &y);
         let shared = self.shared_expert.forward(x)?;
-        let shared = mlx_rs::ops::sigmoid(&self.shared_expert_gate.forward(x)?)?.multiply(&shared)?;
+        let shared =
+            mlx_rs::ops::sigmoid(&self.shared_expert_gate.forward(x)?)?.multiply(&shared)?;
         trace.record(at, "shared_expert", &shared);
         Ok(y.add(&shared)?)
     }
@@ -134,6 +145,8 @@ impl SparseMoe {
 
 /// The feed-forward of a decoder layer.
 #[derive(Debug)]
+// One per layer, built once at load: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum FeedForward {
     Dense(Mlp),
     Moe(SparseMoe),
@@ -182,14 +195,21 @@ impl Attention {
         trace.record(at, "q_proj", &q_out);
         trace.record(at, "k_proj", &keys);
         trace.record(at, "v_proj", &values);
-        let halves = q_out.reshape(&[b, l, self.n_heads, -1])?.split_equal(2, -1)?;
+        let halves = q_out
+            .reshape(&[b, l, self.n_heads, -1])?
+            .split_equal(2, -1)?;
         let gate = halves[1].reshape(&[b, l, -1])?;
         let queries = transpose_axes(&self.q_norm.forward(&halves[0])?, &[0, 2, 1, 3])?;
         let keys = transpose_axes(
-            &self.k_norm.forward(&keys.reshape(&[b, l, self.n_kv_heads, -1])?)?,
+            &self
+                .k_norm
+                .forward(&keys.reshape(&[b, l, self.n_kv_heads, -1])?)?,
             &[0, 2, 1, 3],
         )?;
-        let values = transpose_axes(&values.reshape(&[b, l, self.n_kv_heads, -1])?, &[0, 2, 1, 3])?;
+        let values = transpose_axes(
+            &values.reshape(&[b, l, self.n_kv_heads, -1])?,
+            &[0, 2, 1, 3],
+        )?;
         let (queries, keys) = rope.apply(&queries, &keys, position_ids)?;
         trace.record(at, "rope_q", &queries);
         trace.record(at, "rope_k", &keys);
@@ -200,7 +220,8 @@ impl Attention {
         let out = fast::scaled_dot_product_attention(&queries, &keys, &values, scale, mask, None)?;
         trace.record(at, "attention", &out);
         let out = transpose_axes(&out, &[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-        self.o_proj.forward(&out.multiply(mlx_rs::ops::sigmoid(&gate)?)?)
+        self.o_proj
+            .forward(&out.multiply(mlx_rs::ops::sigmoid(&gate)?)?)
     }
 }
 
@@ -264,7 +285,11 @@ impl GatedDeltaNet {
         let conv_input = mlx_rs::ops::concatenate(&[&conv_state, &mixed_qkv], 1)?;
         // `cache.update_window(0, conv_input, K - 1)`: the trailing window.
         let length = conv_input.shape()[1] - width;
-        let start = if faults.conv_state_shift { length - 1 } else { length };
+        let start = if faults.conv_state_shift {
+            length - 1
+        } else {
+            length
+        };
         cache.conv_state = Some(slice_axis(&conv_input, 1, start, start + width)?.contiguous()?);
 
         let decode_conv = s == 1
@@ -290,7 +315,8 @@ impl GatedDeltaNet {
 
         // `_normalize_qk`.
         let inv_scale = (self.head_k_dim as f64).powf(-0.5);
-        let q = weak_scalar(inv_scale * inv_scale, q.dtype())?.multiply(fast::rms_norm(&q, None, 1e-6)?)?;
+        let q = weak_scalar(inv_scale * inv_scale, q.dtype())?
+            .multiply(fast::rms_norm(&q, None, 1e-6)?)?;
         let k = weak_scalar(inv_scale, k.dtype())?.multiply(fast::rms_norm(&k, None, 1e-6)?)?;
         trace.record(at, "q_norm", &q);
         trace.record(at, "k_norm", &k);
@@ -349,4 +375,3 @@ pub struct DecoderLayer {
     pub post_attention_layernorm: RmsNorm,
     pub ff: FeedForward,
 }
-

@@ -121,7 +121,7 @@ impl KvCache {
             let (new_k, new_v) = (fresh(keys)?, fresh(values)?);
             match (self.keys.take(), self.values.take()) {
                 (Some(mut k), Some(mut v)) => {
-                    if prev % KV_STEP != 0 {
+                    if !prev.is_multiple_of(KV_STEP) {
                         k = slice_axis(&k, 2, 0, prev as i32)?;
                         v = slice_axis(&v, 2, 0, prev as i32)?;
                     }

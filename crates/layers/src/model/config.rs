@@ -135,7 +135,7 @@ impl TextConfig {
     /// Whether layer `i` is a Gated DeltaNet layer (`(i + 1) %
     /// full_attention_interval != 0`), else gated full attention.
     pub fn is_linear(&self, i: usize) -> bool {
-        (i + 1) % self.full_attention_interval != 0
+        !(i + 1).is_multiple_of(self.full_attention_interval)
     }
 
     /// `key_dim * 2 + value_dim`: the conv's channels.

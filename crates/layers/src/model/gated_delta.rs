@@ -12,9 +12,8 @@
 //! Metal kernel ([`Recurrence`] says which ran).
 
 use mlx_rs::ops::{
-    broadcast_to, clip, concatenate, cumsum, exp, expand_dims, log, logaddexp, ones_dtype,
-    select, squeeze_axes, stack, sum_axis, swap_axes, transpose_axes, tril, zeros_dtype,
-    zeros_like,
+    broadcast_to, clip, concatenate, cumsum, exp, expand_dims, log, logaddexp, ones_dtype, select,
+    squeeze_axes, stack, sum_axis, swap_axes, transpose_axes, tril, zeros_dtype, zeros_like,
 };
 use mlx_rs::{Array, Dtype};
 
@@ -44,7 +43,10 @@ pub const CHUNK: i32 = 64;
 
 /// `a[..., i, ...]` on `axis` (an integer index: slice, then drop the axis).
 fn at(a: &Array, axis: usize, i: i32) -> Result<Array, ModelError> {
-    Ok(squeeze_axes(&slice_axis(a, axis, i, i + 1)?, &[axis as i32])?)
+    Ok(squeeze_axes(
+        &slice_axis(a, axis, i, i + 1)?,
+        &[axis as i32],
+    )?)
 }
 
 /// `_compute_g_beta(A_log, a, b, dt_bias)`:
@@ -165,15 +167,22 @@ pub fn gated_delta_chunked(
     let tp = t_len + pad;
     let n_c = tp / c;
     let rc = |x: &Array, d: i32| -> Result<Array, ModelError> {
-        Ok(transpose_axes(&x.reshape(&[b, n_c, c, hv, d])?, &[0, 3, 1, 2, 4])?
-            .as_dtype(Dtype::Float32)?)
+        Ok(
+            transpose_axes(&x.reshape(&[b, n_c, c, hv, d])?, &[0, 3, 1, 2, 4])?
+                .as_dtype(Dtype::Float32)?,
+        )
     };
     let (q, k, v) = (rc(&q, dk)?, rc(&k, dk)?, rc(&v, dv)?);
     let g = transpose_axes(&g.reshape(&[b, n_c, c, hv])?, &[0, 3, 1, 2])?;
     let beta = transpose_axes(&beta.reshape(&[b, n_c, c, hv])?, &[0, 3, 1, 2])?;
 
     let f32s = |v: f64| weak_scalar(v, Dtype::Float32);
-    let lcg = cumsum(&log(&clip(&g, (&f32s(1e-6)?, &f32s(1.0)?))?)?, -1, None, None)?;
+    let lcg = cumsum(
+        &log(&clip(&g, (&f32s(1e-6)?, &f32s(1.0)?))?)?,
+        -1,
+        None,
+        None,
+    )?;
     let cumg = exp(&lcg)?;
     let ones_cc = ones_dtype(&[c, c], Dtype::Float32)?;
     let lower_incl = tril(&ones_cc, 0)?;
@@ -188,7 +197,10 @@ pub fn gated_delta_chunked(
     let kt_swap = swap_axes(&k, -1, -2)?;
     let kk = k.matmul(&kt_swap)?;
     let beta_col = expand_dims(&beta, -1)?;
-    let a = beta_col.multiply(&dr)?.multiply(&kk)?.multiply(&strict_lower)?;
+    let a = beta_col
+        .multiply(&dr)?
+        .multiply(&kk)?
+        .multiply(&strict_lower)?;
     let eye = Array::eye::<f32>(c, None, None)?;
     let tinv = invert_unit_lower(&eye.add(&a)?, c)?;
 
@@ -196,7 +208,9 @@ pub fn gated_delta_chunked(
     let u0 = tinv.matmul(&beta_col.multiply(&v)?)?;
     let kt = tinv.matmul(&kbeta)?;
     let m = dr.multiply(&q.matmul(&kt_swap)?)?.multiply(&lower_incl)?;
-    let qeff = expand_dims(&cumg, -1)?.multiply(&q)?.subtract(&m.matmul(&kt)?)?;
+    let qeff = expand_dims(&cumg, -1)?
+        .multiply(&q)?
+        .subtract(&m.matmul(&kt)?)?;
     let mu0 = m.matmul(&u0)?;
     let last = lcg.shape()[3] - 1;
     let cumg_last = at(&cumg, 3, last)?;

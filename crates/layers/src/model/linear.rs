@@ -27,17 +27,16 @@ impl Linear {
         out_features: usize,
     ) -> Result<Self, ModelError> {
         let stored = w.module_name(path, "weight")?;
-        let spec = w
-            .checkpoint()
-            .resolve_quant_spec(&stored, LayerKind::Linear, in_features as i32)?;
+        let spec =
+            w.checkpoint()
+                .resolve_quant_spec(&stored, LayerKind::Linear, in_features as i32)?;
         let layer = match spec {
-            SpecResolution::Quantized { .. } => Linear::Quantized(QuantizedLinear::from_checkpoint(
-                w.checkpoint(),
-                &stored,
-                in_features as i32,
-            )?),
+            SpecResolution::Quantized { .. } => Linear::Quantized(
+                QuantizedLinear::from_checkpoint(w.checkpoint(), &stored, in_features as i32)?,
+            ),
             SpecResolution::NotQuantized(_) => {
-                let weight = w.tensor(path, "weight", &[out_features as i32, in_features as i32])?;
+                let weight =
+                    w.tensor(path, "weight", &[out_features as i32, in_features as i32])?;
                 let bias = w.optional(path, "bias", &[out_features as i32])?;
                 Linear::Float { weight, bias }
             }
@@ -83,7 +82,12 @@ pub enum Embedding {
 }
 
 impl Embedding {
-    pub(super) fn load(w: &Weights, path: &str, vocab: usize, dims: usize) -> Result<Self, ModelError> {
+    pub(super) fn load(
+        w: &Weights,
+        path: &str,
+        vocab: usize,
+        dims: usize,
+    ) -> Result<Self, ModelError> {
         let stored = w.module_name(path, "weight")?;
         let spec = w
             .checkpoint()

@@ -78,7 +78,12 @@ impl Weights {
     }
 
     /// Tensor `{path}.{suffix}`, sanitized, checked against `shape`.
-    pub(super) fn tensor(&self, path: &str, suffix: &str, shape: &[i32]) -> Result<Array, ModelError> {
+    pub(super) fn tensor(
+        &self,
+        path: &str,
+        suffix: &str,
+        shape: &[i32],
+    ) -> Result<Array, ModelError> {
         let stored = self.module_name(path, suffix)?;
         let name = format!("{stored}.{suffix}");
         let mut value = self.checkpoint.array(&name)?;
@@ -103,7 +108,12 @@ impl Weights {
     }
 
     /// [`Weights::tensor`] when present.
-    pub(super) fn optional(&self, path: &str, suffix: &str, shape: &[i32]) -> Result<Option<Array>, ModelError> {
+    pub(super) fn optional(
+        &self,
+        path: &str,
+        suffix: &str,
+        shape: &[i32],
+    ) -> Result<Option<Array>, ModelError> {
         match self.module_name(path, suffix) {
             Ok(_) => self.tensor(path, suffix, shape).map(Some),
             Err(ModelError::MissingTensor { .. }) => Ok(None),

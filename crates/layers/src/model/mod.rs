@@ -35,8 +35,8 @@ use mlx_rs::ops::{arange, expand_dims, transpose_axes};
 use mlx_rs::Array;
 
 pub use blocks::{
-    Attention, DecoderLayer, FeedForward, GatedDeltaNet, Mixer, Mlp, RmsNorm, SparseMoe,
-    SwitchGlu, DECODE_BLOCK_SIZE,
+    Attention, DecoderLayer, FeedForward, GatedDeltaNet, Mixer, Mlp, RmsNorm, SparseMoe, SwitchGlu,
+    DECODE_BLOCK_SIZE,
 };
 pub use cache::{KvCache, KvLayout, LayerCache, LinearCache, KV_STEP};
 pub use config::{MoeConfig, TextConfig};
@@ -125,12 +125,14 @@ impl Model {
                 }
                 let conv_dim = c.conv_dim();
                 let kernel = c.linear_conv_kernel_dim;
-                let conv_weight = w.tensor(&format!("{a}.conv1d"), "weight", &[conv_dim as i32, kernel as i32, 1])?;
-                let conv_weight_decode = transpose_axes(
-                    &blocks_squeeze_last(&conv_weight)?,
-                    &[1, 0],
-                )?
-                .as_dtype(mlx_rs::Dtype::Float32)?;
+                let conv_weight = w.tensor(
+                    &format!("{a}.conv1d"),
+                    "weight",
+                    &[conv_dim as i32, kernel as i32, 1],
+                )?;
+                let conv_weight_decode =
+                    transpose_axes(&blocks_squeeze_last(&conv_weight)?, &[1, 0])?
+                        .as_dtype(mlx_rs::Dtype::Float32)?;
                 Mixer::Linear(GatedDeltaNet {
                     in_proj_qkv: Linear::load(&w, &format!("{a}.in_proj_qkv"), d, conv_dim)?,
                     in_proj_z: Linear::load(&w, &format!("{a}.in_proj_z"), d, hv * dv)?,
@@ -166,11 +168,16 @@ impl Model {
             let m = format!("{p}.mlp");
             let ff = match (&c.moe, c.intermediate_size) {
                 (Some(moe), _) => {
-                    let sw = |name: &str, inf: usize| -> Result<QuantizedSwitchLinear, ModelError> {
-                        let path = format!("{m}.switch_mlp.{name}");
-                        let stored = w.module_name(&path, "weight")?;
-                        Ok(QuantizedSwitchLinear::from_checkpoint(w.checkpoint(), &stored, inf as i32)?)
-                    };
+                    let sw =
+                        |name: &str, inf: usize| -> Result<QuantizedSwitchLinear, ModelError> {
+                            let path = format!("{m}.switch_mlp.{name}");
+                            let stored = w.module_name(&path, "weight")?;
+                            Ok(QuantizedSwitchLinear::from_checkpoint(
+                                w.checkpoint(),
+                                &stored,
+                                inf as i32,
+                            )?)
+                        };
                     let mi = moe.moe_intermediate_size;
                     let si = moe.shared_expert_intermediate_size;
                     FeedForward::Moe(SparseMoe {
@@ -181,11 +188,31 @@ impl Model {
                             down_proj: sw("down_proj", mi)?,
                         },
                         shared_expert: Mlp {
-                            gate_proj: Linear::load(&w, &format!("{m}.shared_expert.gate_proj"), d, si)?,
-                            up_proj: Linear::load(&w, &format!("{m}.shared_expert.up_proj"), d, si)?,
-                            down_proj: Linear::load(&w, &format!("{m}.shared_expert.down_proj"), si, d)?,
+                            gate_proj: Linear::load(
+                                &w,
+                                &format!("{m}.shared_expert.gate_proj"),
+                                d,
+                                si,
+                            )?,
+                            up_proj: Linear::load(
+                                &w,
+                                &format!("{m}.shared_expert.up_proj"),
+                                d,
+                                si,
+                            )?,
+                            down_proj: Linear::load(
+                                &w,
+                                &format!("{m}.shared_expert.down_proj"),
+                                si,
+                                d,
+                            )?,
                         },
-                        shared_expert_gate: Linear::load(&w, &format!("{m}.shared_expert_gate"), d, 1)?,
+                        shared_expert_gate: Linear::load(
+                            &w,
+                            &format!("{m}.shared_expert_gate"),
+                            d,
+                            1,
+                        )?,
                         top_k: moe.num_experts_per_tok as i32,
                     })
                 }
@@ -284,7 +311,9 @@ impl Model {
             let x = layer.input_layernorm.forward(&h)?;
             trace.record(&at, "input_norm", &x);
             let r = match (&layer.mixer, c) {
-                (Mixer::Linear(m), LayerCache::Linear(c)) => m.forward(&x, c, &self.faults, trace, &at)?,
+                (Mixer::Linear(m), LayerCache::Linear(c)) => {
+                    m.forward(&x, c, &self.faults, trace, &at)?
+                }
                 (Mixer::Attention(m), LayerCache::Attention(c)) => {
                     m.forward(&x, c, &self.rope, &position_ids, trace, &at)?
                 }

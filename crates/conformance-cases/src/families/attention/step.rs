@@ -157,7 +157,10 @@ impl KvCache {
     pub fn prefilled(kv: Option<(Array, Array)>) -> Self {
         let mut inner = layers::model::KvCache::new();
         let refused = kv.and_then(|(keys, values)| {
-            inner.update_and_fetch(&keys, &values).err().map(|e| e.to_string())
+            inner
+                .update_and_fetch(&keys, &values)
+                .err()
+                .map(|e| e.to_string())
         });
         Self { inner, refused }
     }
@@ -179,7 +182,10 @@ impl KvCache {
         values: &Array,
     ) -> Result<(Array, Array), CaseError> {
         if let Some(e) = self.refused.take() {
-            return Err(CaseError::port("layers::model::KvCache::update_and_fetch (prefill)", e));
+            return Err(CaseError::port(
+                "layers::model::KvCache::update_and_fetch (prefill)",
+                e,
+            ));
         }
         self.inner
             .update_and_fetch(keys, values)

@@ -29,8 +29,10 @@ pub struct ChunkedFinding {
 impl Params for ChunkedFinding {
     const BUILDER: &'static str = "model-chunked-finding";
     fn build(self, name: String) -> Case {
-        Case::finding(name, super::FAMILY, super::REFERENCE, move |ctx| run(ctx, &self))
-            .glue_composed(super::GLUE_PIECES)
+        Case::finding(name, super::FAMILY, super::REFERENCE, move |ctx| {
+            run(ctx, &self)
+        })
+        .glue_composed(super::GLUE_PIECES)
     }
 }
 
@@ -54,7 +56,9 @@ pub fn descriptions() -> Vec<Described> {
 /// bf16 rows: (rows differing, max ulp over all elements).
 fn relation(a: &HostTensor, b: &HostTensor, rows: usize) -> Result<(usize, u32), CaseError> {
     if a.dtype != DType::Bfloat16 || a.bytes.len() != b.bytes.len() || rows == 0 {
-        return Err(CaseError::Harness("logits are not two bf16 tables of one shape".into()));
+        return Err(CaseError::Harness(
+            "logits are not two bf16 tables of one shape".into(),
+        ));
     }
     let row = a.bytes.len() / rows;
     let mut differing = 0;
@@ -72,7 +76,10 @@ fn relation(a: &HostTensor, b: &HostTensor, rows: usize) -> Result<(usize, u32),
                     v
                 }
             };
-            let (x, y) = (u16::from_le_bytes([x[0], x[1]]), u16::from_le_bytes([y[0], y[1]]));
+            let (x, y) = (
+                u16::from_le_bytes([x[0], x[1]]),
+                u16::from_le_bytes([y[0], y[1]]),
+            );
             max_ulp = max_ulp.max((key(x) - key(y)).unsigned_abs());
         }
     }
@@ -91,13 +98,15 @@ fn run(ctx: &Ctx, f: &ChunkedFinding) -> Result<CaseOutput, CaseError> {
     .map_err(|e| CaseError::Harness(e.to_string()))?;
     let one = reference::model::generate(ctx, &dir, &prompt_t, f.steps, 0, -1)?;
     let chunked = reference::model::generate(ctx, &dir, &prompt_t, f.steps, f.chunk, -1)?;
-    let (ref_rows, ref_ulp) = relation(one.prefill.tensor(), chunked.prefill.tensor(), f.prompt_len)?;
+    let (ref_rows, ref_ulp) =
+        relation(one.prefill.tensor(), chunked.prefill.tensor(), f.prompt_len)?;
     let ref_tokens_equal = one.tokens.tensor().bytes == chunked.tokens.tensor().bytes;
     let port_one = port_generate(&model, &tokens, 0, f.steps, None)?;
     let port_chunked = port_generate(&model, &tokens, f.chunk, f.steps, None)?;
     let (port_rows, port_ulp) = relation(&port_one.prefill, &port_chunked.prefill, f.prompt_len)?;
     let port_tokens_equal = port_one.tokens.bytes == port_chunked.tokens.bytes;
-    let mut out = CaseOutput::new("one-shot (gated_delta_chunked over 65) against chunks 32, 32, 1");
+    let mut out =
+        CaseOutput::new("one-shot (gated_delta_chunked over 65) against chunks 32, 32, 1");
     out.digest("port one-shot prefill", &port_one.prefill);
     out.digest("port chunked prefill", &port_chunked.prefill);
     out.digest("reference one-shot prefill", one.prefill.tensor());

@@ -75,11 +75,10 @@ impl Params for ModelCase {
 pub fn descriptions() -> Vec<Described> {
     let mut out = Vec::new();
     for checkpoint in CHECKPOINTS {
-        let moe = checkpoint.contains("moe");
         // One-shot prefill (16 tokens: the MoE routes 64 rows, the sorted
         // switch path), then 32 greedy steps.
         out.push(described(
-            &format!("model/{checkpoint}/prefill16-decode32"),
+            format!("model/{checkpoint}/prefill16-decode32"),
             &ModelCase {
                 checkpoint: checkpoint.into(),
                 prompt_len: 16,
@@ -92,7 +91,7 @@ pub fn descriptions() -> Vec<Described> {
         // last token as a decode-shaped call), across a chunk of the
         // chunked recurrence (64) and the ops path.
         out.push(described(
-            &format!("model/{checkpoint}/prefill65-chunk32-decode32"),
+            format!("model/{checkpoint}/prefill65-chunk32-decode32"),
             &ModelCase {
                 checkpoint: checkpoint.into(),
                 prompt_len: 65,
@@ -101,7 +100,6 @@ pub fn descriptions() -> Vec<Described> {
                 fault: None,
             },
         ));
-        let _ = moe;
     }
     out.extend(finding::descriptions());
     out
@@ -114,7 +112,10 @@ pub(crate) fn checkpoint_dir(name: &str) -> Result<PathBuf, CaseError> {
             CHECKPOINTS.join(", ")
         )));
     }
-    Ok(crate::home::Home::get().fixtures_dir().join("checkpoints").join(name))
+    Ok(crate::home::Home::get()
+        .fixtures_dir()
+        .join("checkpoints")
+        .join(name))
 }
 
 /// The named planted faults.
@@ -196,7 +197,10 @@ pub fn port_generate(
     }
     let prefill = concatenate(&prefill, 0).map_err(port_err)?;
     let argmax = |row: &Array| -> Result<i32, CaseError> {
-        let t = argmax_axis(row, -1, None).map_err(port_err)?.as_dtype(mlx_rs::Dtype::Int32).map_err(port_err)?;
+        let t = argmax_axis(row, -1, None)
+            .map_err(port_err)?
+            .as_dtype(mlx_rs::Dtype::Int32)
+            .map_err(port_err)?;
         t.try_item_exact::<i32>().map_err(port_err)
     };
     let last = prefill.index_last_row().map_err(port_err)?;
@@ -229,8 +233,12 @@ pub fn port_generate(
     Ok(PortGeneration {
         prefill: host(&prefill)?,
         decode: host(&decode)?,
-        tokens: HostTensor::new(DType::Int32, vec![n], tokens.iter().flat_map(|t| t.to_le_bytes()).collect())
-            .map_err(|e| CaseError::Harness(e.to_string()))?,
+        tokens: HostTensor::new(
+            DType::Int32,
+            vec![n],
+            tokens.iter().flat_map(|t| t.to_le_bytes()).collect(),
+        )
+        .map_err(|e| CaseError::Harness(e.to_string()))?,
         kv_layout,
         trace: kept_trace,
         algorithms,
@@ -295,7 +303,16 @@ fn run(ctx: &Ctx, case: &ModelCase) -> Result<CaseOutput, CaseError> {
         "the cache's offset and allocation follow from the token counts, constants of the case",
     );
     if !out.all_equal() && !ctx.perturbed() {
-        let blame = first_divergence(ctx, &model, &dir, &prompt, &prompt_t, case, &port.calls, &reference)?;
+        let blame = first_divergence(
+            ctx,
+            &model,
+            &dir,
+            &prompt,
+            &prompt_t,
+            case,
+            &port.calls,
+            &reference,
+        )?;
         out.path = format!("{} · first divergence: {blame}", out.path);
     }
     Ok(out)
@@ -303,8 +320,14 @@ fn run(ctx: &Ctx, case: &ModelCase) -> Result<CaseOutput, CaseError> {
 
 /// Which recurrence ran where, compressed (`chunked ×N, ops ×M`).
 fn summarise(algorithms: &[String]) -> String {
-    let chunked = algorithms.iter().filter(|a| a.ends_with("gated_delta_chunked")).count();
-    let ops = algorithms.iter().filter(|a| a.ends_with("gated_delta_ops")).count();
+    let chunked = algorithms
+        .iter()
+        .filter(|a| a.ends_with("gated_delta_chunked"))
+        .count();
+    let ops = algorithms
+        .iter()
+        .filter(|a| a.ends_with("gated_delta_ops"))
+        .count();
     format!("recurrence: gated_delta_chunked ×{chunked}, gated_delta_ops ×{ops}")
 }
 
@@ -322,7 +345,11 @@ pub fn first_divergence(
 ) -> Result<String, CaseError> {
     // The reference's logits per call, cut from its outputs.
     let p = prompt.len();
-    let chunk = if case.chunk == 0 { p } else { case.chunk.min(p) };
+    let chunk = if case.chunk == 0 {
+        p
+    } else {
+        case.chunk.min(p)
+    };
     let n_prefill = p.div_ceil(chunk);
     let pre = reference.prefill.tensor();
     let dec = reference.decode.tensor();
@@ -334,7 +361,9 @@ pub fn first_divergence(
             &pre.bytes[s * row_bytes..e * row_bytes]
         } else {
             let s = i - n_prefill;
-            dec.bytes.get(s * row_bytes..(s + 1) * row_bytes).unwrap_or(&[])
+            dec.bytes
+                .get(s * row_bytes..(s + 1) * row_bytes)
+                .unwrap_or(&[])
         };
         if port_call.bytes != ref_bytes {
             first = Some(i);
@@ -350,7 +379,8 @@ pub fn first_divergence(
         format!("call {call} (decode step {})", call - n_prefill)
     };
     let port = port_generate(model, prompt, case.chunk, case.steps, Some(call))?;
-    let traced = reference::model::generate(ctx, dir, prompt_t, case.steps, case.chunk, call as i64)?;
+    let traced =
+        reference::model::generate(ctx, dir, prompt_t, case.steps, case.chunk, call as i64)?;
     let (Some(port_trace), Some(ref_trace)) = (port.trace, traced.trace) else {
         return Ok(format!("{what}: no trace"));
     };
@@ -384,7 +414,9 @@ pub fn first_divergence(
             ));
         }
     }
-    Ok(format!("{what}: every captured point agrees (the difference is in a point not captured)"))
+    Ok(format!(
+        "{what}: every captured point agrees (the difference is in a point not captured)"
+    ))
 }
 
 /// `layers.2.recurrence` → `layer 2 (linear_attention) · recurrence`.
