@@ -147,7 +147,7 @@ impl Description {
     /// from [`Description::described`] as the registry builds every case.
     pub fn case(&self, prefix: &str) -> Case {
         let d = self.described(prefix);
-        crate::families::builders::build_or_failing(&d)
+        crate::families::build_or_failing(&d)
     }
 
     /// The multiply-adds of one forward (saturating): M·K·N for the

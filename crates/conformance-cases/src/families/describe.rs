@@ -2,7 +2,7 @@
 //! name, its seed and its family's typed parameters (serde). The registry
 //! ([`super::Registry`]) lists descriptions and builds each case from its
 //! description alone, through the builder its `builder` key names
-//! (`builders.rs`, above every family), so a
+//! (the `families!` list in `families/mod.rs`), so a
 //! case can be printed (`conformance --describe`), persisted, edited and
 //! run again as data (`conformance --cases FILE`). The explorer samples,
 //! shrinks and keeps descriptions of the same types
@@ -24,7 +24,7 @@ pub struct Described {
     /// The case's name (its report line and snapshot key).
     pub name: String,
     /// Which builder reads `params`: the family module's key (e.g.
-    /// `quantized/float`); `builders::builders()` lists them.
+    /// `quantized/float`); `families::builders()` lists them.
     pub builder: String,
     /// The case's seed offset: its inputs come from the run's `--seed`
     /// plus this. A fixed case keeps the seed its name gave it when cases
@@ -318,7 +318,7 @@ pub mod spec_opt {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::families::builders::{build, build_or_failing, builders};
+    use crate::families::{build, build_or_failing, builders};
 
     /// What a built case is, apart from its run function.
     fn identity(c: &Case) -> String {

@@ -1,19 +1,124 @@
-//! Case families. Each module declares its cases in one place;
-//! [`Registry`] is the registry, a value.
+//! Case families: every family is one entry of the `families!` list
+//! below; [`Registry`] is the registry, a value.
 
 use crate::case::Case;
+use describe::Described;
 
-pub mod attention;
-pub mod builders;
-pub mod configs;
 pub mod describe;
 pub mod kept;
-pub mod model;
-pub mod position;
-pub mod quantized;
-pub mod safetensors;
-pub mod smoke;
 pub(crate) mod support;
+
+/// Declares every case family in one place: its module, and the
+/// parameters types it builds cases from (each with its `BUILDER` key).
+/// From this one list come the modules, [`fixed_descriptions`] (each
+/// module's `descriptions()`, in this order) and the builder dispatch
+/// ([`build`]). Adding a family is one entry here.
+macro_rules! families {
+    ($($family:ident: [$($params:ty),* $(,)?]),* $(,)?) => {
+        $(pub mod $family;)*
+
+        /// The fixed cases' descriptions, in report order.
+        pub fn fixed_descriptions() -> Vec<describe::Described> {
+            let mut cases = Vec::new();
+            $(cases.extend($family::descriptions());)*
+            cases
+        }
+
+        /// Every builder key, in registry order.
+        pub fn builders() -> Vec<&'static str> {
+            vec![$($(<$params as describe::Params>::BUILDER,)*)*]
+        }
+
+        fn builder_of(key: &str) -> Option<describe::BuildFn> {
+            $($(if key == <$params as describe::Params>::BUILDER {
+                return Some(describe::build_as::<$params> as describe::BuildFn);
+            })*)*
+            None
+        }
+    };
+}
+
+families! {
+    smoke: [
+        smoke::SmokeCase,
+    ],
+    quantized: [
+        quantized::linear::LinearCase,
+        quantized::lora::LoraCase,
+        quantized::rows::RowsCase,
+        quantized::rows_regime::RowsRegimeCase,
+        quantized::switch::SwitchCase,
+        quantized::checkpoint::CheckpointCase,
+        quantized::float::FloatCase,
+        quantized::embedding::EmbeddingCase,
+        quantized::global_scale::GlobalScaleCase,
+        quantized::adapters::AdapterCase,
+        quantized::refused::RefusedCase,
+        quantized::accepted::AcceptedCase,
+    ],
+    safetensors: [
+        safetensors::SafetensorsCase,
+    ],
+    position: [
+        position::mrope::MropeCase,
+        position::mrope::refused::MropeRefusedCase,
+        position::vs_rope::VsRopeCase,
+        position::inv_freq::InvFreqCase,
+        position::rope_index::RopeIndexCase,
+        position::rope2d::Rope2dCase,
+        position::rope2d::Rope2dRefusedCase,
+        position::accepted::AcceptedCase,
+    ],
+    attention: [
+        attention::AttentionCase,
+        attention::sdpa::SdpaShape,
+    ],
+    configs: [
+        configs::ConfigCase,
+        configs::refused::ConfigRefusedCase,
+    ],
+    model: [
+        model::ModelCase,
+        model::finding::ChunkedFinding,
+    ],
+}
+
+/// The case `d` describes: built by its builder from its parameters
+/// alone, with its seed. An unknown builder or parameters the builder
+/// cannot read is an error naming the case and what to fix.
+pub fn build(d: &Described) -> Result<Case, String> {
+    let Some(build) = builder_of(&d.builder) else {
+        return Err(format!(
+            "case `{}`: no builder `{}` (builders: {})",
+            d.name,
+            d.builder,
+            builders().join(", ")
+        ));
+    };
+    let mut case = build(d.name.clone(), d.params.clone()).map_err(|e| {
+        format!(
+            "case `{}`: builder `{}` cannot read its params: {e}",
+            d.name, d.builder
+        )
+    })?;
+    case.seed = d.seed;
+    Ok(case)
+}
+
+/// [`build`], or a case under the description's name that fails with
+/// why it cannot be built (never a silent skip).
+pub fn build_or_failing(d: &Described) -> Case {
+    build(d).unwrap_or_else(|why| {
+        let mut case = Case::must_equal(
+            d.name.clone(),
+            "describe",
+            "a case description",
+            move |_| Err(crate::case::CaseError::Harness(why.clone())),
+        );
+        case.seed = d.seed;
+        case
+    })
+}
 
 /// How much a finder measures (`--tier`): the same finding either way,
 /// from fewer or from all of its probes.
@@ -51,19 +156,6 @@ pub fn register_tier(tier: Tier) {
 /// The tier registered by [`register_tier`] ([`Tier::Default`] if none).
 pub fn tier() -> Tier {
     TIER.get().copied().unwrap_or_default()
-}
-
-/// The fixed cases' descriptions, in report order.
-pub fn fixed_descriptions() -> Vec<describe::Described> {
-    let mut cases = Vec::new();
-    cases.extend(smoke::descriptions());
-    cases.extend(quantized::descriptions());
-    cases.extend(safetensors::descriptions());
-    cases.extend(position::descriptions());
-    cases.extend(attention::descriptions());
-    cases.extend(configs::descriptions());
-    cases.extend(model::descriptions());
-    cases
 }
 
 /// Which cases a run registers, as a value: the fixed cases, the kept
@@ -153,11 +245,11 @@ impl Registry {
     /// description alone.
     pub fn cases(&self) -> Vec<Case> {
         if let Some((_, described)) = &self.cases_file {
-            return described.iter().map(builders::build_or_failing).collect();
+            return described.iter().map(build_or_failing).collect();
         }
         let mut cases: Vec<Case> = fixed_descriptions()
             .iter()
-            .map(builders::build_or_failing)
+            .map(build_or_failing)
             .collect();
         cases.extend(kept::cases());
         if let Some((n, seed)) = self.explore_samples {
