@@ -247,10 +247,7 @@ impl Registry {
         if let Some((_, described)) = &self.cases_file {
             return described.iter().map(build_or_failing).collect();
         }
-        let mut cases: Vec<Case> = fixed_descriptions()
-            .iter()
-            .map(build_or_failing)
-            .collect();
+        let mut cases: Vec<Case> = fixed_descriptions().iter().map(build_or_failing).collect();
         cases.extend(kept::cases());
         if let Some((n, seed)) = self.explore_samples {
             match crate::explore::samples(seed, n) {
