@@ -2,6 +2,7 @@
 //! (`models/qwen3_5/language.py`, `models/qwen3_5_moe/language.py`,
 //! `models/switch_layers.py`).
 
+use mlx_rs::error::Exception;
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
 use mlx_rs::ops::{
     argpartition_axis, argsort_axis, conv1d, expand_dims, floor_divide, softmax_axis,
@@ -15,7 +16,7 @@ use crate::quantized::QuantizedSwitchLinear;
 use super::cache::{KvCache, LinearCache};
 use super::gated_delta::gated_delta_update;
 use super::linear::Linear;
-use super::ops::{silu, slice_axis, weak_scalar};
+use super::ops::{run_compiled, silu, silu_ops, slice_axis, weak_scalar};
 use super::trace::Trace;
 use super::{Faults, ModelError};
 
@@ -32,9 +33,50 @@ impl RmsNorm {
     }
 }
 
-/// `swiglu(gate, x)` (mlx-vlm `activations.swiglu`, compiled): `silu(gate) * x`.
+/// `swiglu(gate, x)` (mlx-vlm `activations.swiglu`, `@partial(mx.compile,
+/// shapeless=True)`): `silu(gate) * x`, compiled as the reference's is.
 fn swiglu(gate: &Array, x: &Array) -> Result<Array, ModelError> {
-    Ok(silu(gate)?.multiply(x)?)
+    fn graph(inputs: &[Array]) -> Result<Vec<Array>, Exception> {
+        Ok(vec![silu_ops(&inputs[0])?.multiply(&inputs[1])?])
+    }
+    let mut out = run_compiled(
+        "activations.swiglu",
+        true,
+        graph,
+        &[gate.clone(), x.clone()],
+    )?;
+    Ok(out.pop().expect("the graph returns one array"))
+}
+
+/// `_precise_swiglu(h, gate, x)` (`@partial(mx.compile, shapeless=True)`):
+/// `(silu(gate.astype(f32)) * x.astype(f32)).astype(h.dtype)`.
+fn precise_swiglu(h: &Array, gate: &Array, x: &Array) -> Result<Array, ModelError> {
+    fn graph(inputs: &[Array]) -> Result<Vec<Array>, Exception> {
+        let (h, gate, x) = (&inputs[0], &inputs[1], &inputs[2]);
+        let gate = silu_ops(&gate.as_dtype(Dtype::Float32)?)?;
+        let x = x.as_dtype(Dtype::Float32)?;
+        Ok(vec![gate.multiply(&x)?.as_dtype(h.dtype())?])
+    }
+    let inputs = [h.clone(), gate.clone(), x.clone()];
+    let mut out = run_compiled("_precise_swiglu", true, graph, &inputs)?;
+    Ok(out.pop().expect("the graph returns one array"))
+}
+
+/// `_qwen3_5_decode_depthwise_conv(conv_input, weight)` (`@partial(mx.compile,
+/// shapeless=True)`): `sum(conv_input.astype(f32) * weight[None], axis=1)`,
+/// cast back, `[:, None, :]`.
+fn decode_depthwise_conv(conv_input: &Array, weight: &Array) -> Result<Array, ModelError> {
+    fn graph(inputs: &[Array]) -> Result<Vec<Array>, Exception> {
+        let (conv_input, weight) = (&inputs[0], &inputs[1]);
+        let prod = conv_input
+            .as_dtype(Dtype::Float32)?
+            .multiply(&expand_dims(weight, 0)?)?;
+        let out = sum_axis(&prod, 1, None)?.as_dtype(conv_input.dtype())?;
+        Ok(vec![expand_dims(&out, 1)?])
+    }
+    let inputs = [conv_input.clone(), weight.clone()];
+    let mut out = run_compiled("_qwen3_5_decode_depthwise_conv", true, graph, &inputs)?;
+    Ok(out.pop().expect("the graph returns one array"))
 }
 
 /// `Qwen3_5MLP`: `down_proj(swiglu(gate_proj(x), up_proj(x)))`.
@@ -296,11 +338,7 @@ impl GatedDeltaNet {
             && conv_input.shape()[1] == self.conv_kernel
             && matches!(self.conv_weight.dtype(), Dtype::Bfloat16 | Dtype::Float16);
         let conv = if decode_conv {
-            // `_qwen3_5_decode_depthwise_conv` (compiled).
-            let prod = conv_input
-                .as_dtype(Dtype::Float32)?
-                .multiply(&expand_dims(&self.conv_weight_decode, 0)?)?;
-            expand_dims(&sum_axis(&prod, 1, None)?.as_dtype(conv_input.dtype())?, 1)?
+            decode_depthwise_conv(&conv_input, &self.conv_weight_decode)?
         } else {
             conv1d(&conv_input, &self.conv_weight, 1, 0, 1, self.conv_dim())?
         };
@@ -342,10 +380,7 @@ impl GatedDeltaNet {
         // `norm(out, z)`: `Qwen3_5RMSNormGated` with `_precise_swiglu`.
         let eps = self.norm.eps * faults.gated_norm_eps_scale.unwrap_or(1.0);
         let normed = fast::rms_norm(&y, Some(&self.norm.weight), eps)?;
-        let gate = silu(&z.as_dtype(Dtype::Float32)?)?;
-        let out = gate
-            .multiply(normed.as_dtype(Dtype::Float32)?)?
-            .as_dtype(y.dtype())?;
+        let out = precise_swiglu(&y, &z, &normed)?;
         trace.record(at, "gated_norm", &out);
         self.out_proj.forward(&out.reshape(&[b, s, -1])?)
     }

@@ -11,13 +11,14 @@
 //! This port mirrors the two portable algorithms op for op and refuses the
 //! Metal kernel ([`Recurrence`] says which ran).
 
+use mlx_rs::error::Exception;
 use mlx_rs::ops::{
     broadcast_to, clip, concatenate, cumsum, exp, expand_dims, log, logaddexp, ones_dtype, select,
     squeeze_axes, stack, sum_axis, swap_axes, transpose_axes, tril, zeros_dtype, zeros_like,
 };
 use mlx_rs::{Array, Dtype};
 
-use super::ops::{slice_axis, weak_scalar};
+use super::ops::{run_compiled, slice_axis, weak_scalar};
 use super::ModelError;
 
 /// Which algorithm computed a recurrence.
@@ -49,7 +50,8 @@ fn at(a: &Array, axis: usize, i: i32) -> Result<Array, ModelError> {
     )?)
 }
 
-/// `_compute_g_beta(A_log, a, b, dt_bias)`:
+/// `_compute_g_beta(A_log, a, b, dt_bias)` (`@partial(mx.compile,
+/// shapeless=True)`, calling the compiled `compute_g` and `nn.softplus`):
 /// `g = exp(-exp(A_log.astype(f32)) * softplus(a + dt_bias))`, `beta = sigmoid(b)`.
 pub fn compute_g_beta(
     a_log: &Array,
@@ -57,11 +59,20 @@ pub fn compute_g_beta(
     b: &Array,
     dt_bias: &Array,
 ) -> Result<(Array, Array), ModelError> {
-    let x = a.add(dt_bias)?;
-    let softplus = logaddexp(&x, weak_scalar(0.0, x.dtype())?)?;
-    let decay = exp(a_log.as_dtype(Dtype::Float32)?)?.negative()?;
-    let g = exp(decay.multiply(&softplus)?)?;
-    let beta = mlx_rs::ops::sigmoid(b)?;
+    fn graph(inputs: &[Array]) -> Result<Vec<Array>, Exception> {
+        let (a_log, a, b, dt_bias) = (&inputs[0], &inputs[1], &inputs[2], &inputs[3]);
+        let x = a.add(dt_bias)?;
+        // `mx.logaddexp(x, 0)`: a Python scalar, so x's dtype.
+        let softplus = logaddexp(&x, Array::from_f32(0.0).as_dtype(x.dtype())?)?;
+        let decay = exp(a_log.as_dtype(Dtype::Float32)?)?.negative()?;
+        let g = exp(decay.multiply(&softplus)?)?;
+        let beta = mlx_rs::ops::sigmoid(b)?;
+        Ok(vec![g, beta])
+    }
+    let inputs = [a_log.clone(), a.clone(), b.clone(), dt_bias.clone()];
+    let mut out = run_compiled("_compute_g_beta", true, graph, &inputs)?.into_iter();
+    let g = out.next().expect("the graph returns g and beta");
+    let beta = out.next().expect("the graph returns g and beta");
     Ok((g, beta))
 }
 
@@ -74,8 +85,10 @@ fn repeat_heads(x: &Array, factor: i32) -> Result<Array, ModelError> {
     Ok(mlx_rs::ops::repeat_axis::<f32>(x.clone(), factor, axis)?)
 }
 
-/// `_gated_delta_step_ops` (scalar gating, no mask): one token.
-/// q, k `[B, H, Dk]`, v `[B, H, Dv]`, g, beta `[B, H]`, state `[B, H, Dv, Dk]`.
+/// `_gated_delta_step_ops` (`@mx.compile`; scalar gating, no mask): one
+/// token. q, k `[B, H, Dk]`, v `[B, H, Dv]`, g, beta `[B, H]`, state
+/// `[B, H, Dv, Dk]`. Compiled as the reference's is: on CUDA the fused
+/// kernel computes `state + k * delta` with an FMA.
 fn step_ops(
     q: &Array,
     k: &Array,
@@ -84,14 +97,31 @@ fn step_ops(
     beta: &Array,
     state: &Array,
 ) -> Result<(Array, Array), ModelError> {
-    let decay = expand_dims(&expand_dims(g, -1)?, -1)?;
-    let state = state.multiply(&decay)?;
-    let k_row = expand_dims(k, -2)?;
-    let kv_mem = sum_axis(&state.multiply(&k_row)?, -1, None)?;
-    let delta = v.subtract(&kv_mem)?.multiply(&expand_dims(beta, -1)?)?;
-    let state = state.add(&k_row.multiply(&expand_dims(&delta, -1)?)?)?;
-    let y = sum_axis(&state.multiply(&expand_dims(q, -2)?)?, -1, None)?;
-    Ok((y.as_dtype(q.dtype())?, state))
+    fn graph(inputs: &[Array]) -> Result<Vec<Array>, Exception> {
+        let (q, k, v, g, beta, state) = (
+            &inputs[0], &inputs[1], &inputs[2], &inputs[3], &inputs[4], &inputs[5],
+        );
+        let decay = expand_dims(&expand_dims(g, -1)?, -1)?;
+        let state = state.multiply(&decay)?;
+        let k_row = expand_dims(k, -2)?;
+        let kv_mem = sum_axis(&state.multiply(&k_row)?, -1, None)?;
+        let delta = v.subtract(&kv_mem)?.multiply(&expand_dims(beta, -1)?)?;
+        let state = state.add(&k_row.multiply(&expand_dims(&delta, -1)?)?)?;
+        let y = sum_axis(&state.multiply(&expand_dims(q, -2)?)?, -1, None)?;
+        Ok(vec![y.as_dtype(q.dtype())?, state])
+    }
+    let inputs = [
+        q.clone(),
+        k.clone(),
+        v.clone(),
+        g.clone(),
+        beta.clone(),
+        state.clone(),
+    ];
+    let mut out = run_compiled("_gated_delta_step_ops", false, graph, &inputs)?.into_iter();
+    let y = out.next().expect("the graph returns y and the state");
+    let state = out.next().expect("the graph returns y and the state");
+    Ok((y, state))
 }
 
 /// `gated_delta_ops(q, k, v, g, beta, state)`: q, k `[B, T, Hk, Dk]`, v
