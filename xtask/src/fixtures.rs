@@ -50,10 +50,9 @@ pub fn run(root: &Path, backend: Option<Backend>, action: &Action) -> Result<i32
         println!("fixtures accept --filter: recording the selected cases only; orphaned snapshots are removed by an unfiltered accept");
     }
     let (_, args) = env::peel_backend(args)?;
-    // A record is measured by the deep tier (every finder sweeps its whole
-    // range) unless `--tier` says otherwise.
-    let tier: &[&str] = if mode == "accept"
-        && !args
+    // Snapshots are reviewed and recorded over the deep tier (every case)
+    // unless `--tier` says otherwise.
+    let tier: &[&str] = if !args
             .iter()
             .any(|a| a.to_string_lossy().starts_with("--tier"))
     {

@@ -127,8 +127,8 @@ fn cargo_run(root: &Path, layout: &Layout, bin: &str) -> std::process::Command {
 /// with what it printed.
 fn suite(root: &Path, layout: &Layout, dir: &Path, args: &Args, perturb: bool) -> Result<()> {
     let mut cmd = cargo_run(root, layout, "conformance");
-    // The deep tier: the finders take every probe of their range (the
-    // release gate checks nothing less than the full sweep).
+    // The deep tier: every case, the finders and long windows included
+    // (the release gate checks nothing less than the whole suite).
     cmd.args(["--tier", "deep", "--no-snapshots", "--keep-outputs"])
         .arg(dir.join("outputs"))
         .arg("--out")

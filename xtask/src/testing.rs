@@ -49,6 +49,13 @@ pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
     {
         cmd.args(["--device", "cpu"]);
     }
+    // The tests check every case: the deep tier, unless `--tier` is given.
+    if !extra
+        .iter()
+        .any(|arg| arg.to_string_lossy().starts_with("--tier"))
+    {
+        cmd.args(["--tier", "deep"]);
+    }
     cmd.args(extra);
     // The default run also exports the golden vectors of every must-equal
     // case, which are then re-read against their digests.

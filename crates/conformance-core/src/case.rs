@@ -42,6 +42,34 @@ impl Applies {
     }
 }
 
+/// How deep a run goes (`--tier`): a case names the lowest tier whose runs
+/// include it ([`Case::tier`]).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, clap::ValueEnum, serde::Serialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// The run a user waits for: every must-equal case, and the findings
+    /// that cost a single comparison over a short window.
+    #[default]
+    Default,
+    /// Also the findings that sweep a range (the finders), re-run a whole
+    /// model over another schedule, or cover more than 32k positions:
+    /// what CI, the release gate, `cargo xtask fixtures accept` and the
+    /// Apple bootstrap run.
+    Deep,
+}
+
+impl Tier {
+    /// The name `--tier` takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Default => "default",
+            Tier::Deep => "deep",
+        }
+    }
+}
+
 /// Everything a case needs while it runs. Cases reach the reference
 /// only through the typed functions of [`crate::reference`], which go
 /// through [`Ctx::call`].
@@ -536,6 +564,8 @@ pub struct Case {
     /// attention scenarios): whoever runs cases gives them to one process, in
     /// order, so that work is done once per run. Never changes a bit.
     pub shares: Option<&'static str>,
+    /// The lowest tier whose runs include this case.
+    pub tier: Tier,
     pub run: RunFn,
 }
 
@@ -558,6 +588,7 @@ impl Case {
             applies: Applies::Everywhere,
             seed,
             shares: None,
+            tier: Tier::Default,
             run: Arc::new(run),
         }
     }
@@ -584,6 +615,21 @@ impl Case {
     pub fn sharing(mut self, key: &'static str) -> Self {
         self.shares = Some(key);
         self
+    }
+    /// Runs the case only in the deep tier (`--tier deep`): for findings
+    /// that re-run the reference over another schedule, a sweep or a long
+    /// window, which the default run leaves to CI and the gate.
+    pub fn deep(mut self) -> Self {
+        self.tier = Tier::Deep;
+        self
+    }
+    /// [`Case::deep`] when a window ends beyond `long` positions.
+    pub fn deep_beyond(self, end: usize, long: usize) -> Self {
+        if end > long {
+            self.deep()
+        } else {
+            self
+        }
     }
     /// Restricts the case to some backends (e.g. `&[Backend::Metal]`,
     /// [`GPU_BACKENDS`], `&[Backend::Cpu]`).

@@ -41,8 +41,6 @@ pub struct RunConfig {
     pub seed: u64,
     /// `--perturb`: the proof mode.
     pub perturb: bool,
-    /// `--tier`: how much the finders measure.
-    pub tier: crate::families::Tier,
     /// `--keep-outputs DIR`.
     pub keep_outputs: Option<PathBuf>,
     /// `--candidate CMD` (with its timeout).
@@ -100,9 +98,6 @@ impl RunConfig {
         ];
         if self.perturb {
             args.push("--perturb".into());
-        }
-        if self.tier != crate::families::Tier::Default {
-            args.extend(["--tier".into(), self.tier.as_str().into()]);
         }
         if let Some(dir) = &self.keep_outputs {
             args.push("--keep-outputs".into());

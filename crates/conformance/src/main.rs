@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use clap::{Parser, ValueEnum};
 use conformance::config::Device;
 use conformance::config::RunConfig;
-use conformance::families::{self, Registry};
+use conformance::families::Registry;
 use conformance::report::exit;
 use conformance::runner::{self, RunOptions};
 use oracle::Oracle;
@@ -86,13 +86,15 @@ struct Cli {
     /// must-equal output must then differ, unless declared derived.
     #[arg(long)]
     perturb: bool,
-    /// How much the finders measure: `default` searches each limit (probes
-    /// at the kernel switch points MLX's source names, bisection, a
-    /// confirmation around the limit, every probe when one contradicts the
-    /// search); `deep` also sweeps every count of the range, as CI, the
-    /// release gate and the Apple bootstrap run. Same cases, same findings.
-    #[arg(long, value_enum, default_value_t = families::Tier::Default)]
-    tier: families::Tier,
+    /// Which cases run: `default` every must-equal case and the findings
+    /// of a single comparison over a short window (the run a user waits
+    /// for); `deep` also the findings that sweep a range (the rows-regime
+    /// and attention finders), re-run a whole model over another schedule,
+    /// or cover more than 32k positions, as `cargo xtask test`, CI, the
+    /// release gate, `fixtures accept` and the Apple bootstrap run. A
+    /// default run names how many selected cases it left to the deep tier.
+    #[arg(long, value_enum, default_value_t = conformance::case::Tier::Default)]
+    tier: conformance::case::Tier,
     /// Do not check snapshots (runs of the release gate, which compares two
     /// environments' runs with each other instead).
     #[arg(long)]
@@ -290,7 +292,6 @@ pub(crate) fn run_config(
         backend,
         seed: cli.seed,
         perturb: cli.perturb,
-        tier: cli.tier,
         keep_outputs,
         candidate: cli
             .candidate
@@ -316,7 +317,6 @@ fn worker_main(cli: &Cli) -> Result<ExitCode, Exit> {
         return Err(fail("--worker needs --worker-backend cpu|metal|cuda"));
     };
     let mut registry = Registry::new();
-    families::register_tier(cli.tier);
     if let Some(n) = cli.explore_samples {
         registry = registry.with_explore_samples(n as usize, cli.explore_seed);
     }

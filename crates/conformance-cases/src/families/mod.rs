@@ -120,43 +120,7 @@ pub fn build_or_failing(d: &Described) -> Case {
     })
 }
 
-/// How much a finder measures (`--tier`): the same finding either way,
-/// from fewer or from all of its probes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum Tier {
-    /// Finders search for their limit (probes at the kernel switch points
-    /// MLX's source names, bisection, a confirmation around the limit) and
-    /// fall back to every probe when one contradicts the search: the run a
-    /// user waits for.
-    #[default]
-    Default,
-    /// Finders also take every probe of their range (the full sweep): what
-    /// CI, the release gate and the Apple bootstrap run.
-    Deep,
-}
-
-impl Tier {
-    /// The name `--tier` takes.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Tier::Default => "default",
-            Tier::Deep => "deep",
-        }
-    }
-}
-
-/// `--tier` of this process (the runner and its workers hold the same).
-static TIER: std::sync::OnceLock<Tier> = std::sync::OnceLock::new();
-
-/// Sets this process's tier. Set once, before any case runs.
-pub fn register_tier(tier: Tier) {
-    let _ = TIER.set(tier);
-}
-
-/// The tier registered by [`register_tier`] ([`Tier::Default`] if none).
-pub fn tier() -> Tier {
-    TIER.get().copied().unwrap_or_default()
-}
+pub use crate::case::Tier;
 
 /// Which cases a run registers, as a value: the fixed cases, the kept
 /// ones and optionally explorer samples, or the descriptions of a

@@ -70,6 +70,10 @@ pub fn summary(report: &Report) -> String {
         out.push_str(line);
         out.push('\n');
     }
+    if let Some(line) = deep_only_line(&report.environment) {
+        out.push_str(&line);
+        out.push('\n');
+    }
     // The plain closing line CI reads, counted per case as the summary
     // line counts them: passed = clean `pass` rows, findings = clean
     // `finding` rows, failed = every row that makes the exit code non-zero
@@ -135,4 +139,16 @@ pub fn summary(report: &Report) -> String {
         s.skipped
     ));
     out
+}
+
+/// The line saying how many selected cases this tier left to a deeper
+/// one (none when it left none).
+pub(crate) fn deep_only_line(e: &super::Environment) -> Option<String> {
+    (e.deep_only_not_run > 0).then(|| {
+        format!(
+            "tier {}: {} selected case(s) run only in the deep tier (findings over another schedule, a sweep or a long window); `--tier deep` runs them, as CI and the gate do",
+            e.tier.as_str(),
+            e.deep_only_not_run
+        )
+    })
 }

@@ -33,6 +33,9 @@ pub fn render(report: &Report) -> String {
     if let Some(line) = &s.missing_snapshot_set {
         let _ = writeln!(md, "> {line}\n");
     }
+    if let Some(line) = super::human::deep_only_line(e) {
+        let _ = writeln!(md, "> {line}\n");
+    }
     if e.perturb {
         let _ = writeln!(
             md,

@@ -17,6 +17,10 @@ use serde::Serialize;
 use crate::runner::{CaseResult, Verdict};
 use crate::snapshots::Status;
 
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
 /// Version of the `report.json` schema. Bump on any breaking change.
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -53,6 +57,12 @@ pub struct Environment {
     pub filter: Option<String>,
     /// A proof run (`--perturb`): must-equal cases are meant to fail.
     pub perturb: bool,
+    /// `--tier` of this run.
+    pub tier: crate::case::Tier,
+    /// Selected cases this tier does not run (deep-tier cases in a
+    /// default run; `--tier deep` runs them).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub deep_only_not_run: usize,
     /// Whether snapshots were checked (not under `--perturb`, another
     /// `--seed` or `--no-snapshots`).
     pub snapshots_checked: bool,
@@ -668,6 +678,8 @@ pub(crate) mod tests {
             perturb: false,
             snapshots_checked: true,
             poison: true,
+            tier: crate::case::Tier::Default,
+            deep_only_not_run: 0,
             candidate: None,
         }
     }

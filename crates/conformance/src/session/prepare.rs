@@ -5,7 +5,7 @@ use std::io::IsTerminal;
 
 use conformance::case::{Backend, Case};
 use conformance::config::Device;
-use conformance::families::{self, Registry};
+use conformance::families::Registry;
 use conformance::home::Home;
 use conformance::report::{self, Environment};
 use conformance::runner::{self, RunOptions};
@@ -24,7 +24,7 @@ impl Session {
         // workspace, or a bundle (`MLX_CONFORMANCE_HOME`, see home.rs).
         let home = Home::get();
         let mode = gate_mode(&cli)?;
-        let (selected, registered, registry) = select(&cli)?;
+        let (selected, deep_only_not_run, registered, registry) = select(&cli)?;
         // Relative paths are resolved once, against the directory the run
         // was started in, and printed absolute everywhere.
         let absolute =
@@ -127,6 +127,8 @@ impl Session {
             seed: cli.seed,
             filter: cli.filter.clone().filter(|f| !f.is_empty()),
             perturb: cli.perturb,
+            tier: cli.tier,
+            deep_only_not_run,
             snapshots_checked: cli.snapshots_checked(),
             poison: conformance::poison::enabled(),
             candidate: cli.candidate.clone(),
@@ -199,11 +201,14 @@ fn gate_mode(cli: &Cli) -> Result<Mode, Exit> {
     Ok(mode)
 }
 
-/// The cases `--filter` selects, and every registered case's snapshot
-/// file name; `--list` prints the selection and ends the run.
+/// The cases `--filter` selects that `--tier` runs, how many selected
+/// ones only a deeper tier runs, and every registered case's snapshot
+/// file name; `--list` and `--describe` print the whole selection (every
+/// tier) and end the run.
 #[allow(clippy::type_complexity)]
-fn select(cli: &Cli) -> Result<(Vec<Case>, std::collections::BTreeSet<String>, Registry), Exit> {
-    families::register_tier(cli.tier);
+fn select(
+    cli: &Cli,
+) -> Result<(Vec<Case>, usize, std::collections::BTreeSet<String>, Registry), Exit> {
     let mut registry = Registry::new();
     if let Some(n) = cli.explore_samples {
         if !cli.no_snapshots {
@@ -273,8 +278,19 @@ fn select(cli: &Cli) -> Result<(Vec<Case>, std::collections::BTreeSet<String>, R
         .iter()
         .map(|c| snapshots::file_name(&c.name))
         .collect();
+    let (run, deeper): (Vec<&Case>, Vec<&Case>) =
+        selected.into_iter().partition(|c| c.tier <= cli.tier);
+    if run.is_empty() && !deeper.is_empty() {
+        return Err(fail(format!(
+            "--filter selects only cases of a deeper tier than `{}` ({}, e.g. `{}`); add `--tier deep` to run them",
+            cli.tier.as_str(),
+            deeper.len(),
+            deeper[0].name
+        )));
+    }
     Ok((
-        selected.into_iter().cloned().collect(),
+        run.into_iter().cloned().collect(),
+        deeper.len(),
         registered,
         registry,
     ))

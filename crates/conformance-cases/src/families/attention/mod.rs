@@ -116,6 +116,9 @@ fn check_window(start: usize, end: usize) -> Result<(), CaseError> {
 /// port's M = 1 trajectory per window, seconds at 65k tokens on CPU): one
 /// worker runs them all, so each scenario is computed once per run.
 const SHARES: &str = "attention/scenarios";
+/// Append findings over windows ending beyond this many positions run in
+/// the deep tier (the must-equal decode steps over them run in every tier).
+const LONG_WINDOW: usize = 32_768;
 
 impl Params for AttentionCase {
     const BUILDER: &'static str = "attention";
@@ -165,19 +168,22 @@ impl AttentionCase {
                     run_policy(ctx, start, end, shipped_table(backend))
                 })
                 .only_on(backends, reason)
+                .deep_beyond(end, LONG_WINDOW)
             }
             AttentionCase::AppendCrossing { start, end } => {
                 Case::finding(name, "attention/append", REFERENCE_APPEND, move |ctx| {
                     check_window(start, end)?;
                     run_crossing(ctx, start, end)
                 })
+                .deep_beyond(end, LONG_WINDOW)
             }
             AttentionCase::BoundaryFinder => Case::finding(
                 name,
                 "attention/boundary-finder",
                 REFERENCE_FINDER,
                 run_finder,
-            ),
+            )
+            .deep(),
         }
     }
 }

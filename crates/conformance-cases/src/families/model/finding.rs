@@ -33,6 +33,7 @@ impl Params for ChunkedFinding {
             run(ctx, &self)
         })
         .glue_composed(super::GLUE_PIECES)
+        .deep()
     }
 }
 

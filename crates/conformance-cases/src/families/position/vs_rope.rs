@@ -57,6 +57,7 @@ impl Params for VsRopeCase {
             "mlx_vlm.models.rope_utils.MRoPERotaryEmbedding.apply_rotary (three equal position streams)",
             "mlx.core.fast.rope",
         ])
+        .deep()
     }
 }
 

@@ -42,7 +42,6 @@ pub mod embedding;
 mod exact_faults;
 pub mod float;
 pub mod global_scale;
-pub mod limit_search;
 pub mod linear;
 pub mod lora;
 mod modules;

@@ -15,10 +15,11 @@
 //!   T tokens, against its calls per row, over M up to 24, T up to 12),
 //!   and the shipped limit checked against it both ways: one that is too
 //!   large is an ERROR (and its must-equal cases fail), one that is too
-//!   small is reported (`"shipped": "too small"`). The default tier
-//!   searches for the limit from the kernel switch points MLX's source
-//!   names ([`linear_switch_points`], [`switch_switch_points`];
-//!   [`super::limit_search`]); `--tier deep` probes every count.
+//!   small is reported (`"shipped": "too small"`). Every count is
+//!   probed (the kernel classes change where MLX's dispatch says: on CUDA
+//!   at 2 and 8 rows, or 8 routed rows; on Metal at the qmv batch limit;
+//!   never on CPU — but a count between is measured, not assumed), so the
+//!   finders run in the deep tier ([`Case::deep`]).
 
 use layers::quantized::{
     ExpertIndices, Forward, QuantSpec, QuantizedLinear, QuantizedSwitchLinear, RowsCall, RowsLimit,
@@ -27,10 +28,9 @@ use layers::quantized::{
 use oracle::{DType, HostTensor};
 use serde_json::json;
 
-use super::limit_search;
 use super::switch::expert_indices;
 use super::{activation, dtype_tag, host, layer_tensors, port, quantized_weight};
-use crate::case::{Backend, Case, CaseError, CaseOutput, Ctx};
+use crate::case::{Case, CaseError, CaseOutput, Ctx};
 use crate::families::describe::{described, Described, Params};
 use crate::reference;
 
@@ -127,12 +127,14 @@ impl Params for RowsRegimeCase {
                 Case::finding(name, FAMILY, REFERENCE_FINDER, move |ctx| {
                     linear_finder(ctx, spec, dtype)
                 })
+                .deep()
             }
             RowsRegimeCase::SwitchFinder { spec, dtype, top_k } => {
                 Case::finding(name, FAMILY, REFERENCE_FINDER, move |ctx| {
                     check_top_k(top_k)?;
                     switch_finder(ctx, spec, dtype, top_k)
                 })
+                .deep()
             }
         }
     }
@@ -281,45 +283,6 @@ fn switch(
     Ok(out)
 }
 
-/// The first row count of each new `quantized_matmul` kernel class on
-/// `backend` at K = 512, N = 256, as MLX 0.32's dispatch names it (the
-/// default tier's search probes each side of each; `--tier deep` every
-/// count):
-///
-/// * CPU (`mlx/backend/cpu/quantized.cpp`): none, the kernels loop over
-///   rows one at a time;
-/// * CUDA (`mlx/backend/cuda/quantized/quantized.cpp`,
-///   `QuantizedMatmul::eval_gpu`): `qmm_sm90` from 2 rows (`qmv` only for
-///   `M == 1 && B == 1`), `qmm_sm80` / `qmm_naive` from 8 (`qmv` while
-///   `M * B < 8`);
-/// * Metal (`mlx/backend/metal/quantized.cpp`): `qmm` from
-///   `get_qmv_batch_limit(K, N)` rows, which for K, N <= 2048 is 13, 14 or
-///   18 by GPU generation (or 32, 33: beyond the range probed).
-fn linear_switch_points(backend: Backend) -> Vec<usize> {
-    match backend {
-        Backend::Cpu => vec![],
-        Backend::Cuda => vec![2, 8],
-        Backend::Metal => vec![13, 14, 18],
-    }
-}
-
-/// The first token count of each new `gather_qmm` kernel class on
-/// `backend` for a switch layer routing each token to `top_k` experts:
-///
-/// * CPU: none (as [`linear_switch_points`]);
-/// * CUDA (`GatherQMM::eval_gpu`): `gather_qmv` while the routed rows
-///   `M * B < 8`, so the first count with `T * top_k >= 8` (none above 1
-///   token at top-8);
-/// * Metal (`GatherQMM::eval_gpu`): none, each routed row is its own
-///   batch entry of M = 1 (`gather_qmv`; `gather_qmm_rhs` only for sorted
-///   indices, which SwitchGLU's unsorted call does not pass).
-fn switch_switch_points(backend: Backend, top_k: usize) -> Vec<usize> {
-    match backend {
-        Backend::Cpu | Backend::Metal => vec![],
-        Backend::Cuda => vec![8usize.div_ceil(top_k.max(1))],
-    }
-}
-
 /// The measured limit (largest count `c` with every count `<= c` equal)
 /// and the shipped one, both in the finder's units, as a finding; an
 /// ERROR when the shipped one is larger than measured.
@@ -376,14 +339,17 @@ fn linear_finder(ctx: &Ctx, spec: QuantSpec, dtype: DType) -> Result<CaseOutput,
     // exact-checked (the must-equal cases check the calls per row).
     let rows =
         reference::quantized::quantized_linear_rows_unchecked(ctx, &s.x, &s.tensors)?.into_tensor();
-    let points = linear_switch_points(ctx.backend());
-    let matches = limit_search::measure(FINDER_ROWS, &points, crate::families::tier(), |m| {
-        let batched =
-            reference::quantized::quantized_linear_unchecked(ctx, &leading(&s.x, m)?, &s.tensors)?
-                .into_tensor();
-        Ok::<_, CaseError>(batched == leading(&rows, m)?)
-    })?
-    .matches;
+    let matches = (1..=FINDER_ROWS)
+        .map(|m| {
+            let batched = reference::quantized::quantized_linear_unchecked(
+                ctx,
+                &leading(&s.x, m)?,
+                &s.tensors,
+            )?
+            .into_tensor();
+            Ok::<_, CaseError>(batched == leading(&rows, m)?)
+        })
+        .collect::<Result<Vec<bool>, _>>()?;
     let shipped = RowsRegime::for_backend(ctx.backend()).limit(
         RowsCall::QuantizedMatmul,
         spec,
@@ -412,18 +378,18 @@ fn switch_finder(
     let per_token =
         reference::quantized::quantized_switch_rows_unchecked(ctx, &s.x, &s.indices, &s.tensors)?
             .into_tensor();
-    let points = switch_switch_points(ctx.backend(), top_k);
-    let matches = limit_search::measure(FINDER_TOKENS, &points, crate::families::tier(), |t| {
-        let batched = reference::quantized::quantized_switch_unchecked(
-            ctx,
-            &leading(&s.x, t)?,
-            &leading(&s.indices, t)?,
-            &s.tensors,
-        )?
-        .into_tensor();
-        Ok::<_, CaseError>(batched == leading(&per_token, t)?)
-    })?
-    .matches;
+    let matches = (1..=FINDER_TOKENS)
+        .map(|t| {
+            let batched = reference::quantized::quantized_switch_unchecked(
+                ctx,
+                &leading(&s.x, t)?,
+                &leading(&s.indices, t)?,
+                &s.tensors,
+            )?
+            .into_tensor();
+            Ok::<_, CaseError>(batched == leading(&per_token, t)?)
+        })
+        .collect::<Result<Vec<bool>, _>>()?;
     let shipped = RowsRegime::for_backend(ctx.backend()).limit(
         RowsCall::GatherQmm,
         spec,
