@@ -87,3 +87,48 @@ fn each_planted_fault_fails_naming_its_layer_and_operation() {
     // And without a fault the same case passes (the test can tell).
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The verify case catches a port that checks its drafts in one batched
+/// call (as the reference's own block call does) instead of rows
+/// independently: on the dense model that call parts from the single
+/// steps (the `finding-block-vs-single-steps` finding), so it must FAIL.
+#[test]
+fn a_verify_run_as_one_block_fails() {
+    let dir = std::env::temp_dir().join(format!("conformance-model-verify-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let case = |fault: Option<&str>| {
+        json!({
+            "name": format!("model/qwen3_5-tiny/verify-k4/{}", fault.unwrap_or("clean")),
+            "seed": 7,
+            "builder": "model-verify",
+            "params": { "checkpoint": "qwen3_5-tiny", "prompt_len": 16, "k": 4, "fault": fault }
+        })
+        .to_string()
+            + "\n"
+    };
+    let file = dir.join("verify.jsonl");
+    std::fs::write(&file, case(None) + &case(Some("verify-as-block"))).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args(["--device", "cpu", "--no-snapshots", "--cases"])
+        .arg(&file)
+        .arg("--out")
+        .arg(dir.join("out"))
+        .env_remove("MLX_CONFORMANCE_DEVICE_FAMILY")
+        .output()
+        .expect("the conformance binary starts");
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    let report: Json =
+        serde_json::from_slice(&std::fs::read(dir.join("out/report.json")).expect(&text)).unwrap();
+    let rows = report["cases"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{text}");
+    let verdict = |suffix: &str| {
+        rows.iter()
+            .find(|r| r["name"].as_str().unwrap().ends_with(suffix))
+            .map(|r| r["verdict"].clone())
+            .unwrap_or_else(|| panic!("no row {suffix}: {text}"))
+    };
+    assert_eq!(verdict("/clean"), "pass", "{text}");
+    assert_eq!(verdict("/verify-as-block"), "fail", "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -80,6 +80,8 @@ families! {
     model: [
         model::ModelCase,
         model::finding::ChunkedFinding,
+        model::verify::VerifyCase,
+        model::finding::BlockFinding,
     ],
 }
 

@@ -11,7 +11,7 @@ use mlx_rs::ops::{
 use mlx_rs::{Array, Dtype};
 
 use crate::position::Mrope;
-use crate::quantized::QuantizedSwitchLinear;
+use crate::quantized::{ExpertIndices, QuantizedSwitchLinear, RowsRegime};
 
 use super::cache::{KvCache, LinearCache};
 use super::gated_delta::gated_delta_update;
@@ -93,6 +93,14 @@ impl Mlp {
         let u = self.up_proj.forward(x)?;
         self.down_proj.forward(&swiglu(&g, &u)?)
     }
+
+    /// [`Mlp::forward`] with rows-independent projections (`swiglu` is
+    /// elementwise).
+    pub fn forward_rows(&self, x: &Array) -> Result<Array, ModelError> {
+        let g = self.gate_proj.forward_rows(x)?;
+        let u = self.up_proj.forward_rows(x)?;
+        self.down_proj.forward_rows(&swiglu(&g, &u)?)
+    }
 }
 
 /// `switch_layers.SwitchGLU` with quantized experts.
@@ -147,6 +155,22 @@ impl SwitchGlu {
         }
         Ok(squeeze_axes(&y, &[-2])?)
     }
+
+    /// [`SwitchGlu::forward`] of `x` `[1, T, D]` with each token giving the
+    /// bits of its own one-token call (unsorted, as a decode step of
+    /// `top_k < 64` ids is): the experts in chunks of whole tokens the
+    /// backend's [`RowsRegime`] allows.
+    pub fn forward_rows(&self, x: &Array, indices: &Array) -> Result<Array, ModelError> {
+        let regime = RowsRegime::for_backend(crate::backend::Backend::of_default_device()?);
+        let x = expand_dims(&expand_dims(x, -2)?, -3)?;
+        let idx = ExpertIndices::checked(indices.clone(), self.gate_proj.num_experts())?;
+        let up = self.up_proj.forward_rows_independent(&x, &idx, &regime)?;
+        let gate = self.gate_proj.forward_rows_independent(&x, &idx, &regime)?;
+        let y = self
+            .down_proj
+            .forward_rows_independent(&swiglu(&gate, &up)?, &idx, &regime)?;
+        Ok(squeeze_axes(&y, &[-2])?)
+    }
 }
 
 /// `Qwen3_5MoeSparseMoeBlock`.
@@ -163,7 +187,33 @@ impl SparseMoe {
     pub fn forward(&self, x: &Array, trace: &mut Trace, at: &str) -> Result<Array, ModelError> {
         let gates = self.gate.forward(x)?;
         trace.record(at, "router", &gates);
-        let gates = softmax_axis(&gates, -1, true)?;
+        let (inds, scores) = self.route(&gates)?;
+        let y = self.switch_mlp.forward(x, &inds)?;
+        let y = sum_axis(&y.multiply(&expand_dims(&scores, -1)?)?, -2, None)?;
+        trace.record(at, "experts", &y);
+        let shared = self.shared_expert.forward(x)?;
+        let shared =
+            mlx_rs::ops::sigmoid(&self.shared_expert_gate.forward(x)?)?.multiply(&shared)?;
+        trace.record(at, "shared_expert", &shared);
+        Ok(y.add(&shared)?)
+    }
+
+    /// [`SparseMoe::forward`] with rows-independent linears and experts
+    /// (the routing is per row: softmax, top-k and their sums run along
+    /// the last axes).
+    pub fn forward_rows(&self, x: &Array) -> Result<Array, ModelError> {
+        let (inds, scores) = self.route(&self.gate.forward_rows(x)?)?;
+        let y = self.switch_mlp.forward_rows(x, &inds)?;
+        let y = sum_axis(&y.multiply(&expand_dims(&scores, -1)?)?, -2, None)?;
+        let shared = self.shared_expert.forward_rows(x)?;
+        let shared = mlx_rs::ops::sigmoid(&self.shared_expert_gate.forward_rows(x)?)?
+            .multiply(&shared)?;
+        Ok(y.add(&shared)?)
+    }
+
+    /// The router's top-k experts and their renormalised scores.
+    fn route(&self, gates: &Array) -> Result<(Array, Array), ModelError> {
+        let gates = softmax_axis(gates, -1, true)?;
         let k = self.top_k;
         let e = gates.shape()[gates.ndim() - 1];
         let inds = slice_axis(
@@ -174,14 +224,7 @@ impl SparseMoe {
         )?;
         let scores = mlx_rs::ops::indexing::take_along_axis(&gates, &inds, -1)?;
         let scores = scores.divide(&sum_axis(&scores, -1, true)?)?;
-        let y = self.switch_mlp.forward(x, &inds)?;
-        let y = sum_axis(&y.multiply(&expand_dims(&scores, -1)?)?, -2, None)?;
-        trace.record(at, "experts", &y);
-        let shared = self.shared_expert.forward(x)?;
-        let shared =
-            mlx_rs::ops::sigmoid(&self.shared_expert_gate.forward(x)?)?.multiply(&shared)?;
-        trace.record(at, "shared_expert", &shared);
-        Ok(y.add(&shared)?)
+        Ok((inds, scores))
     }
 }
 
@@ -199,6 +242,14 @@ impl FeedForward {
         match self {
             FeedForward::Dense(m) => m.forward(x),
             FeedForward::Moe(m) => m.forward(x, trace, at),
+        }
+    }
+
+    /// [`FeedForward::forward`] with each row giving its one-row bits.
+    pub fn forward_rows(&self, x: &Array) -> Result<Array, ModelError> {
+        match self {
+            FeedForward::Dense(m) => m.forward_rows(x),
+            FeedForward::Moe(m) => m.forward_rows(x),
         }
     }
 }
@@ -230,13 +281,57 @@ impl Attention {
         trace: &mut Trace,
         at: &str,
     ) -> Result<Array, ModelError> {
-        let (b, l) = (x.shape()[0], x.shape()[1]);
-        let q_out = self.q_proj.forward(x)?;
-        let keys = self.k_proj.forward(x)?;
-        let values = self.v_proj.forward(x)?;
-        trace.record(at, "q_proj", &q_out);
-        trace.record(at, "k_proj", &keys);
-        trace.record(at, "v_proj", &values);
+        let projected = [
+            self.q_proj.forward(x)?,
+            self.k_proj.forward(x)?,
+            self.v_proj.forward(x)?,
+        ];
+        let gated = self.attend(&projected, cache, rope, position_ids, trace, at)?;
+        self.o_proj.forward(&gated)
+    }
+
+    /// The rows-independent verify of T tokens `x` `[1, T, D]` at
+    /// `positions` `[1, T]`: the projections in rows-independent chunks,
+    /// then each token attends as its own decode step (cache append, SDPA
+    /// of one query over the cache's view), the output projection again in
+    /// chunks.
+    pub fn verify(
+        &self,
+        x: &Array,
+        cache: &mut KvCache,
+        rope: &Mrope,
+        position_ids: &Array,
+    ) -> Result<Array, ModelError> {
+        let projected = [
+            self.q_proj.forward_rows(x)?,
+            self.k_proj.forward_rows(x)?,
+            self.v_proj.forward_rows(x)?,
+        ];
+        let gated = per_token(x.shape()[1], |t| {
+            let row = |a: &Array| slice_axis(a, 1, t, t + 1);
+            let one = [row(&projected[0])?, row(&projected[1])?, row(&projected[2])?];
+            let positions = row(position_ids)?;
+            self.attend(&one, cache, rope, &positions, &mut Trace::off(), "")
+        })?;
+        self.o_proj.forward_rows(&gated)
+    }
+
+    /// From the q, k, v projections `[B, L, ..]` to the gated attention
+    /// output before `o_proj`.
+    fn attend(
+        &self,
+        projected: &[Array; 3],
+        cache: &mut KvCache,
+        rope: &Mrope,
+        position_ids: &Array,
+        trace: &mut Trace,
+        at: &str,
+    ) -> Result<Array, ModelError> {
+        let [q_out, keys, values] = projected;
+        let (b, l) = (q_out.shape()[0], q_out.shape()[1]);
+        trace.record(at, "q_proj", q_out);
+        trace.record(at, "k_proj", keys);
+        trace.record(at, "v_proj", values);
         let halves = q_out
             .reshape(&[b, l, self.n_heads, -1])?
             .split_equal(2, -1)?;
@@ -262,8 +357,7 @@ impl Attention {
         let out = fast::scaled_dot_product_attention(&queries, &keys, &values, scale, mask, None)?;
         trace.record(at, "attention", &out);
         let out = transpose_axes(&out, &[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-        self.o_proj
-            .forward(&out.multiply(mlx_rs::ops::sigmoid(&gate)?)?)
+        Ok(out.multiply(mlx_rs::ops::sigmoid(&gate)?)?)
     }
 }
 
@@ -308,23 +402,70 @@ impl GatedDeltaNet {
         trace: &mut Trace,
         at: &str,
     ) -> Result<Array, ModelError> {
-        let (b, s) = (x.shape()[0], x.shape()[1]);
-        let mixed_qkv = self.in_proj_qkv.forward(x)?;
-        let z = self.in_proj_z.forward(x)?;
-        let beta_in = self.in_proj_b.forward(x)?;
-        let a_in = self.in_proj_a.forward(x)?;
-        trace.record(at, "in_proj_qkv", &mixed_qkv);
-        trace.record(at, "in_proj_z", &z);
-        trace.record(at, "in_proj_b", &beta_in);
-        trace.record(at, "in_proj_a", &a_in);
+        let projected = [
+            self.in_proj_qkv.forward(x)?,
+            self.in_proj_z.forward(x)?,
+            self.in_proj_b.forward(x)?,
+            self.in_proj_a.forward(x)?,
+        ];
+        let out = self.mix(&projected, cache, faults, trace, at)?;
+        self.out_proj.forward(&out)
+    }
+
+    /// The rows-independent verify of T tokens `x` `[1, T, D]`: the
+    /// projections in rows-independent chunks, then each token through the
+    /// conv and the recurrence as its own decode step, `out_proj` again in
+    /// chunks.
+    pub fn verify(
+        &self,
+        x: &Array,
+        cache: &mut LinearCache,
+        faults: &Faults,
+    ) -> Result<Array, ModelError> {
+        let projected = [
+            self.in_proj_qkv.forward_rows(x)?,
+            self.in_proj_z.forward_rows(x)?,
+            self.in_proj_b.forward_rows(x)?,
+            self.in_proj_a.forward_rows(x)?,
+        ];
+        let out = per_token(x.shape()[1], |t| {
+            let row = |a: &Array| slice_axis(a, 1, t, t + 1);
+            let one = [
+                row(&projected[0])?,
+                row(&projected[1])?,
+                row(&projected[2])?,
+                row(&projected[3])?,
+            ];
+            self.mix(&one, cache, faults, &mut Trace::off(), "")
+        })?;
+        self.out_proj.forward_rows(&out)
+    }
+
+    /// From the four input projections `[B, S, ..]` (qkv, z, b, a) to the
+    /// gated-norm output before `out_proj`, advancing the cache by S.
+    fn mix(
+        &self,
+        projected: &[Array; 4],
+        cache: &mut LinearCache,
+        faults: &Faults,
+        trace: &mut Trace,
+        at: &str,
+    ) -> Result<Array, ModelError> {
+        let [mixed_qkv, z, beta_in, a_in] = projected;
+        let (b, s) = (mixed_qkv.shape()[0], mixed_qkv.shape()[1]);
+        let dtype = mixed_qkv.dtype();
+        trace.record(at, "in_proj_qkv", mixed_qkv);
+        trace.record(at, "in_proj_z", z);
+        trace.record(at, "in_proj_b", beta_in);
+        trace.record(at, "in_proj_a", a_in);
         let z = z.reshape(&[b, s, -1, self.head_v_dim])?;
 
         let width = self.conv_kernel - 1;
         let conv_state = match &cache.conv_state {
             Some(c) if c.shape()[0] == b => c.clone(),
-            _ => mlx_rs::ops::zeros_dtype(&[b, width, self.conv_dim()], x.dtype())?,
+            _ => mlx_rs::ops::zeros_dtype(&[b, width, self.conv_dim()], dtype)?,
         };
-        let conv_input = mlx_rs::ops::concatenate(&[&conv_state, &mixed_qkv], 1)?;
+        let conv_input = mlx_rs::ops::concatenate(&[&conv_state, mixed_qkv], 1)?;
         // `cache.update_window(0, conv_input, K - 1)`: the trailing window.
         let length = conv_input.shape()[1] - width;
         let start = if faults.conv_state_shift {
@@ -363,8 +504,8 @@ impl GatedDeltaNet {
             &q,
             &k,
             &v,
-            &a_in,
-            &beta_in,
+            a_in,
+            beta_in,
             &self.a_log,
             &self.dt_bias,
             cache.recurrent_state.as_ref(),
@@ -382,7 +523,7 @@ impl GatedDeltaNet {
         let normed = fast::rms_norm(&y, Some(&self.norm.weight), eps)?;
         let out = precise_swiglu(&y, &z, &normed)?;
         trace.record(at, "gated_norm", &out);
-        self.out_proj.forward(&out.reshape(&[b, s, -1])?)
+        Ok(out.reshape(&[b, s, -1])?)
     }
 }
 
@@ -409,4 +550,13 @@ pub struct DecoderLayer {
     pub input_layernorm: RmsNorm,
     pub post_attention_layernorm: RmsNorm,
     pub ff: FeedForward,
+}
+
+/// `f` for each of `tokens` tokens in order, outputs concatenated on axis 1.
+fn per_token(
+    tokens: i32,
+    mut f: impl FnMut(i32) -> Result<Array, ModelError>,
+) -> Result<Array, ModelError> {
+    let outs = (0..tokens).map(&mut f).collect::<Result<Vec<_>, _>>()?;
+    Ok(mlx_rs::ops::concatenate(&outs, 1)?)
 }

@@ -1,11 +1,11 @@
 //! The reference's linear and embedding modules after `nn.quantize`: a
 //! quantized layer where the checkpoint quantized it, else the float one.
 
-use mlx_rs::ops::{addmm, transpose_axes};
+use mlx_rs::ops::{addmm, concatenate, transpose_axes};
 use mlx_rs::Array;
 
 use crate::checkpoint::{LayerKind, SpecResolution};
-use crate::quantized::{QuantizedEmbedding, QuantizedLinear};
+use crate::quantized::{Forward, QuantizedEmbedding, QuantizedLinear, RowsCall, RowsRegime};
 
 use super::load::Weights;
 use super::ModelError;
@@ -68,6 +68,17 @@ impl Linear {
         })
     }
 
+    /// [`Linear::forward`] of `x` `[B, T, in]` with each of the T rows
+    /// giving the bits its own call of one row gives: the quantized layer
+    /// in chunks its backend's [`RowsRegime`] allows
+    /// ([`Forward::RowsIndependent`]), the float one row by row.
+    pub fn forward_rows(&self, x: &Array) -> Result<Array, ModelError> {
+        match self {
+            Linear::Quantized(q) => Ok(q.forward_as(x, Forward::RowsIndependent)?),
+            Linear::Float { .. } => in_chunks(x, 1, |rows| self.forward(rows)),
+        }
+    }
+
     /// Whether the layer was loaded quantized.
     pub fn is_quantized(&self) -> bool {
         matches!(self, Linear::Quantized(_))
@@ -110,6 +121,21 @@ impl Embedding {
         })
     }
 
+    /// [`Embedding::as_linear`] with each row of `x` `[B, T, dims]` giving
+    /// the bits of its own one-row call (as [`Linear::forward_rows`]).
+    pub fn as_linear_rows(&self, x: &Array) -> Result<Array, ModelError> {
+        let rows = x.shape().get(1).copied().unwrap_or(1).max(1) as usize;
+        let chunk = match self {
+            Embedding::Quantized(q) => RowsRegime::for_backend(
+                crate::backend::Backend::of_default_device()?,
+            )
+            .limit(RowsCall::QuantizedMatmul, q.payload().spec(), x.dtype(), q.dims())
+            .chunk(rows),
+            Embedding::Float(_) => 1,
+        };
+        in_chunks(x, chunk, |rows| self.as_linear(rows))
+    }
+
     /// `embed_tokens.as_linear(x)`: the tied lm_head.
     pub fn as_linear(&self, x: &Array) -> Result<Array, ModelError> {
         Ok(match self {
@@ -117,4 +143,26 @@ impl Embedding {
             Embedding::Float(w) => x.matmul(&transpose_axes(w, &[1, 0])?)?,
         })
     }
+}
+
+/// `f` over chunks of at most `chunk` rows of `x`'s axis 1, concatenated
+/// back on that axis (a copy: the bits of each chunk's call).
+pub(super) fn in_chunks(
+    x: &Array,
+    chunk: usize,
+    f: impl Fn(&Array) -> Result<Array, ModelError>,
+) -> Result<Array, ModelError> {
+    let rows = if x.ndim() >= 2 { x.shape()[1] } else { 1 };
+    let chunk = chunk.max(1) as i32;
+    if rows <= chunk {
+        return f(x);
+    }
+    let mut parts = Vec::new();
+    let mut start = 0;
+    while start < rows {
+        let stop = (start + chunk).min(rows);
+        parts.push(f(&super::ops::slice_axis(x, 1, start, stop)?)?);
+        start = stop;
+    }
+    Ok(concatenate(&parts, 1)?)
 }

@@ -65,6 +65,9 @@ pub struct Faults {
     pub conv_state_shift: bool,
     /// KV caches concatenated (contiguous) instead of the step-256 buffer.
     pub kv_contiguous: bool,
+    /// [`Model::verify`] as one batched call of the k drafts (the
+    /// reference's block call), not rows-independent.
+    pub verify_as_block: bool,
 }
 
 /// The text decoder with its weights.
@@ -339,6 +342,65 @@ impl Model {
         };
         trace.record("", "logits", &logits);
         Ok(logits)
+    }
+}
+
+impl Model {
+    /// The rows-independent verify of k drafted tokens (`tokens` int32
+    /// `[1, k]`), as a speculative decoder checks them: logits `[1, k,
+    /// vocab]` whose row `j` has the bits of the `j`-th of k single decode
+    /// steps ([`Model::forward`] of one token each) from the same cache.
+    /// The weight-bound work runs over the k rows at once, in the chunks
+    /// the backend's measured [`crate::quantized::RowsRegime`] allows (the
+    /// linears, the experts, the lm_head); norms, routing and activations
+    /// run along rows; each token then passes the conv, the recurrence
+    /// and SDPA as its own decode step. The cache advances by k.
+    ///
+    /// # Errors
+    /// As [`Model::forward`].
+    pub fn verify(&self, tokens: &Array, cache: &mut [LayerCache]) -> Result<Array, ModelError> {
+        if tokens.ndim() != 2 || tokens.shape()[0] != 1 || tokens.shape()[1] == 0 {
+            return Err(ModelError::Input(format!(
+                "tokens {:?}: expected int [1, k] with k >= 1 (one request)",
+                tokens.shape()
+            )));
+        }
+        if cache.len() != self.layers.len() {
+            return Err(ModelError::Input(format!(
+                "a cache of {} layers for a model of {}",
+                cache.len(),
+                self.layers.len()
+            )));
+        }
+        if self.faults.verify_as_block {
+            return self.forward(tokens, cache, &mut Trace::off());
+        }
+        let k = tokens.shape()[1];
+        let offset = self.offset(cache) as i32;
+        let position_ids = expand_dims(&arange::<_, i32>(offset, offset + k, None)?, 0)?;
+        let mut h = self.embed_tokens.lookup(tokens)?;
+        for (i, (layer, c)) in self.layers.iter().zip(cache.iter_mut()).enumerate() {
+            let x = layer.input_layernorm.forward(&h)?;
+            let r = match (&layer.mixer, c) {
+                (Mixer::Linear(m), LayerCache::Linear(c)) => m.verify(&x, c, &self.faults)?,
+                (Mixer::Attention(m), LayerCache::Attention(c)) => {
+                    m.verify(&x, c, &self.rope, &position_ids)?
+                }
+                _ => {
+                    return Err(ModelError::Input(format!(
+                        "layer {i}: the cache is not of this layer's kind"
+                    )))
+                }
+            };
+            h = h.add(&r)?;
+            let x = layer.post_attention_layernorm.forward(&h)?;
+            h = h.add(&layer.ff.forward_rows(&x)?)?;
+        }
+        let out = self.norm.forward(&h)?;
+        match &self.lm_head {
+            Some(head) => head.forward_rows(&out),
+            None => self.embed_tokens.as_linear_rows(&out),
+        }
     }
 }
 

@@ -7,6 +7,13 @@
 //! positions' logits differ in bits, the largest difference in bf16 ulp,
 //! whether the greedy continuations agree; and whether the port parts from
 //! itself in exactly the same way (it must: it mirrors each call).
+//!
+//! `…/finding-token-by-token-vs-one-shot/prefill16` is the same with every
+//! prompt token its own call (chunks of 1: the decode-shaped path at every
+//! position). `…/finding-block-vs-single-steps/prefill16-k{4,8}`: the
+//! reference's one call of k drafted tokens after the prompt, as a
+//! speculative verifier sends them, against its k single decode steps.
+//! All run in the deep tier (another schedule of a whole model).
 
 use layers::model::Model;
 use oracle::{DType, HostTensor};
@@ -38,20 +45,39 @@ impl Params for ChunkedFinding {
 }
 
 pub fn descriptions() -> Vec<Described> {
-    super::CHECKPOINTS
-        .iter()
-        .map(|c| {
-            described(
-                format!("model/{c}/finding-chunked-vs-one-shot/prefill65-chunk32"),
-                &ChunkedFinding {
-                    checkpoint: (*c).into(),
-                    prompt_len: 65,
-                    chunk: 32,
-                    steps: 8,
-                },
-            )
-        })
-        .collect()
+    let mut out = Vec::new();
+    for c in super::CHECKPOINTS {
+        out.push(described(
+            format!("model/{c}/finding-chunked-vs-one-shot/prefill65-chunk32"),
+            &ChunkedFinding {
+                checkpoint: c.into(),
+                prompt_len: 65,
+                chunk: 32,
+                steps: 8,
+            },
+        ));
+        out.push(described(
+            format!("model/{c}/finding-token-by-token-vs-one-shot/prefill16"),
+            &ChunkedFinding {
+                checkpoint: c.into(),
+                prompt_len: 16,
+                chunk: 1,
+                steps: 8,
+            },
+        ));
+    }
+    out
+}
+
+/// The prefill's call sizes: `32, 32, 1`, or `1 ×16` when there are many.
+fn chunk_list(len: usize, chunk: usize) -> String {
+    let chunk = chunk.clamp(1, len.max(1));
+    let sizes: Vec<usize> = (0..len).step_by(chunk).map(|s| chunk.min(len - s)).collect();
+    if sizes.len() > 4 && sizes.iter().all(|&s| s == chunk) {
+        format!("{chunk} ×{}", sizes.len())
+    } else {
+        sizes.iter().map(|s| s.to_string()).collect::<Vec<_>>().join(", ")
+    }
 }
 
 /// bf16 rows: (rows differing, max ulp over all elements).
@@ -106,8 +132,11 @@ fn run(ctx: &Ctx, f: &ChunkedFinding) -> Result<CaseOutput, CaseError> {
     let port_chunked = port_generate(&model, &tokens, f.chunk, f.steps, None)?;
     let (port_rows, port_ulp) = relation(&port_one.prefill, &port_chunked.prefill, f.prompt_len)?;
     let port_tokens_equal = port_one.tokens.bytes == port_chunked.tokens.bytes;
-    let mut out =
-        CaseOutput::new("one-shot (gated_delta_chunked over 65) against chunks 32, 32, 1");
+    let mut out = CaseOutput::new(format!(
+        "one-shot (gated_delta_chunked over {}) against chunks {}",
+        f.prompt_len,
+        chunk_list(f.prompt_len, f.chunk)
+    ));
     out.digest("port one-shot prefill", &port_one.prefill);
     out.digest("port chunked prefill", &port_chunked.prefill);
     out.digest("reference one-shot prefill", one.prefill.tensor());
@@ -122,5 +151,100 @@ fn run(ctx: &Ctx, f: &ChunkedFinding) -> Result<CaseOutput, CaseError> {
         "port parts from itself the same way": port_rows == ref_rows
             && port_ulp == ref_ulp
             && port_tokens_equal == ref_tokens_equal,
+    })))
+}
+
+/// The reference's own block call of k drafted tokens (as a speculative
+/// verifier would send them: one `LanguageModel.__call__` of k tokens
+/// after the prompt) against its k single greedy decode steps fed the same
+/// tokens.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BlockFinding {
+    pub checkpoint: String,
+    pub prompt_len: usize,
+    pub k: usize,
+}
+
+impl Params for BlockFinding {
+    const BUILDER: &'static str = "model-block-finding";
+    fn build(self, name: String) -> Case {
+        Case::finding(name, super::FAMILY, super::REFERENCE, move |ctx| {
+            run_block(ctx, &self)
+        })
+        .glue_composed(super::GLUE_PIECES)
+        .deep()
+    }
+}
+
+pub fn block_descriptions() -> Vec<Described> {
+    let mut out = Vec::new();
+    for c in super::CHECKPOINTS {
+        for k in [4, 8] {
+            out.push(described(
+                format!("model/{c}/finding-block-vs-single-steps/prefill16-k{k}"),
+                &BlockFinding {
+                    checkpoint: c.into(),
+                    prompt_len: 16,
+                    k,
+                },
+            ));
+        }
+    }
+    out
+}
+
+fn ids(t: &[i32]) -> Result<HostTensor, CaseError> {
+    HostTensor::new(
+        DType::Int32,
+        vec![1, t.len()],
+        t.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    )
+    .map_err(|e| CaseError::Harness(e.to_string()))
+}
+
+fn run_block(ctx: &Ctx, f: &BlockFinding) -> Result<CaseOutput, CaseError> {
+    if f.prompt_len == 0 || f.k == 0 || f.k > f.prompt_len {
+        return Err(CaseError::Harness(
+            "need 0 < k <= prompt_len (the block is the second chunk)".into(),
+        ));
+    }
+    let dir = checkpoint_dir(&f.checkpoint)?;
+    let model = Model::load(&dir).map_err(port_err)?;
+    let mut tokens = prompt(ctx, f.prompt_len, model.config.vocab_size);
+    let single = reference::model::generate(ctx, &dir, &ids(&tokens)?, f.k, 0, -1)?;
+    let greedy = single.tokens.tensor();
+    if greedy.dtype != DType::Int32 || greedy.bytes.len() < 4 * f.k {
+        return Err(CaseError::Harness("greedy tokens are not k int32 ids".into()));
+    }
+    tokens.extend(
+        greedy.bytes[..4 * f.k]
+            .chunks(4)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+    );
+    // The prompt, then the k drafts as the second chunk: one k-token call.
+    let block = reference::model::generate(ctx, &dir, &ids(&tokens)?, 1, f.prompt_len, -1)?;
+    let b = block.prefill.tensor();
+    let row = b.bytes.len() / (f.prompt_len + f.k).max(1);
+    let block_rows = HostTensor::new(
+        b.dtype,
+        vec![f.k, b.shape.last().copied().unwrap_or(0)],
+        b.bytes[row * f.prompt_len..].to_vec(),
+    )
+    .map_err(|e| CaseError::Harness(e.to_string()))?;
+    let (rows, ulp) = relation(&block_rows, single.decode.tensor(), f.k)?;
+    let mut out = CaseOutput::new(format!(
+        "one call of {} drafted tokens against {} single decode steps",
+        f.k, f.k
+    ));
+    out.digest("reference block logits", &block_rows);
+    out.digest("reference single-step logits", single.decode.tensor());
+    Ok(out.with_finding(json!({
+        "reference": {
+            "drafted positions whose logits differ": rows,
+            "of": f.k,
+            "max bf16 ulp": ulp,
+        },
+        "the port's verify": "Model::verify equals the single steps (the must-equal model/<checkpoint>/verify-k* cases)",
     })))
 }

@@ -19,6 +19,7 @@
 //! operation that adds the difference (its inputs, earlier points, agree).
 
 pub mod finding;
+pub mod verify;
 
 use std::path::PathBuf;
 
@@ -101,7 +102,9 @@ pub fn descriptions() -> Vec<Described> {
             },
         ));
     }
+    out.extend(verify::descriptions());
     out.extend(finding::descriptions());
+    out.extend(finding::block_descriptions());
     out
 }
 
@@ -126,9 +129,10 @@ pub fn fault(name: &str) -> Result<Faults, CaseError> {
         "gated-norm-eps" => f.gated_norm_eps_scale = Some(10.0),
         "conv-state-shift" => f.conv_state_shift = true,
         "kv-contiguous" => f.kv_contiguous = true,
+        "verify-as-block" => f.verify_as_block = true,
         other => {
             return Err(CaseError::Harness(format!(
-                "unknown fault `{other}` (recurrent-state-bf16, gated-norm-eps, conv-state-shift, kv-contiguous)"
+                "unknown fault `{other}` (recurrent-state-bf16, gated-norm-eps, conv-state-shift, kv-contiguous, verify-as-block)"
             )))
         }
     }
