@@ -98,21 +98,6 @@ fn iterations_for(f: &dyn Fn() -> Vec<Array>) -> usize {
     ((TARGET_SECONDS / one) as usize).clamp(3, 500)
 }
 
-/// The floor: bytes read plus written per second by `x + 1`.
-fn bandwidth(gpu: bool) -> f64 {
-    let n: i32 = if gpu { 1 << 29 } else { 1 << 26 };
-    let x = ops::zeros_dtype(&[n], Dtype::Float32).unwrap();
-    x.eval().unwrap();
-    let one = Array::from_f32(1.0);
-    let mut best = f64::INFINITY;
-    for _ in 0..5 {
-        let start = Instant::now();
-        ops::add(&x, &one).unwrap().eval().unwrap();
-        best = best.min(start.elapsed().as_secs_f64());
-    }
-    2.0 * 4.0 * f64::from(n) / best
-}
-
 enum Mlp {
     Dense {
         gate: QuantizedLinear,
@@ -386,7 +371,7 @@ fn main() {
         .ok()
         .map(|v| v.parse().expect("MLX_BENCH_LAYERS: a number of layers"))
         .unwrap_or(if gpu { 8 } else { 1 });
-    let floor = bandwidth(gpu);
+    let floor = conformance::bench::memory_bandwidth(gpu);
     println!(
         "device {backend}; one eval per step, best of {ROUNDS} interleaved rounds\nmemory bandwidth (f32 x + 1, read + write): {:.1} GB/s",
         floor / 1e9

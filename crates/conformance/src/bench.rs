@@ -33,3 +33,26 @@ pub fn select_backend(oracle: &Oracle) -> Backend {
         .expect("the reference accepts the backend");
     backend
 }
+
+/// The floor of the benches: bytes read plus written per second by `y = x
+/// + 1` over an f32 array far larger than any cache (256 MiB on CPU, 2 GiB
+/// on a GPU), best of 5.
+///
+/// # Panics
+/// When MLX fails (benches are run by hand; a panic is their report).
+pub fn memory_bandwidth(gpu: bool) -> f64 {
+    use mlx_rs::{ops, Array, Dtype};
+    let n: i32 = if gpu { 1 << 29 } else { 1 << 26 };
+    let x = ops::zeros_dtype(&[n], Dtype::Float32).expect("MLX allocates the bandwidth array");
+    x.eval().expect("MLX evaluates");
+    let one = Array::from_f32(1.0);
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let start = std::time::Instant::now();
+        ops::add(&x, &one)
+            .and_then(|y| y.eval())
+            .expect("MLX evaluates x + 1");
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    2.0 * 4.0 * f64::from(n) / best
+}

@@ -163,3 +163,32 @@ pub fn decode_bench(
     ];
     seconds(F, oracle.call("bench/serving", F, &[], &kwargs)?)
 }
+
+/// The reference model's timings (`model_bench` in the glue): seconds of
+/// `prefill`, `decode`, and `block_{k}` / `steps_{k}` for each k of `ks`.
+pub fn model_bench(
+    oracle: &Oracle,
+    directory: &std::path::Path,
+    prompt: &HostTensor,
+    ks: &[usize],
+    iterations: usize,
+) -> Result<std::collections::BTreeMap<String, f64>, OracleError> {
+    const F: &str = "model_bench";
+    let kwargs = [
+        ("directory", Arg::from(directory.to_string_lossy().as_ref())),
+        ("prompt", Arg::from(prompt.clone())),
+        ("ks", ints(ks)),
+        ("iterations", Arg::from(iterations)),
+    ];
+    match oracle.call("bench/model", F, &[], &kwargs)? {
+        Value::Dict(map) => map
+            .into_iter()
+            .map(|(k, v)| Ok((k, seconds(F, v)?)))
+            .collect(),
+        other => Err(OracleError::Unsupported {
+            case: "bench".into(),
+            function: F.into(),
+            what: format!("{other:?} instead of a dict of seconds"),
+        }),
+    }
+}

@@ -251,3 +251,49 @@ def model_generate(directory, prompt, steps, chunk, trace_step):
             "tokens": mx.stack(tokens),
             "trace": trace,
         }
+
+
+def model_bench(directory, prompt, ks, iterations):
+    """Seconds of the reference's own model, built as `model_generate`
+    builds it, one mx.eval per call, each the best of `iterations` runs
+    after one warm-up: `prefill`, the prompt (int32 [1, P]) in one call on
+    a fresh cache; `decode`, one single-token step after the prompt; and
+    for each k of `ks`, after the prompt: `block_k`, one call of k tokens
+    (the model's own path for a block of drafts), `steps_k`, k single-token
+    steps. The fed tokens are the prompt's first ones (timing does not
+    depend on the ids)."""
+    import time
+
+    with _MODEL_LOCK:
+        model = _model_build(directory)
+        lm = model.language_model
+
+        def call(inputs, cache):
+            logits = lm(inputs, cache=cache).logits
+            mx.eval(logits, [c.state for c in cache])
+
+        def prefilled():
+            cache = lm.make_cache()
+            call(prompt, cache)
+            return cache
+
+        def best(setup, timed):
+            out = float("inf")
+            for i in range(iterations + 1):
+                state = setup()
+                start = time.perf_counter()
+                timed(state)
+                if i > 0:
+                    out = min(out, time.perf_counter() - start)
+            return out
+
+        result = {
+            "prefill": best(lm.make_cache, lambda cache: call(prompt, cache)),
+            "decode": best(prefilled, lambda cache: call(prompt[:, :1], cache)),
+        }
+        for k in ks:
+            drafts = prompt[:, :k]
+            result[f"block_{k}"] = best(prefilled, lambda cache: call(drafts, cache))
+            result[f"steps_{k}"] = best(
+                prefilled, lambda cache: [call(drafts[:, j:j + 1], cache) for j in range(k)])
+        return result
