@@ -14,6 +14,7 @@ const ENUMS: &[(&str, &str)] = &[
     ("src/position/error.rs", "PositionError"),
     ("src/checkpoint/offload.rs", "OffloadError"),
     ("src/checkpoint/error.rs", "CheckpointError"),
+    ("src/model/error.rs", "ModelError"),
 ];
 
 /// `Enum::Variant` for every variant declared in `source`'s `pub enum name`
