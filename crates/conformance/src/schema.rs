@@ -48,6 +48,9 @@ pub struct ReportCase {
 /// A row's `output`: what the readers compare.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct ReportOutput {
+    /// What the port side ran (a model case adds its first divergence).
+    #[serde(default)]
+    pub path: String,
     /// Each compared output's name and exact check.
     #[serde(default)]
     pub outputs: Vec<ReportCompared>,

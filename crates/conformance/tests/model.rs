@@ -5,7 +5,9 @@
 
 use std::process::Command;
 
-use serde_json::{json, Value as Json};
+use conformance::result::Verdict;
+use conformance::schema::ReportFile;
+use serde_json::json;
 
 /// (fault, the point the report must name).
 const FAULTS: [(&str, &str); 4] = [
@@ -68,17 +70,16 @@ fn each_planted_fault_fails_naming_its_layer_and_operation() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    let report: Json =
-        serde_json::from_slice(&std::fs::read(dir.join("out/report.json")).expect(&text)).unwrap();
-    let rows = report["cases"].as_array().unwrap();
+    let report = ReportFile::read(&dir.join("out/report.json")).expect(&text);
+    let rows = &report.cases;
     assert_eq!(rows.len(), FAULTS.len(), "{text}");
     for (fault, expected) in FAULTS {
         let row = rows
             .iter()
-            .find(|r| r["name"].as_str().unwrap().ends_with(fault))
+            .find(|r| r.name.ends_with(fault))
             .unwrap_or_else(|| panic!("no row for {fault}: {text}"));
-        assert_eq!(row["verdict"], "fail", "{fault}: {row}");
-        let path = row["output"]["path"].as_str().unwrap_or_default();
+        assert_eq!(row.verdict, Verdict::Fail, "{fault}: {row:?}");
+        let path = row.output.as_ref().map_or("", |o| o.path.as_str());
         assert!(
             path.contains(&format!("first divergence: {expected}")),
             "{fault}: expected `{expected}` in `{path}`"
@@ -118,17 +119,17 @@ fn a_verify_run_as_one_block_fails() {
         .output()
         .expect("the conformance binary starts");
     let text = String::from_utf8_lossy(&out.stderr).into_owned();
-    let report: Json =
-        serde_json::from_slice(&std::fs::read(dir.join("out/report.json")).expect(&text)).unwrap();
-    let rows = report["cases"].as_array().unwrap();
-    assert_eq!(rows.len(), 2, "{text}");
+    let report = ReportFile::read(&dir.join("out/report.json")).expect(&text);
+    assert_eq!(report.cases.len(), 2, "{text}");
     let verdict = |suffix: &str| {
-        rows.iter()
-            .find(|r| r["name"].as_str().unwrap().ends_with(suffix))
-            .map(|r| r["verdict"].clone())
+        report
+            .cases
+            .iter()
+            .find(|r| r.name.ends_with(suffix))
+            .map(|r| r.verdict.clone())
             .unwrap_or_else(|| panic!("no row {suffix}: {text}"))
     };
-    assert_eq!(verdict("/clean"), "pass", "{text}");
-    assert_eq!(verdict("/verify-as-block"), "fail", "{text}");
+    assert_eq!(verdict("/clean"), Verdict::Pass, "{text}");
+    assert_eq!(verdict("/verify-as-block"), Verdict::Fail, "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
