@@ -78,6 +78,8 @@ pub const ENV_VARS: &[EnvVar] = &[
     EnvVar { name: "MLX_PTX_CACHE_DIR", kind: Kind::User, meaning: "MLX's CUDA kernel cache (default `/tmp/mlx/<version>/ptx`); the CUDA bundle's launcher points it at a carried cache when unset" },
     EnvVar { name: "MLX_BENCH_DEVICE", kind: Kind::User, meaning: "benches: `cpu` (default) or `gpu`" },
     EnvVar { name: "MLX_BENCH_LAYERS", kind: Kind::User, meaning: "the serving bench's stack depth" },
+    EnvVar { name: "MLX_BENCH_ITERATIONS", kind: Kind::User, meaning: "the model bench's runs per figure (default 20)" },
+    EnvVar { name: "MLX_BENCH_MODEL_DIR", kind: Kind::User, meaning: "the model bench's checkpoint (default: the `model/` family's tiny ones)" },
     EnvVar { name: "FUZZ_SECONDS", kind: Kind::User, meaning: "the ignored fuzz test's budget (`cargo test --release -p layers --test fuzz_parsers -- --ignored`)" },
     EnvVar { name: "MLX_ENABLE_TF32", kind: Kind::KernelSetting, meaning: "CUDA: float32 matmuls in TF32 unless 0" },
     EnvVar { name: "MLX_CUDA_USE_CUDNN_SDPA", kind: Kind::KernelSetting, meaning: "CUDA: SDPA through cuDNN unless 0" },
