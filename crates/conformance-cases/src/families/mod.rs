@@ -82,6 +82,7 @@ families! {
         model::finding::ChunkedFinding,
         model::verify::VerifyCase,
         model::finding::BlockFinding,
+        model::finding::PackagesFinding,
     ],
 }
 

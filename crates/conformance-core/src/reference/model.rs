@@ -66,3 +66,25 @@ pub fn generate(
         trace,
     })
 }
+
+/// `model_generate_lm`: the same greedy generation by mlx-lm 0.32.2's own
+/// model of the checkpoint (`mlx_lm.models.qwen3_5` / `qwen3_5_moe`):
+/// `(prefill, decode, tokens)` as [`generate`] returns them.
+pub fn generate_lm(
+    ctx: &Ctx,
+    directory: &Path,
+    prompt: &HostTensor,
+    steps: usize,
+    chunk: usize,
+) -> Result<(Expected, Expected, Expected), CaseError> {
+    const F: &str = "model_generate_lm";
+    let params = vec![
+        fixed("directory", directory.to_string_lossy().as_ref()),
+        tensor("prompt", prompt),
+        fixed("steps", steps),
+        fixed("chunk", chunk),
+    ];
+    let value = ctx.call(F, params)?;
+    let mut r = Fields::of(F, value)?;
+    Ok((r.tensor("prefill")?, r.tensor("decode")?, r.tensor("tokens")?))
+}

@@ -47,18 +47,35 @@ def _model_packages(model_type):
 
 def _model_build(directory):
     """`load_model(directory)`'s steps (see the module docstring)."""
-    import mlx.nn as nn
     with open(os.path.join(directory, "config.json")) as f:
         config_text = f.read()
     config = json.loads(config_text)
     module = _model_packages(config["model_type"])
-    model_config = _config_model(config_text)
-    model = module.Model(model_config)
+    model = module.Model(_config_model(config_text))
+    return _model_weights(model, directory, config)
+
+
+def _model_build_lm(directory):
+    """mlx-lm 0.32.2's `load_model(directory)` steps for the same
+    checkpoint: `mlx_lm.models.<model_type>`'s `ModelArgs.from_dict` and
+    `Model`, then the same weight steps (its own `sanitize`)."""
+    with open(os.path.join(directory, "config.json")) as f:
+        config = json.load(f)
+    module = load(f"mlx_lm.models.{config['model_type']}")
+    model = module.Model(module.ModelArgs.from_dict(config))
+    return _model_weights(model, directory, config)
+
+
+def _model_weights(model, directory, config):
+    """`load_model`'s weight steps, as mlx-vlm and mlx-lm both take them:
+    `mx.load` of every shard, `model.sanitize`, `nn.quantize` with the
+    class predicate of the config's `quantization`, `load_weights(strict)`."""
+    import mlx.nn as nn
     weights = {}
     for path in sorted(glob.glob(os.path.join(directory, "*.safetensors"))):
         weights.update(mx.load(path))
     weights = model.sanitize(weights)
-    if not any(k.startswith("vision_tower.") for k in weights):
+    if hasattr(model, "vision_tower") and not any(k.startswith("vision_tower.") for k in weights):
         model.vision_tower = None
     quantization = config.get("quantization")
     if quantization is not None:
@@ -297,3 +314,41 @@ def model_bench(directory, prompt, ks, iterations):
             result[f"steps_{k}"] = best(
                 prefilled, lambda cache: [call(drafts[:, j:j + 1], cache) for j in range(k)])
         return result
+
+
+def model_generate_lm(directory, prompt, steps, chunk):
+    """`model_generate` with mlx-lm 0.32.2's own model of the checkpoint's
+    `model_type` (`mlx_lm.models.qwen3_5` / `qwen3_5_moe`, its
+    `make_cache()`): the same greedy loop; returns `prefill`, `decode` and
+    `tokens` as `model_generate` does. mlx-lm's `QuantizedSwitchLinear`
+    passes `global_scale=None` to an mx.gather_qmm that has no such
+    argument (the `quantized/switch/.../as-pinned` finding), so the MoE runs
+    with that keyword dropped, as the switch cases run it."""
+    from reference_glue.quantized import _QNoGlobalScale
+
+    with _MODEL_LOCK, _QNoGlobalScale():
+        model = _model_build_lm(directory)
+        cache = model.make_cache()
+        P = prompt.shape[1]
+        chunk = P if chunk <= 0 else min(chunk, P)
+        prefill, decode, tokens = [], [], []
+
+        def run(inputs):
+            logits = model(inputs, cache=cache)
+            mx.eval(logits, [c.state for c in cache])
+            return logits
+
+        for s in range(0, P, chunk):
+            prefill.append(run(prompt[:, s:s + chunk])[0])
+        token = mx.argmax(prefill[-1][-1], axis=-1).astype(mx.int32)
+        tokens.append(token)
+        for _ in range(steps):
+            logits = run(token.reshape(1, 1))
+            decode.append(logits[0, -1])
+            token = mx.argmax(logits[0, -1], axis=-1).astype(mx.int32)
+            tokens.append(token)
+        return {
+            "prefill": mx.concatenate(prefill, axis=0),
+            "decode": mx.stack(decode) if decode else mx.zeros((0, 1)),
+            "tokens": mx.stack(tokens),
+        }

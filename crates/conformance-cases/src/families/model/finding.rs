@@ -248,3 +248,73 @@ fn run_block(ctx: &Ctx, f: &BlockFinding) -> Result<CaseOutput, CaseError> {
         "the port's verify": "Model::verify equals the single steps (the must-equal model/<checkpoint>/verify-k* cases)",
     })))
 }
+
+/// mlx-lm 0.32.2's own `qwen3_5` / `qwen3_5_moe` model against mlx-vlm
+/// 0.7.6's on the same checkpoint: the same prompt, the same greedy loop.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PackagesFinding {
+    pub checkpoint: String,
+    pub prompt_len: usize,
+    pub steps: usize,
+}
+
+impl Params for PackagesFinding {
+    const BUILDER: &'static str = "model-packages-finding";
+    fn build(self, name: String) -> Case {
+        Case::finding(name, super::FAMILY, super::REFERENCE, move |ctx| {
+            run_packages(ctx, &self)
+        })
+        .glue_composed(&[
+            "mlx_lm.models.qwen3_5 / qwen3_5_moe Model (ModelArgs.from_dict, sanitize, make_cache)",
+            "mx.gather_qmm with mlx-lm's global_scale=None dropped (mlx 0.32.2 has no such argument)",
+            "the load and greedy loop the model/ cases run for mlx-vlm",
+        ])
+        .deep()
+    }
+}
+
+pub fn packages_descriptions() -> Vec<Described> {
+    super::CHECKPOINTS
+        .iter()
+        .map(|c| {
+            described(
+                format!("model/{c}/finding-mlx-lm-vs-mlx-vlm/prefill16-decode8"),
+                &PackagesFinding {
+                    checkpoint: (*c).into(),
+                    prompt_len: 16,
+                    steps: 8,
+                },
+            )
+        })
+        .collect()
+}
+
+fn run_packages(ctx: &Ctx, f: &PackagesFinding) -> Result<CaseOutput, CaseError> {
+    let dir = checkpoint_dir(&f.checkpoint)?;
+    let model = Model::load(&dir).map_err(port_err)?;
+    let tokens = prompt(ctx, f.prompt_len, model.config.vocab_size);
+    let prompt_t = ids(&tokens)?;
+    let vlm = reference::model::generate(ctx, &dir, &prompt_t, f.steps, 0, -1)?;
+    let (prefill, decode, greedy) =
+        reference::model::generate_lm(ctx, &dir, &prompt_t, f.steps, 0)?;
+    let (prefill_rows, prefill_ulp) =
+        relation(vlm.prefill.tensor(), prefill.tensor(), f.prompt_len)?;
+    let decode_rows = if decode.tensor().bytes.len() == vlm.decode.tensor().bytes.len() {
+        Some(relation(vlm.decode.tensor(), decode.tensor(), f.steps)?)
+    } else {
+        None
+    };
+    let mut out = CaseOutput::new("mlx-lm 0.32.2's model against mlx-vlm 0.7.6's, same weights");
+    out.digest("mlx-vlm prefill", vlm.prefill.tensor());
+    out.digest("mlx-lm prefill", prefill.tensor());
+    out.digest("mlx-vlm tokens", vlm.tokens.tensor());
+    out.digest("mlx-lm tokens", greedy.tensor());
+    Ok(out.with_finding(json!({
+        "prompt positions whose logits differ": prefill_rows,
+        "of": f.prompt_len,
+        "max bf16 ulp (prefill)": prefill_ulp,
+        "decode steps whose logits differ": decode_rows.map(|r| r.0),
+        "greedy tokens equal": vlm.tokens.tensor().bytes == greedy.tensor().bytes,
+    })))
+}

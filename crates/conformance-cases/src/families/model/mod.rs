@@ -105,6 +105,7 @@ pub fn descriptions() -> Vec<Described> {
     out.extend(verify::descriptions());
     out.extend(finding::descriptions());
     out.extend(finding::block_descriptions());
+    out.extend(finding::packages_descriptions());
     out
 }
 
