@@ -180,6 +180,18 @@ enum GateMode {
 /// snapshot set, selection), run (the cases), gate (snapshots, the report)
 /// and report (files, stdout, exit code). An early exit carries its code.
 fn main() -> ExitCode {
+    // A candidate's launcher (started by a worker) does nothing else.
+    #[cfg(target_os = "linux")]
+    {
+        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        if args
+            .get(1)
+            .is_some_and(|a| a == conformance::candidate::launcher::FLAG)
+        {
+            let code = conformance::candidate::launcher::main(&args[2..]);
+            return ExitCode::from(u8::try_from(code).unwrap_or(3));
+        }
+    }
     // First, while the process has one thread and before MLX reads them.
     conformance::kernel_settings::pin();
     let steps = || -> Result<ExitCode, Exit> {

@@ -201,15 +201,44 @@ pub fn decode_args(
         .collect()
 }
 
-/// The tensors of a safetensors file by key.
+/// The largest tensors file read from a candidate (or handed to one):
+/// a larger one is refused unread.
+pub const MAX_TENSORS_BYTES: u64 = 4 << 30;
+
+/// The tensors of a safetensors file by key, read through the one safe
+/// reader: a regular file of at most [`MAX_TENSORS_BYTES`], no link
+/// followed (a candidate's outputs linked to `/dev/zero` were read until
+/// memory ran out), no FIFO waited on. A missing file is an error.
 pub fn read_tensors(path: &std::path::Path) -> Result<BTreeMap<String, HostTensor>, String> {
-    Ok(crate::kept::read_file(path)?.into_iter().collect())
+    let bytes = match crate::snapshots::store::read_limited(path, MAX_TENSORS_BYTES) {
+        Ok(Some(b)) => b,
+        Ok(None) => return Err(format!("{}: no such file", path.display())),
+        Err(e) => return Err(e.to_string()),
+    };
+    Ok(crate::kept::parse(&bytes, path)?.into_iter().collect())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use oracle::DType;
+
+    /// Issue 40, class 10: an outputs file linked to /dev/zero was read
+    /// until 4 GiB or OOM, and a FIFO hung.
+    #[test]
+    fn an_outputs_file_that_is_a_link_or_a_fifo_is_refused_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        let zero = dir.path().join("1.out.safetensors");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let started = std::time::Instant::now();
+        assert!(read_tensors(&zero).unwrap_err().contains("symbolic link"));
+        let fifo = dir.path().join("2.out.safetensors");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        assert!(read_tensors(&fifo).unwrap_err().contains("FIFO"));
+        assert!(started.elapsed().as_secs() < 5);
+    }
 
     #[test]
     fn trees_survive_the_round_trip() {

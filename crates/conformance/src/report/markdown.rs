@@ -33,6 +33,12 @@ pub fn render(report: &Report) -> String {
     if let Some(line) = &s.missing_snapshot_set {
         let _ = writeln!(md, "> {line}\n");
     }
+    if let Some(hook) = &e.testing_hook {
+        let _ = writeln!(
+            md,
+            "> testing hook set: `{hook}` (port bits flipped on purpose; FAIL rows of its region are planted)\n"
+        );
+    }
     if e.perturb {
         let _ = writeln!(
             md,
