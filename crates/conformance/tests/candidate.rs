@@ -788,3 +788,40 @@ fn nothing_a_candidate_starts_outlives_its_worker() {
     }
     all_gone(&pids).unwrap();
 }
+
+/// Issue 40, class 19: a missing `--same-verdicts-as` file was reported
+/// only after the whole run, and a FIFO there hung the run (ignoring
+/// SIGTERM). Both are refused before any case now.
+#[test]
+fn same_verdicts_as_is_checked_before_any_case() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.json");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let candidate = python_candidate("");
+    for path in [dir.path().join("missing.json"), fifo] {
+        let started = Instant::now();
+        let out = conformance(&[
+            "--device",
+            "cpu",
+            "--filter",
+            TWO,
+            "--candidate",
+            &candidate,
+            "--same-verdicts-as",
+            path.to_str().unwrap(),
+            "--out",
+            dir.path().join("out").to_str().unwrap(),
+        ]);
+        assert!(started.elapsed() < Duration::from_secs(30), "no hang");
+        assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+        assert!(text(&out).contains("--same-verdicts-as"), "{}", text(&out));
+        assert!(
+            !text(&out).contains("passed"),
+            "no case ran: {}",
+            text(&out)
+        );
+    }
+}
