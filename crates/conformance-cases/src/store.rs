@@ -418,3 +418,87 @@ mod confined {
         ));
     }
 }
+
+#[cfg(test)]
+mod confined_trees {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// One entry of a random tree under the root.
+    #[derive(Debug, Clone)]
+    enum Node {
+        File,
+        Dir,
+        LinkOutside,
+        LinkInside,
+        LinkDevZero,
+        Fifo,
+    }
+
+    fn node() -> impl Strategy<Value = Node> {
+        prop_oneof![
+            Just(Node::File),
+            Just(Node::Dir),
+            Just(Node::LinkOutside),
+            Just(Node::LinkInside),
+            Just(Node::LinkDevZero),
+            Just(Node::Fifo),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Issue 40, item 13: random manifest trees (files, directories,
+        /// links out, in and to /dev/zero, FIFOs) and random relative
+        /// paths: the confined reader never returns bytes from outside the
+        /// root, never blocks, never panics.
+        #[test]
+        fn nothing_outside_is_ever_read(
+            entries in proptest::collection::vec((0usize..3, node()), 1..8),
+            rel in proptest::collection::vec(
+                prop_oneof![Just("a"), Just("b"), Just("c"), Just(".."), Just("."), Just(""), Just("/etc")],
+                1..5,
+            ),
+        ) {
+            let scratch = tempfile::tempdir().unwrap();
+            let outside = scratch.path().join("outside");
+            std::fs::write(&outside, b"SECRET").unwrap();
+            let root = scratch.path().join("root");
+            std::fs::create_dir_all(&root).unwrap();
+            let names = ["a", "b", "c"];
+            for (i, (at, n)) in entries.iter().enumerate() {
+                // Nested one level under an existing directory sometimes.
+                let parent = if i % 2 == 0 { root.clone() } else { root.join(names[*at]) };
+                if !parent.is_dir() {
+                    continue;
+                }
+                let path = parent.join(names[(at + i) % 3]);
+                if std::fs::symlink_metadata(&path).is_ok() {
+                    continue;
+                }
+                match n {
+                    Node::File => std::fs::write(&path, b"inside").unwrap(),
+                    Node::Dir => std::fs::create_dir(&path).unwrap(),
+                    Node::LinkOutside => std::os::unix::fs::symlink(&outside, &path).unwrap(),
+                    Node::LinkInside => std::os::unix::fs::symlink(&root, &path).unwrap(),
+                    Node::LinkDevZero => std::os::unix::fs::symlink("/dev/zero", &path).unwrap(),
+                    Node::Fifo => {
+                        let c = std::ffi::CString::new(
+                            std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()),
+                        )
+                        .unwrap();
+                        // SAFETY: a valid NUL-terminated path.
+                        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+                    }
+                }
+            }
+            let rel = rel.join("/");
+            let started = std::time::Instant::now();
+            let read = read_confined(&root, &rel, 1 << 20);
+            prop_assert!(started.elapsed().as_secs() < 5, "blocked on {rel}");
+            if let Ok(Some(bytes)) = read {
+                prop_assert_eq!(&bytes[..], b"inside", "{} read other bytes", rel);
+            }
+        }
+    }
+}

@@ -223,6 +223,67 @@ mod tests {
     use super::*;
     use oracle::DType;
 
+    fn json_tree() -> impl proptest::strategy::Strategy<Value = Json> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Json::Null),
+            any::<bool>().prop_map(Json::Bool),
+            any::<i64>().prop_map(|i| json!(i)),
+            any::<f64>().prop_map(|f| json!(f)),
+            "[a-z$]{0,6}".prop_map(Json::String),
+            "[a-z]{0,3}".prop_map(|k| json!({"$tensor": k})),
+            "[a-z-]{0,4}".prop_map(|k| json!({"$float": k})),
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Json::Array),
+                proptest::collection::btree_map("[a-z$]{1,3}", inner, 0..4)
+                    .prop_map(|m| Json::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+        /// Issue 40, item 13: random hostile replies (result trees, and
+        /// safetensors files of any header: dtypes, shapes past memory,
+        /// offsets, lengths, bytes) decode to a value or an error naming
+        /// it, never a panic.
+        #[test]
+        fn hostile_replies_are_errors_not_panics(
+            tree in json_tree(),
+            dtype in proptest::prop_oneof![
+                proptest::strategy::Just("BF16"), proptest::strategy::Just("F32"),
+                proptest::strategy::Just("F64"), proptest::strategy::Just("I8"),
+                proptest::strategy::Just("U64"), proptest::strategy::Just("XX")
+            ],
+            shape in proptest::collection::vec(
+                proptest::prop_oneof![0u64..4, proptest::strategy::Just(1u64 << 40), proptest::strategy::Just(u64::MAX)],
+                0..4,
+            ),
+            offsets in (0u64..64, 0u64..64),
+            data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+            raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+        ) {
+            let header = json!({"a": {"dtype": dtype, "shape": shape, "data_offsets": [offsets.0, offsets.1]}})
+                .to_string();
+            let mut file = (header.len() as u64).to_le_bytes().to_vec();
+            file.extend_from_slice(header.as_bytes());
+            file.extend_from_slice(&data);
+            let path = std::path::Path::new("reply.safetensors");
+            let tensors: BTreeMap<String, HostTensor> = match crate::kept::parse(&file, path) {
+                Ok(t) => t.into_iter().collect(),
+                Err(e) => {
+                    proptest::prop_assert!(e.contains("reply.safetensors"), "{e}");
+                    BTreeMap::new()
+                }
+            };
+            let _ = crate::kept::parse(&raw, path);
+            let _ = decode_value(&tree, &tensors);
+            let _ = decode_args(&tree, &tensors);
+        }
+    }
+
     /// Issue 40, class 10: an outputs file linked to /dev/zero was read
     /// until 4 GiB or OOM, and a FIFO hung.
     #[test]
