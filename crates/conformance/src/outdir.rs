@@ -125,6 +125,8 @@ pub fn lock_dir(dir: &Path) -> Result<File, OutDirError> {
 /// missing, marks an empty one, accepts one holding its own marker of the
 /// same kind, refuses anything else; then locks it.
 pub fn claim(dir: &Path, kind: Kind) -> Result<Claim, OutDirError> {
+    let resolved;
+    let mut dir = dir;
     match std::fs::symlink_metadata(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             std::fs::create_dir_all(dir).map_err(io(dir))?;
@@ -139,6 +141,8 @@ pub fn claim(dir: &Path, kind: Kind) -> Result<Claim, OutDirError> {
                     found: "symbolic link to no directory",
                 });
             }
+            resolved = dir.canonicalize().map_err(io(dir))?;
+            dir = &resolved;
         }
         Ok(m) if !m.is_dir() => {
             return Err(OutDirError::NotADir {
@@ -244,6 +248,15 @@ mod tests {
         std::fs::create_dir_all(&forged).unwrap();
         std::fs::write(forged.join(MARKER), "x").unwrap();
         assert!(claim(&forged, Kind::Export).is_err());
+        // A link to a directory the user named: its target is claimed
+        // (and judged by its marker, as any directory).
+        let target = root.path().join("target");
+        let link = root.path().join("link");
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        assert!(claim(&link, Kind::Export).is_err(), "a link to nothing");
+        std::fs::create_dir(&target).unwrap();
+        drop(claim(&link, Kind::Export).unwrap());
+        assert!(target.join(MARKER).is_file());
         // A file: refused.
         std::fs::write(root.path().join("f"), "").unwrap();
         assert!(matches!(
