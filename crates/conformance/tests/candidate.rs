@@ -275,6 +275,27 @@ fn a_noisy_candidate_is_relayed_and_its_huge_message_clipped() {
     }
 }
 
+/// Issue 40, class 13 (names): a candidate's name goes into every row
+/// message; a 1 MiB one is clipped, saying how much was dropped.
+#[test]
+fn a_huge_candidate_name_is_clipped_in_the_rows() {
+    let (rows, out, _) = rows("long-name", &[]);
+    for (verdict, message) in &rows {
+        assert_eq!(
+            verdict,
+            "skip",
+            "{}",
+            &text(&out)[..500.min(text(&out).len())]
+        );
+        assert!(
+            message.contains("does not implement") && message.contains("more bytes dropped"),
+            "{}",
+            &message[..300.min(message.len())]
+        );
+        assert!(message.len() < 1000, "{} bytes", message.len());
+    }
+}
+
 #[test]
 fn an_unsupported_op_is_a_skip_row_with_the_reason() {
     let (rows, out, _) = rows("unsupported", &[]);

@@ -146,16 +146,20 @@ impl Client {
         for (name, version) in ops {
             let Some(v) = version.as_u64() else {
                 return Err(client.fail(&format!(
-                    "hello: op `{name}` has version {version}, not an integer"
+                    "hello: op `{}` has version {}, not an integer",
+                    clip(name),
+                    clip(&version.to_string())
                 )));
             };
             client.ops.insert(name.clone(), v);
         }
-        client.name = answer
-            .get("name")
-            .and_then(Json::as_str)
-            .unwrap_or("candidate")
-            .to_owned();
+        // Clipped: the name goes into messages, and so into reports.
+        client.name = clip(
+            answer
+                .get("name")
+                .and_then(Json::as_str)
+                .unwrap_or("candidate"),
+        );
         Ok(client)
     }
 

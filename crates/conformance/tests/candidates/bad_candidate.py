@@ -8,6 +8,7 @@ row, never the run.
     wrong-dtype  answers the reference's array as float32
     wrong-shape  answers the array without its last element
     unsupported  implements no op
+    long-name    implements no op, under a name of 1 MiB
     raises       raises on every call (the reference computes)
     stray-stdout prints to stdout before answering (not the protocol)
     wrong-kind   answers an int where the reference returns an array
@@ -49,8 +50,9 @@ def say(message):
 for line in sys.stdin:
     request = json.loads(line)
     if request["type"] == "hello":
-        ops = {} if MODE == "unsupported" else {"rope2d_apply": 1}
-        say({"type": "hello", "protocol": 1, "name": f"bad-{MODE}", "ops": ops})
+        ops = {} if MODE in ("unsupported", "long-name") else {"rope2d_apply": 1}
+        name = "n" * (1 << 20) if MODE == "long-name" else f"bad-{MODE}"
+        say({"type": "hello", "protocol": 1, "name": name, "ops": ops})
         continue
     if MODE == "orphans":
         child = subprocess.Popen(["sleep", "300"])
