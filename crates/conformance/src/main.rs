@@ -320,6 +320,14 @@ pub(crate) fn run_config(
 /// `--worker`: one interpreter serving the parent's cases (runner/worker.rs).
 fn worker_main(cli: &Cli) -> Result<ExitCode, Exit> {
     runner::worker::die_with_runner();
+    // A worker that serves a candidate adopts what escapes the candidate's
+    // launcher (a candidate that kills its launcher): the client then kills
+    // and reaps it (candidate/client.rs).
+    #[cfg(target_os = "linux")]
+    if cli.candidate.is_some() {
+        // SAFETY: prctl on this process.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
+    }
     let Some(backend) = cli
         .worker_backend
         .as_deref()

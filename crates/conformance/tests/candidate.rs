@@ -796,6 +796,14 @@ fn nothing_a_candidate_starts_outlives_its_worker() {
         );
     }
     all_gone(&pids).unwrap();
+    // Kills its own launcher, then hangs (ignoring SIGTERM, a detached
+    // child): its worker adopted both, and ends them at the timeout.
+    let (cmd, pids) = with_pids("kill-launcher", "killer");
+    let (out, report, _d) = run_candidate(&cmd, TWO, &["--candidate-timeout", "2"]);
+    for c in cases(&report) {
+        assert_eq!(c["verdict"], "error", "{}", text(&out));
+    }
+    all_gone(&pids).unwrap();
     // Busy (ignoring SIGTERM, a detached grandchild) when the case timeout
     // kills its worker.
     let (cmd, pids) = with_pids("busy", "busy");

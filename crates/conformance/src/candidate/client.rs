@@ -293,8 +293,10 @@ impl Client {
                     )));
                 };
                 let status = status.to_string();
-                // Reaped (its launcher has already ended what it started).
+                // Reaped (its launcher has already ended what it started;
+                // what escaped it, this worker adopted: ended too).
                 self.dead = true;
+                sweep_adopted();
                 // The stderr thread may still be reading its last lines.
                 std::thread::sleep(Duration::from_millis(50));
                 Err(self.describe(&format!(
@@ -359,6 +361,7 @@ impl Client {
             // SAFETY: a signal to this client's own child, not yet reaped.
             unsafe { libc::kill(pid, libc::SIGTERM) };
             if self.wait_for(Duration::from_secs(10)).is_some() {
+                sweep_adopted();
                 return;
             }
         }
@@ -366,6 +369,7 @@ impl Client {
         // reaped, so the group id is still its own).
         unsafe { libc::kill(-pid, libc::SIGKILL) };
         let _ = self.child.wait();
+        sweep_adopted();
     }
 }
 
@@ -375,6 +379,15 @@ impl Drop for Client {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Kills and reaps what this worker adopted (it is a child subreaper when
+/// it serves a candidate, and its only children are the candidate's
+/// launchers): what escaped a launcher that was killed. Called once the
+/// launcher is reaped.
+fn sweep_adopted() {
+    #[cfg(target_os = "linux")]
+    super::launcher::sweep(Duration::from_secs(5));
 }
 
 /// The command that starts the candidate: on Linux through its launcher

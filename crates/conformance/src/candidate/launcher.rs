@@ -58,7 +58,7 @@ pub fn children_of(parent: i32) -> Vec<i32> {
 
 /// Kills and reaps every child of this process until none is left for
 /// two looks in a row (or `limit` passes).
-fn sweep(limit: Duration) {
+pub fn sweep(limit: Duration) {
     // SAFETY: getpid on this process.
     let me = unsafe { libc::getpid() };
     let deadline = Instant::now() + limit;

@@ -20,6 +20,8 @@ row, never the run.
     close-stdout closes its stdout and keeps running
     busy         ignores SIGTERM, starts a detached grandchild and computes
                  forever (its worker is killed at the case timeout)
+    kill-launcher kills its launcher (SIGKILL), starts a detached child,
+                 ignores SIGTERM and never answers
 """
 
 import json
@@ -65,6 +67,20 @@ for line in sys.stdin:
         record_pids(os.getpid())
         os.close(1)
         time.sleep(3600)
+    if MODE == "kill-launcher":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        pid = os.getpid()
+        while pid > 1:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"--candidate-launcher" in f.read():
+                    os.kill(pid, signal.SIGKILL)
+                    break
+        detached = subprocess.Popen(["sleep", "303"], start_new_session=True)
+        record_pids(os.getpid(), detached.pid)
+        while True:
+            time.sleep(1)
     if MODE == "busy":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         detached = subprocess.Popen(["sleep", "302"], start_new_session=True)
