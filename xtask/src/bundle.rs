@@ -236,6 +236,8 @@ pub fn run(root: &Path, args: &Args) -> Result<i32> {
         env.dir,
         env.target_dir(root).display()
     );
+    // Before minutes of building: an --out that is not ours is refused now.
+    check_out(&out)?;
     let (binary, explorer) = build_runner(root, &env)?;
     let benches = if args.benches {
         build_benches(root, &env)?
@@ -540,23 +542,116 @@ fn build_benches(root: &Path, env: &Layout) -> Result<Vec<(String, PathBuf)>> {
     Ok(benches)
 }
 
-/// Empties `out` if it is a previous bundle (or empty); refuses anything else.
+/// The ownership marker a bundle carries: `prepare_out` empties only a
+/// directory holding it (or an empty one).
+const MARKER: &str = ".mlx-conformance-owned";
+const MARKER_TEXT: &str = "{\"tool\": \"mlx-conformance\", \"kind\": \"bundle\"}\n";
+
+/// Whether `out` may be replaced: missing, empty, or a bundle this tool
+/// made (its marker, a small regular file with the bundle's text). Anything
+/// else (a user's `~/.local` holding `bin/conformance`, a file, a link) is
+/// refused in one line naming what is there, before anything is built.
+fn check_out(out: &Path) -> Result<()> {
+    match fs::symlink_metadata(out) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("--out {}", out.display())),
+        Ok(m) if m.file_type().is_symlink() => bail!(
+            "--out {} is a symbolic link; nothing was removed. Fix: give a real directory (a link's target is never emptied)",
+            out.display()
+        ),
+        Ok(m) if !m.is_dir() => bail!(
+            "--out {} is a file, not a directory; nothing was removed. Fix: give a new or empty directory",
+            out.display()
+        ),
+        Ok(_) => {}
+    }
+    let marker = out.join(MARKER);
+    let ours = fs::symlink_metadata(&marker).is_ok_and(|m| m.is_file() && m.len() < 4096)
+        && fs::read_to_string(&marker).is_ok_and(|t| t == MARKER_TEXT);
+    if ours {
+        return Ok(());
+    }
+    let mut names: Vec<String> = fs::read_dir(out)
+        .with_context(|| format!("--out {}", out.display()))?
+        .filter_map(|e| e.ok())
+        .map(|e| format!("`{}`", e.file_name().to_string_lossy()))
+        .collect();
+    if names.is_empty() {
+        return Ok(());
+    }
+    names.sort();
+    let more = names.len().saturating_sub(3);
+    names.truncate(3);
+    bail!(
+        "--out {} holds {}{} but no {MARKER}: it is not a bundle this tool made, so nothing in it was removed. Fix: give a new or empty --out directory (or remove this one yourself)",
+        out.display(),
+        names.join(", "),
+        if more > 0 { format!(" and {more} more") } else { String::new() }
+    )
+}
+
+/// Empties `out` if it is a previous bundle (its marker) or empty, and
+/// marks it; refuses anything else ([`check_out`]).
 fn prepare_out(out: &Path) -> Result<()> {
+    check_out(out)?;
     if out.exists() {
-        let is_bundle = out.join("BUNDLE.json").is_file() || out.join("bin/conformance").exists();
-        let is_empty = fs::read_dir(out)
-            .map(|mut d| d.next().is_none())
-            .unwrap_or(false);
-        if !is_bundle && !is_empty {
-            bail!(
-                "{} exists and is not a bundle; choose a new --out directory",
-                out.display()
-            );
-        }
         make_writable(out)?;
         fs::remove_dir_all(out).with_context(|| format!("removing {}", out.display()))?;
     }
-    fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))
+    fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    fs::write(out.join(MARKER), MARKER_TEXT)
+        .with_context(|| format!("writing {}", out.join(MARKER).display()))
+}
+
+#[cfg(test)]
+mod out_tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("xtask-bundle-out-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    /// Issue 40, class 1: a directory merely holding `bin/conformance`
+    /// (a user's `~/.local`) was deleted whole, exit 0.
+    #[test]
+    fn only_a_marked_bundle_or_an_empty_directory_is_replaced() {
+        let local = scratch("local");
+        fs::create_dir_all(local.join("bin")).unwrap();
+        fs::write(local.join("bin/conformance"), "").unwrap();
+        fs::write(local.join("notes.txt"), "mine").unwrap();
+        let e = prepare_out(&local).unwrap_err().to_string();
+        assert!(
+            e.contains("`bin`") && e.contains("`notes.txt`") && e.contains(MARKER),
+            "{e}"
+        );
+        assert_eq!(fs::read_to_string(local.join("notes.txt")).unwrap(), "mine");
+        // A BUNDLE.json alone is not the marker either.
+        fs::write(local.join("BUNDLE.json"), "{}").unwrap();
+        assert!(prepare_out(&local).is_err());
+        assert!(local.join("notes.txt").exists());
+        // A forged marker of other text: refused.
+        fs::write(local.join(MARKER), "x").unwrap();
+        assert!(prepare_out(&local).is_err());
+        // A link: refused, its target untouched.
+        let link = scratch("link");
+        std::os::unix::fs::symlink(&local, &link).unwrap();
+        assert!(prepare_out(&link).is_err());
+        assert!(local.join("notes.txt").exists());
+        // Missing, then a marked bundle: made, then emptied and marked again.
+        let fresh = scratch("fresh");
+        prepare_out(&fresh).unwrap();
+        fs::write(fresh.join("old"), "").unwrap();
+        prepare_out(&fresh).unwrap();
+        assert!(!fresh.join("old").exists());
+        assert!(fresh.join(MARKER).is_file());
+        for d in [&local, &fresh] {
+            fs::remove_dir_all(d).unwrap();
+        }
+        fs::remove_file(&link).unwrap();
+    }
 }
 
 /// A read-only bundle (as carried) can still be replaced.

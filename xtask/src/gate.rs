@@ -163,10 +163,7 @@ fn wheel_candidate(root: &Path, wheels: &[PathBuf]) -> Result<(String, Layout)> 
     for w in wheels {
         let file = w.file_name().and_then(|f| f.to_str()).unwrap_or_default();
         wheel_package(file).with_context(|| format!("--wheel {}", w.display()))?;
-        hashes.push((
-            std::fs::canonicalize(w).with_context(|| format!("--wheel {}", w.display()))?,
-            util::sha256_file(w)?,
-        ));
+        hashes.push(read_wheel(w).with_context(|| format!("--wheel {}", w.display()))?);
     }
     let tag = util::sha256_bytes(
         hashes
@@ -202,8 +199,8 @@ fn wheel_candidate(root: &Path, wheels: &[PathBuf]) -> Result<(String, Layout)> 
     }
     for ((path, sha), name) in hashes.iter().zip(&replaced) {
         lock.push_str(&format!(
-            "{name} @ file://{} \\\n    --hash=sha256:{sha}\n",
-            path.display()
+            "{name} @ {} \\\n    --hash=sha256:{sha}\n",
+            file_url(path)
         ));
     }
     let dir = root.join("target/gate").join(&name);
@@ -227,6 +224,69 @@ fn wheel_candidate(root: &Path, wheels: &[PathBuf]) -> Result<(String, Layout)> 
     Ok((name, layout))
 }
 
+/// The largest wheel read (MLX's CUDA wheels are a few hundred MiB).
+const MAX_WHEEL_BYTES: u64 = 4 << 30;
+
+/// A `--wheel` file, resolved (a link to a wheel is the user's choice)
+/// and hashed through one descriptor: a regular file of at most
+/// [`MAX_WHEEL_BYTES`], opened without blocking (a FIFO or device is
+/// refused, never waited on or read forever); a path with a control
+/// character (a newline would be written into the lock) is refused.
+fn read_wheel(w: &Path) -> Result<(PathBuf, String)> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = std::fs::canonicalize(w)?;
+    if path.to_string_lossy().chars().any(char::is_control) {
+        bail!("the path holds a control character (a newline?); rename the file");
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(&path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        bail!("not a regular file (a FIFO, device or directory is not read); give a wheel file");
+    }
+    if meta.len() > MAX_WHEEL_BYTES {
+        bail!(
+            "{} bytes, more than any MLX wheel ({MAX_WHEEL_BYTES}); give a wheel file",
+            meta.len()
+        );
+    }
+    use sha2::Digest;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut limited = (&mut file).take(MAX_WHEEL_BYTES + 1);
+    let mut total = 0u64;
+    loop {
+        let n = limited.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        hasher.update(&buf[..n]);
+    }
+    if total > MAX_WHEEL_BYTES {
+        bail!("grew past {MAX_WHEEL_BYTES} bytes while read; give a wheel file");
+    }
+    Ok((path, format!("{:x}", hasher.finalize())))
+}
+
+/// `file://` and the path, percent-encoded (a space or `#` in a path is
+/// data, not the lock's syntax).
+fn file_url(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut url = String::from("file://");
+    for &b in path.as_os_str().as_bytes() {
+        if b.is_ascii_alphanumeric() || b"/._~-".contains(&b) {
+            url.push(b as char);
+        } else {
+            url.push_str(&format!("%{b:02X}"));
+        }
+    }
+    url
+}
+
 /// The MLX package a wheel file name carries (`mlx`, `mlx-cpu`,
 /// `mlx-metal`); an error for another package or a name that is not a
 /// wheel's (`name-version(-build)?-python-abi-platform.whl`).
@@ -244,6 +304,44 @@ fn wheel_package(file: &str) -> Result<String> {
         bail!("a `{package}` wheel; the gate replaces the baseline's MLX wheels only (mlx, mlx-cpu, mlx-metal)");
     }
     Ok(package)
+}
+
+#[cfg(test)]
+mod wheel_tests {
+    use super::{file_url, read_wheel};
+    use std::path::Path;
+
+    /// Issue 40, class 6: `gate --wheel` hung on a FIFO, read /dev/zero
+    /// without limit and wrote a path's newline raw into the lock.
+    #[test]
+    fn a_fifo_a_device_or_a_newline_is_refused_at_once() {
+        let dir = std::env::temp_dir().join(format!("xtask-wheel-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("mlx-0.32.4-cp311-cp311-manylinux_2_35_x86_64.whl");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let started = std::time::Instant::now();
+        assert!(read_wheel(&fifo).is_err());
+        let zero = dir.join("mlx-0.32.5-cp311-cp311-manylinux_2_35_x86_64.whl");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        assert!(read_wheel(&zero).is_err());
+        assert!(started.elapsed().as_secs() < 5, "no hang, no endless read");
+        let newline = dir.join("a\nb");
+        std::fs::create_dir_all(&newline).unwrap();
+        let wheel = newline.join("mlx-0.32.4-cp311-cp311-manylinux_2_35_x86_64.whl");
+        std::fs::write(&wheel, b"wheel").unwrap();
+        assert!(read_wheel(&wheel).is_err());
+        let ok = dir.join("mlx-0.32.6-cp311-cp311-manylinux_2_35_x86_64.whl");
+        std::fs::write(&ok, b"wheel").unwrap();
+        assert!(read_wheel(&ok).unwrap().1.starts_with("ba599261"));
+        assert_eq!(
+            file_url(Path::new("/a b/c#\n.whl")),
+            "file:///a%20b/c%23%0A.whl"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
 
 #[cfg(test)]

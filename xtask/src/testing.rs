@@ -61,6 +61,7 @@ pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
     // case, which are then re-read against their digests.
     let vectors = root.join("target/conformance-vectors");
     if extra.is_empty() {
+        adopt_old_export(&vectors);
         cmd.arg("--export").arg(&vectors);
     }
     let code = timed(&mut cmd, "the conformance runner")?;
@@ -98,4 +99,28 @@ pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
         .arg("--out")
         .arg(root.join("target/conformance-candidate"));
     timed(&mut cmd, "the protocol self-test")
+}
+
+/// `target/conformance-vectors` (xtask's own fixed path) written by a
+/// runner older than the ownership marker: removed when it holds nothing
+/// but an export's names, so the runner (which clears only a directory
+/// with its marker) does not refuse it. Anything else there is left for
+/// the runner to refuse, naming it.
+fn adopt_old_export(dir: &Path) {
+    const EXPORT_NAMES: [&str; 4] = ["manifest.json", "vectors", "cases", "report"];
+    if !std::fs::symlink_metadata(dir).is_ok_and(|m| m.is_dir())
+        || dir.join(".mlx-conformance-owned").exists()
+    {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let names: Vec<String> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    if !names.is_empty() && names.iter().all(|n| EXPORT_NAMES.contains(&n.as_str())) {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

@@ -173,12 +173,22 @@ pub fn rel(root: &Path, path: &Path) -> String {
         .to_string()
 }
 
-/// The runner's path arguments (`--out`, `--keep-outputs`, as `--flag X`
-/// or `--flag=X`) made absolute against the directory the user ran xtask
-/// in: the runner itself runs in the workspace root, so a relative path
-/// would otherwise land there.
+/// The runner's and the explorer's path arguments (`--out`,
+/// `--keep-outputs`, `--export`, `--cases`, `--verify-export`,
+/// `--verify-against`, `--same-verdicts-as`, as `--flag X` or `--flag=X`;
+/// every value of `--merge A B ...`) made absolute against the directory
+/// the user ran xtask in: the runner itself runs in the workspace root, so
+/// a relative path would otherwise land there.
 pub fn absolute_path_args(args: &[OsString]) -> Vec<OsString> {
-    const PATH_FLAGS: [&str; 2] = ["--out", "--keep-outputs"];
+    const PATH_FLAGS: [&str; 7] = [
+        "--out",
+        "--keep-outputs",
+        "--export",
+        "--cases",
+        "--verify-export",
+        "--verify-against",
+        "--same-verdicts-as",
+    ];
     let cwd = std::env::current_dir().unwrap_or_default();
     let absolute = |value: &std::ffi::OsStr| -> OsString {
         std::path::absolute(cwd.join(value))
@@ -195,7 +205,20 @@ pub fn absolute_path_args(args: &[OsString]) -> Vec<OsString> {
             break;
         }
         let text = arg.to_string_lossy();
-        if PATH_FLAGS.contains(&text.as_ref()) {
+        if text == "--merge" {
+            // Every value up to the next flag.
+            while let Some(value) = it.as_slice().first() {
+                if value.to_string_lossy().starts_with("--") {
+                    break;
+                }
+                it.next();
+                out.push(if value.is_empty() {
+                    value.clone()
+                } else {
+                    absolute(value)
+                });
+            }
+        } else if PATH_FLAGS.contains(&text.as_ref()) {
             // An empty value stays empty: the runner refuses it (made
             // absolute it would name the working directory).
             if let Some(value) = it.next() {
@@ -320,6 +343,33 @@ mod reports_dir_tests {
         ]);
         assert_eq!(kept[1], cwd.join("k").into_os_string());
         assert_eq!(kept[3], OsString::from("x"));
+        // Issue 40, class 21: --export, --cases and --verify-export (and
+        // the other path flags) resolved against the workspace root.
+        for flag in [
+            "--export",
+            "--cases",
+            "--verify-export",
+            "--verify-against",
+            "--same-verdicts-as",
+        ] {
+            let a = absolute_path_args(&[flag.into(), "rel".into()]);
+            assert_eq!(a[1], cwd.join("rel").into_os_string(), "{flag}");
+            let b = absolute_path_args(&[format!("{flag}=rel").into()]);
+            assert_eq!(
+                b[0],
+                OsString::from(format!("{flag}={}", cwd.join("rel").display())),
+                "{flag}="
+            );
+        }
+        let merged = absolute_path_args(&[
+            "--merge".into(),
+            "a.json".into(),
+            "b.json".into(),
+            "--keep".into(),
+        ]);
+        assert_eq!(merged[1], cwd.join("a.json").into_os_string());
+        assert_eq!(merged[2], cwd.join("b.json").into_os_string());
+        assert_eq!(merged[3], OsString::from("--keep"));
         // Listing writes no report, so it clears none.
         let list: Vec<OsString> = vec![
             "--out".into(),

@@ -43,8 +43,10 @@ pub enum StoreError {
         resolved: PathBuf,
         root: PathBuf,
     },
-    #[error("{path} is {len} bytes, more than any snapshot (16 MiB); it is not one. Fix: restore it from git")]
-    TooLarge { path: PathBuf, len: u64 },
+    #[error("{path} is {len} bytes, more than {cap} bytes this reader takes; it is not what it should be. Fix: restore it (a snapshot from git)")]
+    TooLarge { path: PathBuf, len: u64, cap: u64 },
+    #[error("{rel} names a file outside {root} (an absolute path, a `..`, or a symbolic link on the way); only files inside it are read")]
+    Escapes { root: PathBuf, rel: String },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -161,7 +163,7 @@ pub fn read(path: &Path) -> Result<Option<Vec<u8>>, StoreError> {
 /// is (no link followed, no FIFO or device blocked on); `Ok(None)` when it
 /// does not exist.
 pub fn read_limited(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, StoreError> {
-    let Some(mut file) = open_regular(path)? else {
+    let Some(file) = open_regular(path)? else {
         return Ok(None);
     };
     let len = file.metadata().map_err(io(path))?.len();
@@ -169,11 +171,69 @@ pub fn read_limited(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, StoreError
         return Err(StoreError::TooLarge {
             path: path.into(),
             len,
+            cap,
         });
     }
+    // Never more than `cap` (the file may grow while it is read).
     let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes).map_err(io(path))?;
+    file.take(cap.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(io(path))?;
+    if bytes.len() as u64 > cap {
+        return Err(StoreError::TooLarge {
+            path: path.into(),
+            len: bytes.len() as u64,
+            cap,
+        });
+    }
     Ok(Some(bytes))
+}
+
+/// The one safe reader of files that come from outside (exports, reports,
+/// candidates' outputs, wheels): `rel` inside `root`, read as
+/// [`read_limited`] reads (a regular file of at most `cap` bytes, no link
+/// followed, no FIFO or device blocked on), and refused when it names
+/// anything outside `root`: an absolute path, a `..` or other non-plain
+/// component, or a symbolic link at any component below `root`.
+/// `Ok(None)` when nothing is there.
+pub fn read_confined(root: &Path, rel: &str, cap: u64) -> Result<Option<Vec<u8>>, StoreError> {
+    use std::path::Component;
+    let escapes = || StoreError::Escapes {
+        root: root.into(),
+        rel: rel.into(),
+    };
+    let relative = Path::new(rel);
+    if rel.is_empty()
+        || rel.contains('\0')
+        || !relative
+            .components()
+            .all(|c| matches!(c, Component::Normal(_)))
+    {
+        return Err(escapes());
+    }
+    // Every directory on the way is a real directory, not a link.
+    let mut at = root.to_path_buf();
+    let parts: Vec<_> = relative.components().collect();
+    for part in &parts[..parts.len() - 1] {
+        at.push(part);
+        match std::fs::symlink_metadata(&at) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(&at)(e)),
+            Ok(m) if m.file_type().is_symlink() => return Err(escapes()),
+            Ok(m) if !m.is_dir() => {
+                return Err(StoreError::NotA {
+                    path: at,
+                    what: "directory",
+                    found: kind(m.file_type()),
+                })
+            }
+            Ok(_) => {}
+        }
+    }
+    match read_limited(&root.join(relative), cap) {
+        Err(StoreError::Link { .. }) => Err(escapes()),
+        other => other,
+    }
 }
 
 /// Writes `text` as `dir/name` atomically, creating the set directory
@@ -303,4 +363,142 @@ pub fn leftovers(dir: &Path) -> Vec<PathBuf> {
         })
         .map(|e| e.path)
         .collect()
+}
+
+#[cfg(test)]
+mod confined {
+    use super::*;
+
+    /// Issue 40, class 6: the verifier read `../`, absolute paths and
+    /// links, read `/dev/zero` without limit and hung on a FIFO.
+    #[test]
+    fn only_small_regular_files_inside_the_root_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("root");
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(root.join("sub/ok"), b"fine").unwrap();
+        std::fs::write(dir.path().join("outside"), b"secret").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("outside"), root.join("link")).unwrap();
+        std::os::unix::fs::symlink(dir.path(), root.join("dirlink")).unwrap();
+        std::os::unix::fs::symlink("/dev/zero", root.join("zero")).unwrap();
+        let fifo = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(
+            root.join("fifo").as_os_str(),
+        ))
+        .unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        assert_eq!(
+            read_confined(&root, "sub/ok", 16).unwrap().unwrap(),
+            b"fine"
+        );
+        assert!(read_confined(&root, "missing", 16).unwrap().is_none());
+        for bad in [
+            "../outside",
+            "/etc/passwd",
+            "sub/../../outside",
+            "link",
+            "dirlink/outside",
+            "zero",
+            "",
+        ] {
+            let e = read_confined(&root, bad, 1 << 20);
+            assert!(matches!(e, Err(StoreError::Escapes { .. })), "{bad}: {e:?}");
+        }
+        assert!(matches!(
+            read_confined(&root, "fifo", 16),
+            Err(StoreError::NotA { found: "FIFO", .. })
+        ));
+        assert!(matches!(
+            read_confined(&root, "sub/ok", 3),
+            Err(StoreError::TooLarge { .. })
+        ));
+        assert!(matches!(
+            read_limited(Path::new("/dev/zero"), 16),
+            Err(StoreError::NotA { .. })
+        ));
+    }
+}
+
+#[cfg(test)]
+mod confined_trees {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// One entry of a random tree under the root.
+    #[derive(Debug, Clone)]
+    enum Node {
+        File,
+        Dir,
+        LinkOutside,
+        LinkInside,
+        LinkDevZero,
+        Fifo,
+    }
+
+    fn node() -> impl Strategy<Value = Node> {
+        prop_oneof![
+            Just(Node::File),
+            Just(Node::Dir),
+            Just(Node::LinkOutside),
+            Just(Node::LinkInside),
+            Just(Node::LinkDevZero),
+            Just(Node::Fifo),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Issue 40, item 13: random manifest trees (files, directories,
+        /// links out, in and to /dev/zero, FIFOs) and random relative
+        /// paths: the confined reader never returns bytes from outside the
+        /// root, never blocks, never panics.
+        #[test]
+        fn nothing_outside_is_ever_read(
+            entries in proptest::collection::vec((0usize..3, node()), 1..8),
+            rel in proptest::collection::vec(
+                prop_oneof![Just("a"), Just("b"), Just("c"), Just(".."), Just("."), Just(""), Just("/etc")],
+                1..5,
+            ),
+        ) {
+            let scratch = tempfile::tempdir().unwrap();
+            let outside = scratch.path().join("outside");
+            std::fs::write(&outside, b"SECRET").unwrap();
+            let root = scratch.path().join("root");
+            std::fs::create_dir_all(&root).unwrap();
+            let names = ["a", "b", "c"];
+            for (i, (at, n)) in entries.iter().enumerate() {
+                // Nested one level under an existing directory sometimes.
+                let parent = if i % 2 == 0 { root.clone() } else { root.join(names[*at]) };
+                if !parent.is_dir() {
+                    continue;
+                }
+                let path = parent.join(names[(at + i) % 3]);
+                if std::fs::symlink_metadata(&path).is_ok() {
+                    continue;
+                }
+                match n {
+                    Node::File => std::fs::write(&path, b"inside").unwrap(),
+                    Node::Dir => std::fs::create_dir(&path).unwrap(),
+                    Node::LinkOutside => std::os::unix::fs::symlink(&outside, &path).unwrap(),
+                    Node::LinkInside => std::os::unix::fs::symlink(&root, &path).unwrap(),
+                    Node::LinkDevZero => std::os::unix::fs::symlink("/dev/zero", &path).unwrap(),
+                    Node::Fifo => {
+                        let c = std::ffi::CString::new(
+                            std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()),
+                        )
+                        .unwrap();
+                        // SAFETY: a valid NUL-terminated path.
+                        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+                    }
+                }
+            }
+            let rel = rel.join("/");
+            let started = std::time::Instant::now();
+            let read = read_confined(&root, &rel, 1 << 20);
+            prop_assert!(started.elapsed().as_secs() < 5, "blocked on {rel}");
+            if let Ok(Some(bytes)) = read {
+                prop_assert_eq!(&bytes[..], b"inside", "{} read other bytes", rel);
+            }
+        }
+    }
 }

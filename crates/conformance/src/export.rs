@@ -59,9 +59,11 @@ impl crate::hooks::Interceptor for Recorder {
     }
 }
 
-/// Empties an export directory of an earlier export's files (the
+/// Empties a claimed export directory (its marker says an earlier export
+/// made it: [`crate::outdir::claim`]) of that export's files (the
 /// manifest, `vectors/`, `cases/`); anything else in it is left alone.
-pub fn clear(dir: &Path) -> Result<(), String> {
+pub fn clear(claim: &crate::outdir::Claim) -> Result<(), String> {
+    let dir = claim.dir();
     for sub in ["vectors", "cases"] {
         let p = dir.join(sub);
         if p.is_dir() {
@@ -305,6 +307,12 @@ pub fn write_manifest(root: &Path, environment: Json, seed: u64) -> Result<usize
     Ok(n)
 }
 
+/// The largest manifest.json [`verify`] reads (a whole suite's is a few
+/// MiB): a larger one is refused unread.
+pub const MAX_MANIFEST_BYTES: u64 = 256 << 20;
+/// The largest vector file [`verify`] reads.
+pub const MAX_VECTOR_BYTES: u64 = 1 << 30;
+
 /// What [`verify`] checked.
 #[derive(Debug, Default)]
 pub struct Verified {
@@ -319,40 +327,66 @@ pub struct Verified {
 /// every must-equal case that reached a verdict there (pass or FAIL) is
 /// in the manifest. Every problem is listed, by file.
 pub fn verify(root: &Path, report: Option<&Path>) -> Result<Verified, VerifyError> {
-    let read_json = |p: &Path| -> Result<Json, VerifyError> {
-        let text = std::fs::read_to_string(p)
-            .map_err(|e| VerifyError::Unreadable(format!("{}: {e}", p.display())))?;
-        serde_json::from_str(&text)
-            .map_err(|e| VerifyError::Unreadable(format!("{}: not JSON: {e}", p.display())))
+    use crate::snapshots::store;
+    let manifest_path = root.join("manifest.json");
+    let bytes = match store::read_confined(root, "manifest.json", MAX_MANIFEST_BYTES) {
+        Ok(Some(b)) => b,
+        Ok(None) => {
+            return Err(VerifyError::Unreadable(format!(
+                "{}: no such file; give the directory an export wrote",
+                manifest_path.display()
+            )))
+        }
+        Err(e) => return Err(VerifyError::Unreadable(e.to_string())),
     };
-    let manifest = read_json(&root.join("manifest.json"))?;
+    let manifest: Json = serde_json::from_slice(&bytes).map_err(|e| {
+        VerifyError::Unreadable(format!("{}: not JSON: {e}", manifest_path.display()))
+    })?;
     if manifest["schema_version"] != SCHEMA_VERSION {
         return Err(VerifyError::Unreadable(format!(
             "{}: schema_version {} (this runner reads {SCHEMA_VERSION}); export again with this runner",
-            root.join("manifest.json").display(),
+            manifest_path.display(),
             manifest["schema_version"]
         )));
     }
     let manifest: Manifest = serde_json::from_value(manifest).map_err(|e| {
         VerifyError::Unreadable(format!(
             "{}: not an export manifest: {e}",
-            root.join("manifest.json").display()
+            manifest_path.display()
         ))
     })?;
-    let cases = manifest.cases;
+    // An export of nothing verifies nothing: refused, not "every file matches".
+    if manifest.cases.is_empty() {
+        return Err(VerifyError::Unreadable(format!(
+            "{}: lists no cases, so there is nothing to verify; export again (an export holds every must-equal case that reached a verdict)",
+            manifest_path.display()
+        )));
+    }
+    let cases = &manifest.cases;
     let mut problems = Vec::new();
     let mut done = Verified {
         cases: cases.len(),
         ..Verified::default()
     };
-    for case in &cases {
+    for case in cases {
         let name = case.case.as_str();
+        // Every exported case is a must-equal case that called the
+        // reference: one with no calls had them stripped.
+        if case.calls.is_empty() {
+            problems.push(format!(
+                "{name}: lists no reference calls (an exported must-equal case holds every call it made)"
+            ));
+        }
         for call in &case.calls {
             done.calls += 1;
             let file = call.file.as_str();
             let path = root.join(file);
-            let bytes = match std::fs::read(&path) {
-                Ok(b) => b,
+            let bytes = match store::read_confined(root, file, MAX_VECTOR_BYTES) {
+                Ok(Some(b)) => b,
+                Ok(None) => {
+                    problems.push(format!("{name}: {file}: no such file"));
+                    continue;
+                }
                 Err(e) => {
                     problems.push(format!("{name}: {file}: {e}"));
                     continue;
@@ -364,7 +398,7 @@ pub fn verify(root: &Path, report: Option<&Path>) -> Result<Verified, VerifyErro
                 ));
             }
             let tensors: std::collections::BTreeMap<String, HostTensor> =
-                match crate::kept::read_file(&path) {
+                match crate::kept::parse(&bytes, &path) {
                     Ok(t) => t.into_iter().collect(),
                     Err(e) => {
                         problems.push(format!("{name}: {e}"));
@@ -395,6 +429,24 @@ pub fn verify(root: &Path, report: Option<&Path>) -> Result<Verified, VerifyErro
     }
     if let Some(report) = report {
         let report = crate::schema::ReportFile::read(report).map_err(VerifyError::Unreadable)?;
+        // The export and the report must be one run's: the same seed and
+        // the same environment (backend, MLX, lock).
+        let seed = report.environment["seed"].as_u64();
+        if seed != Some(manifest.seed) {
+            problems.push(format!(
+                "the manifest's seed {} is not the report's ({}): they are not one run's",
+                manifest.seed,
+                seed.map_or("none".to_owned(), |s| s.to_string())
+            ));
+        }
+        for key in ["backend", "mlx_version", "lock_sha256"] {
+            let (ours, theirs) = (&manifest.environment[key], &report.environment[key]);
+            if ours != theirs {
+                problems.push(format!(
+                    "the manifest's environment {key} {ours} is not the report's ({theirs}): they are not one run's"
+                ));
+            }
+        }
         let exported: std::collections::BTreeSet<&str> =
             cases.iter().map(|c| c.case.as_str()).collect();
         for c in &report.cases {

@@ -65,9 +65,25 @@ pub fn write_file(
         })
         .collect::<Result<Vec<_>, _>>()?;
     let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    let written = safetensors::serialize_to_file(views, metadata, &tmp)
-        .map_err(|e| format!("{}: {e}", tmp.display()))
-        .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display())));
+    // Serialised in memory, then written with the process's umask (mode
+    // 0666 before it): safetensors' own file writer makes files 0600,
+    // which another user's verify of an intact export could not read.
+    // Never through a link, never over an existing file.
+    let bytes =
+        safetensors::serialize(views, metadata).map_err(|e| format!("{}: {e}", path.display()))?;
+    let written = (|| {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o666)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)?;
+        f.write_all(&bytes)
+    })()
+    .map_err(|e| format!("{}: {e}", tmp.display()))
+    .and_then(|()| std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display())));
     if written.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
@@ -87,7 +103,13 @@ pub fn read(dir: &Path, case: &str) -> Result<Option<Vec<(String, HostTensor)>>,
 /// error names the file and the tensor.
 pub fn read_file(path: &Path) -> Result<Vec<(String, HostTensor)>, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let st = safetensors::SafeTensors::deserialize(&bytes)
+    parse(&bytes, path)
+}
+
+/// Every tensor of safetensors `bytes` (read from `path`, which errors
+/// name), in the file's order.
+pub fn parse(bytes: &[u8], path: &Path) -> Result<Vec<(String, HostTensor)>, String> {
+    let st = safetensors::SafeTensors::deserialize(bytes)
         .map_err(|e| format!("{}: {e}", path.display()))?;
     let mut out = Vec::new();
     for (name, view) in st.tensors() {

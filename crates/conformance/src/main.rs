@@ -182,6 +182,18 @@ enum GateMode {
 /// snapshot set, selection), run (the cases), gate (snapshots, the report)
 /// and report (files, stdout, exit code). An early exit carries its code.
 fn main() -> ExitCode {
+    // A candidate's launcher (started by a worker) does nothing else.
+    #[cfg(target_os = "linux")]
+    {
+        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        if args
+            .get(1)
+            .is_some_and(|a| a == conformance::candidate::launcher::FLAG)
+        {
+            let code = conformance::candidate::launcher::main(&args[2..]);
+            return ExitCode::from(u8::try_from(code).unwrap_or(3));
+        }
+    }
     // First, while the process has one thread and before MLX reads them.
     conformance::kernel_settings::pin();
     let steps = || -> Result<ExitCode, Exit> {
@@ -309,6 +321,14 @@ pub(crate) fn run_config(
 /// `--worker`: one interpreter serving the parent's cases (runner/worker.rs).
 fn worker_main(cli: &Cli) -> Result<ExitCode, Exit> {
     runner::worker::die_with_runner();
+    // A worker that serves a candidate adopts what escapes the candidate's
+    // launcher (a candidate that kills its launcher): the client then kills
+    // and reaps it (candidate/client.rs).
+    #[cfg(target_os = "linux")]
+    if cli.candidate.is_some() {
+        // SAFETY: prctl on this process.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1) };
+    }
     let Some(backend) = cli
         .worker_backend
         .as_deref()

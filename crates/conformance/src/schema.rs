@@ -80,10 +80,28 @@ impl ReportCompared {
 }
 
 impl ReportFile {
-    /// Reads `path`; the error names it.
+    /// The largest report.json read (a whole suite's is a few MiB).
+    pub const MAX_BYTES: u64 = 1 << 30;
+
+    /// Reads `path` through the one safe reader (a regular file of at most
+    /// [`Self::MAX_BYTES`]; a link, FIFO or device is refused, not read or
+    /// waited on); the error names it.
     pub fn read(path: &Path) -> Result<ReportFile, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        serde_json::from_str(&text)
+        let bytes = match crate::snapshots::store::read_limited(path, Self::MAX_BYTES) {
+            Ok(Some(b)) => b,
+            Ok(None) => return Err(format!("{}: no such file", path.display())),
+            Err(crate::snapshots::store::StoreError::Link { .. }) => {
+                // A report named through a link is the user's choice: read
+                // its target, with the same checks.
+                let target =
+                    std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
+                crate::snapshots::store::read_limited(&target, Self::MAX_BYTES)
+                    .map_err(|e| e.to_string())?
+                    .ok_or_else(|| format!("{}: no such file", path.display()))?
+            }
+            Err(e) => return Err(e.to_string()),
+        };
+        serde_json::from_slice(&bytes)
             .map_err(|e| format!("{}: not a report.json: {e}", path.display()))
     }
 

@@ -868,6 +868,7 @@ mod tests {
             worst_value: f64::NAN,
             worst_exact: 1.0,
             worst_bound: 0.1,
+            computed_len: None,
         };
         let check = crate::exactness::ExactCheck {
             op: "quantized_matmul".into(),

@@ -219,6 +219,83 @@ fn a_wrong_dtype_or_shape_fails_saying_which() {
     }
 }
 
+/// Issue 40, class 14: a candidate answering NaN bits was an ERROR
+/// ("could not read" the worker's answer: the NaN went over as `null`),
+/// not the FAIL an in-process comparison gives. Now the row is a FAIL
+/// naming the first differing element, its value "NaN" (as report.json
+/// writes it) and its bits.
+#[test]
+fn a_nan_answer_fails_with_its_first_differing_element() {
+    for extra in [&[][..]] {
+        let (out, report, _dir) = run_candidate(&bad("nan"), TWO, extra);
+        assert_eq!(out.status.code(), Some(1), "{extra:?}: {}", text(&out));
+        assert_eq!(cases(&report).len(), listed(TWO), "{extra:?}");
+        for c in cases(&report) {
+            assert_eq!(c["verdict"], "fail", "{extra:?}: {c}");
+            let comparison = &c["output"]["outputs"][0]["comparison"];
+            assert_eq!(comparison["outcome"], "differs", "{extra:?}: {c}");
+            assert_eq!(comparison["actual"]["value"], "NaN", "{extra:?}: {c}");
+        }
+    }
+}
+
+/// Issue 40, class 15: a candidate returning the wrong kind of value was
+/// "harness error: compared no output"; the recorded reason is the row's.
+#[test]
+fn a_wrong_kind_of_value_is_the_candidates_error_with_its_reason() {
+    let (rows, out, _) = rows("wrong-kind", &[]);
+    for (verdict, message) in &rows {
+        assert_eq!(verdict, "error", "{}", text(&out));
+        assert!(
+            message.contains("an int") && !message.contains("compared no output"),
+            "{message}"
+        );
+    }
+}
+
+/// Issue 40, classes 12 and 13: one stderr line that is not UTF-8 closed
+/// the relay (the candidate then died of SIGPIPE on its next write, and a
+/// case became a crash), and a 100 MB message was copied into every report.
+#[test]
+fn a_noisy_candidate_is_relayed_and_its_huge_message_clipped() {
+    let (rows, out, _) = rows("noisy", &[]);
+    for (verdict, message) in &rows {
+        assert_eq!(
+            verdict,
+            "error",
+            "{}",
+            &text(&out)[..2000.min(text(&out).len())]
+        );
+        assert!(
+            message.contains("noisy") && !message.contains("exited"),
+            "{}",
+            &message[..500.min(message.len())]
+        );
+        assert!(message.contains("more bytes dropped") && message.len() < 70_000);
+    }
+}
+
+/// Issue 40, class 13 (names): a candidate's name goes into every row
+/// message; a 1 MiB one is clipped, saying how much was dropped.
+#[test]
+fn a_huge_candidate_name_is_clipped_in_the_rows() {
+    let (rows, out, _) = rows("long-name", &[]);
+    for (verdict, message) in &rows {
+        assert_eq!(
+            verdict,
+            "skip",
+            "{}",
+            &text(&out)[..500.min(text(&out).len())]
+        );
+        assert!(
+            message.contains("does not implement") && message.contains("more bytes dropped"),
+            "{}",
+            &message[..300.min(message.len())]
+        );
+        assert!(message.len() < 1000, "{} bytes", message.len());
+    }
+}
+
 #[test]
 fn an_unsupported_op_is_a_skip_row_with_the_reason() {
     let (rows, out, _) = rows("unsupported", &[]);
@@ -468,4 +545,312 @@ fn same_verdicts_as_fails_on_a_differing_verdict_or_an_unsupported_op() {
         "{}",
         text(&out)
     );
+}
+
+/// Issue 40, classes 2, 3, 6 and 17 on `--export` / `--verify-export`:
+/// an export into a directory it did not make deleted its `vectors/`,
+/// `cases/` and `manifest.json`; two exports at once deleted each other's
+/// vectors; the verifier read outside the export, read `/dev/zero` without
+/// limit, hung on a FIFO, aborted on a huge manifest, and passed an empty
+/// manifest, a stripped one and one of another seed.
+#[test]
+fn exports_own_their_directory_and_the_verifier_is_honest() {
+    use std::os::unix::ffi::OsStrExt;
+    let filter = "quantized/linear/affine-4b-gs64/bf16";
+    let export_cmd = |dir: &Path| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_conformance"));
+        c.args(["--device", "cpu", "--filter", filter, "--export"])
+            .arg(dir)
+            .arg("--out")
+            .arg(dir.join("report"))
+            .env_remove("MLX_CONFORMANCE_DEVICE_FAMILY")
+            .env("CI", "true");
+        // SAFETY: umask is async-signal-safe.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut c, || {
+                libc::umask(0o022);
+                Ok(())
+            });
+        }
+        c
+    };
+    let root = tempfile::tempdir().unwrap();
+    // A user's directory holding names an export writes: refused, intact.
+    let user = root.path().join("user");
+    std::fs::create_dir_all(user.join("vectors")).unwrap();
+    std::fs::write(user.join("vectors/mine.txt"), "mine").unwrap();
+    std::fs::write(user.join("manifest.json"), "{}").unwrap();
+    let out = export_cmd(&user).output().unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(
+        text(&out).contains(".mlx-conformance-owned"),
+        "{}",
+        text(&out)
+    );
+    assert_eq!(
+        std::fs::read_to_string(user.join("vectors/mine.txt")).unwrap(),
+        "mine"
+    );
+    assert_eq!(
+        std::fs::read_to_string(user.join("manifest.json")).unwrap(),
+        "{}"
+    );
+
+    // Two exports into one directory at once: the second is refused while
+    // the first holds it, and the first's export is whole.
+    let a = root.path().join("a");
+    let first = export_cmd(&a)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while !a.join(".mlx-conformance-owned").exists() && started.elapsed() < Duration::from_secs(60)
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let second = export_cmd(&a).output().unwrap();
+    let first = first.wait_with_output().unwrap();
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first));
+    assert_eq!(second.status.code(), Some(3), "{}", text(&second));
+    assert!(text(&second).contains("another run"), "{}", text(&second));
+    let report = a.join("report/report.json");
+    let verify = |dir: &Path, against: bool| {
+        let mut args = vec!["--verify-export".to_owned(), dir.display().to_string()];
+        if against {
+            args.extend(["--verify-against".to_owned(), report.display().to_string()]);
+        }
+        let started = Instant::now();
+        let out = conformance(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(started.elapsed() < Duration::from_secs(30), "no hang");
+        assert!(!text(&out).contains("panicked"), "{}", text(&out));
+        out
+    };
+    assert_eq!(verify(&a, true).status.code(), Some(0));
+    // Class 24: the files follow the umask (they were 0600 whatever it was).
+    use std::os::unix::fs::PermissionsExt;
+    let case_dir = std::fs::read_dir(a.join("vectors"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    for f in std::fs::read_dir(case_dir).unwrap() {
+        let mode = f.unwrap().metadata().unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644, "a vector under umask 022");
+    }
+    // The same export again into its own directory: accepted (its marker).
+    assert_eq!(export_cmd(&a).output().unwrap().status.code(), Some(0));
+
+    let manifest: Json =
+        serde_json::from_str(&std::fs::read_to_string(a.join("manifest.json")).unwrap()).unwrap();
+    let forged = |name: &str, change: &dyn Fn(&mut Json)| {
+        let dir = root.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::symlink(a.join("vectors"), dir.join("vectors")).unwrap_or(());
+        let mut m = manifest.clone();
+        change(&mut m);
+        std::fs::write(dir.join("manifest.json"), m.to_string()).unwrap();
+        dir
+    };
+    let empty = forged("empty", &|m| m["cases"] = serde_json::json!([]));
+    let out = verify(&empty, false);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(text(&out).contains("lists no cases"), "{}", text(&out));
+    let not_list = forged("notlist", &|m| m["cases"] = serde_json::json!({"a": 1}));
+    assert_eq!(verify(&not_list, false).status.code(), Some(3));
+    let stripped = forged("stripped", &|m| {
+        for c in m["cases"].as_array_mut().unwrap() {
+            c["calls"] = serde_json::json!([]);
+        }
+    });
+    let out = verify(&stripped, true);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("lists no reference calls"),
+        "{}",
+        text(&out)
+    );
+    let other_seed = forged("seed", &|m| m["seed"] = serde_json::json!(5));
+    let out = verify(&other_seed, true);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("seed 5"), "{}", text(&out));
+    // Files outside the export, a device, a FIFO: problems, never read.
+    let outside = forged("outside", &|m| {
+        let calls = m["cases"][0]["calls"].as_array_mut().unwrap();
+        calls[0]["file"] = serde_json::json!("../a/manifest.json");
+        let last = calls.len() - 1;
+        calls[last]["file"] = serde_json::json!("/etc/hostname");
+    });
+    let out = verify(&outside, false);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("outside"), "{}", text(&out));
+    let zero = forged("zero", &|m| {
+        m["cases"][0]["calls"][0]["file"] = serde_json::json!("zero");
+    });
+    std::os::unix::fs::symlink("/dev/zero", zero.join("zero")).unwrap();
+    assert_eq!(verify(&zero, false).status.code(), Some(1));
+    let special = forged("special", &|m| {
+        m["cases"][0]["calls"][0]["file"] = serde_json::json!("fifo");
+    });
+    let fifo = std::ffi::CString::new(special.join("fifo").as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let out = verify(&special, false);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("FIFO"), "{}", text(&out));
+    // The manifest itself a FIFO, or of 1 GiB: refused unread, exit 3.
+    let fifo_dir = root.path().join("fifo-manifest");
+    std::fs::create_dir_all(&fifo_dir).unwrap();
+    let m = std::ffi::CString::new(fifo_dir.join("manifest.json").as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(m.as_ptr(), 0o644) }, 0);
+    assert_eq!(verify(&fifo_dir, false).status.code(), Some(3));
+    let huge = root.path().join("huge");
+    std::fs::create_dir_all(&huge).unwrap();
+    std::fs::File::create(huge.join("manifest.json"))
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    let out = verify(&huge, false);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+}
+
+/// Whether every pid listed in `file` is gone (or a zombie nobody needs)
+/// within 10 s.
+fn all_gone(file: &Path) -> Result<(), String> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let pids: Vec<&str> = text.lines().collect();
+    if pids.is_empty() {
+        return Err("no pid recorded".into());
+    }
+    let started = Instant::now();
+    loop {
+        let alive: Vec<&str> = pids
+            .iter()
+            .copied()
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                    s.rfind(')')
+                        .and_then(|i| s[i + 1..].split_whitespace().next())
+                        .is_some_and(|state| state != "Z" && state != "X")
+                })
+            })
+            .collect();
+        if alive.is_empty() {
+            return Ok(());
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            // Leave nothing behind for the next test either.
+            for pid in &alive {
+                let _ = Command::new("kill").args(["-9", pid]).status();
+            }
+            return Err(format!("still running: {alive:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Issue 40, classes 7, 8 and 9: a candidate busy when its worker was
+/// killed (the case timeout) was left running, re-parented to init; one
+/// that closed its stdout and ran on blocked past --candidate-timeout and
+/// was orphaned; one that exited orphaned the child in its group, and a
+/// grandchild in its own session escaped the group kill. Now nothing a
+/// candidate starts outlives its worker, and the timeout holds.
+#[cfg(target_os = "linux")]
+#[test]
+fn nothing_a_candidate_starts_outlives_its_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let with_pids = |mode: &str, name: &str| {
+        let file = dir.path().join(name);
+        (
+            format!("BAD_CANDIDATE_PIDS={} {}", file.display(), bad(mode)),
+            file,
+        )
+    };
+    // Exits, leaving a child in its group and a detached grandchild.
+    let (cmd, pids) = with_pids("orphans", "orphans");
+    let (out, report, _d) = run_candidate(&cmd, TWO, &[]);
+    for c in cases(&report) {
+        assert_eq!(c["verdict"], "error", "{}", text(&out));
+        assert!(c["message"].as_str().unwrap().contains("exited"), "{c}");
+    }
+    all_gone(&pids).unwrap();
+    // Closes its stdout and runs on: ended at --candidate-timeout.
+    let (cmd, pids) = with_pids("close-stdout", "closed");
+    let started = Instant::now();
+    let (out, report, _d) = run_candidate(&cmd, TWO, &["--candidate-timeout", "2"]);
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
+    for c in cases(&report) {
+        assert_eq!(c["verdict"], "error", "{}", text(&out));
+        // Whether its stdout's end reaches the runner (`sh` may hold a
+        // copy), the wait ends at --candidate-timeout.
+        let m = c["message"].as_str().unwrap();
+        assert!(
+            m.contains("closed its stdout") || m.contains("no answer within 2 s"),
+            "{c}"
+        );
+    }
+    all_gone(&pids).unwrap();
+    // Kills its own launcher, then hangs (ignoring SIGTERM, a detached
+    // child): its worker adopted both, and ends them at the timeout.
+    let (cmd, pids) = with_pids("kill-launcher", "killer");
+    let (out, report, _d) = run_candidate(&cmd, TWO, &["--candidate-timeout", "2"]);
+    for c in cases(&report) {
+        assert_eq!(c["verdict"], "error", "{}", text(&out));
+    }
+    all_gone(&pids).unwrap();
+    // Busy (ignoring SIGTERM, a detached grandchild) when the case timeout
+    // kills its worker.
+    let (cmd, pids) = with_pids("busy", "busy");
+    let (out, report, _d) = run_candidate(
+        &cmd,
+        TWO,
+        &["--case-timeout", "3", "--candidate-timeout", "600"],
+    );
+    for c in cases(&report) {
+        assert_eq!(c["verdict"], "error", "{}", text(&out));
+    }
+    all_gone(&pids).unwrap();
+}
+
+/// Issue 40, class 19: a missing `--same-verdicts-as` file was reported
+/// only after the whole run, and a FIFO there hung the run (ignoring
+/// SIGTERM). Both are refused before any case now.
+#[test]
+fn same_verdicts_as_is_checked_before_any_case() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo.json");
+    let c = std::ffi::CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let candidate = python_candidate("");
+    for path in [dir.path().join("missing.json"), fifo] {
+        let started = Instant::now();
+        let out = conformance(&[
+            "--device",
+            "cpu",
+            "--filter",
+            TWO,
+            "--candidate",
+            &candidate,
+            "--same-verdicts-as",
+            path.to_str().unwrap(),
+            "--out",
+            dir.path().join("out").to_str().unwrap(),
+        ]);
+        assert!(started.elapsed() < Duration::from_secs(30), "no hang");
+        assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+        assert!(text(&out).contains("--same-verdicts-as"), "{}", text(&out));
+        assert!(
+            !text(&out).contains("passed"),
+            "no case ran: {}",
+            text(&out)
+        );
+    }
 }

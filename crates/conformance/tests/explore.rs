@@ -96,14 +96,15 @@ fn a_planted_violation_is_shrunk_kept_and_then_fails_as_a_case() {
         .contains("y:"));
     let md = std::fs::read_to_string(root.join("out/explore.md")).unwrap();
     assert!(md.contains("Regime map") && md.contains("Bits"), "{md}");
-    // The reproducer uses mlx.core only.
+    // The reproducer uses mlx.core only; what it reproduces is its data
+    // file's (`<i>.json` beside `<i>.py`).
     let repro = std::fs::read_dir(root.join("out/repro"))
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "py"))
-        .map(|p| std::fs::read_to_string(p).unwrap())
-        .find(|s| s.contains("Bits"))
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .find(|p| std::fs::read_to_string(p).unwrap().contains("Bits"))
+        .map(|p| std::fs::read_to_string(p.with_extension("py")).unwrap())
         .unwrap();
     assert!(
         repro.contains("import mlx.core as mx") && !repro.contains("mlx.nn"),
@@ -501,7 +502,13 @@ fn hostile_inputs_to_the_explorer_end_in_one_line_not_a_hang() {
         .unwrap();
     assert_eq!(crafted.status.code(), Some(3), "{}", text(&crafted));
     assert!(text(&crafted).contains("cannot run"), "{}", text(&crafted));
-    for zero in [&["--budget", "0s"][..], &["--samples", "0"]] {
+    // Issue 40, class 23: a budget too short to run one sample (before:
+    // exit 0 having checked nothing) is refused too.
+    for zero in [
+        &["--budget", "0s"][..],
+        &["--samples", "0"],
+        &["--budget", "1ns"],
+    ] {
         let o = explore(&root.join("z"), &fixtures, zero, false);
         assert_eq!(o.status.code(), Some(3), "{zero:?}: {}", text(&o));
     }
@@ -550,11 +557,145 @@ fn hostile_inputs_to_the_explorer_end_in_one_line_not_a_hang() {
             .output()
             .unwrap();
         assert!(started.elapsed().as_secs() < 120, "{extra:?}: no hang");
+        // A split into more shards than samples is refused before any
+        // sample (class 23: it spun the whole budget to draw one).
+        let refused = extra.contains(&"--shard");
         assert!(
-            o.status.code().is_some_and(|c| c <= 2),
+            o.status
+                .code()
+                .is_some_and(|c| if refused { c == 3 } else { c <= 2 }),
             "{extra:?}: {}",
             text(&o)
         );
         assert!(!text(&o).contains("panicked"), "{}", text(&o));
     }
+}
+
+/// Issue 40, class 4: a forged explore.json given to `--merge` put Python
+/// code into `repro/<i>.py` (what the search "saw" was written into the
+/// script's docstring), and running the reproducer ran it. Now what a
+/// report says is data (`repro/<i>.json`), and running the reproducer of a
+/// hostile report runs no code of it. Class 22: an older search's
+/// reproducers do not survive a new report in the same `--out`.
+#[test]
+fn a_hostile_report_merged_runs_none_of_its_text_and_old_reproducers_go() {
+    let root = scratch("inject");
+    let fixtures = root.join("fixtures");
+    let a = explore(
+        &root.join("a"),
+        &fixtures,
+        &["--samples", "2", "--shrink-steps", "0", "--no-extent"],
+        false,
+    );
+    assert!(a.status.code().is_some_and(|c| c <= 2), "{}", text(&a));
+    let mut forged = json(&root.join("a/explore.json"));
+    let description = forged["samples"][0]["description"].clone();
+    let payload = "\"\"\"\nopen(\"PWNED\", \"w\").write(\"ran\")\n\"\"\" {i} {{ }}";
+    forged["found"] = serde_json::json!([{
+        "kind": "bits",
+        "original": description,
+        "minimal": description,
+        "observation": {"bits_equal": false, "first_diff": payload, "time_ms": 0.0},
+        "shrink_steps": 0,
+        "preceded_by": [],
+        "extent": []
+    }]);
+    std::fs::write(root.join("forged.json"), forged.to_string()).unwrap();
+    let out = root.join("m");
+    std::fs::create_dir_all(out.join("repro")).unwrap();
+    let merge = || {
+        Command::new(env!("CARGO_BIN_EXE_conformance-explore"))
+            .arg("--merge")
+            .arg(root.join("forged.json"))
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .unwrap()
+    };
+    // A directory the explorer did not make (it holds a user's repro/) is
+    // refused and left as it is.
+    let refused = merge();
+    assert_eq!(refused.status.code(), Some(3), "{}", text(&refused));
+    assert!(text(&refused).contains("`repro`"), "{}", text(&refused));
+    std::fs::remove_dir_all(&out).unwrap();
+    let merged = merge();
+    assert!(
+        merged.status.code().is_some_and(|c| c <= 1),
+        "{}",
+        text(&merged)
+    );
+    let script = std::fs::read_to_string(out.join("repro/0.py")).unwrap();
+    assert!(
+        !script.contains("PWNED"),
+        "the report's text is not in the script"
+    );
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.reference/venv/bin/python");
+    let ran = Command::new(&python)
+        .arg(out.join("repro/0.py"))
+        .current_dir(&root)
+        .output()
+        .unwrap();
+    assert!(ran.status.success(), "{}", text(&ran));
+    assert!(
+        text(&ran).contains("open(\"PWNED\""),
+        "the text is printed as data: {}",
+        text(&ran)
+    );
+    assert!(!root.join("PWNED").exists(), "no code of the report ran");
+    // A new search into the same --out that finds nothing leaves no old
+    // reproducer behind.
+    std::fs::write(out.join("repro/7.py"), "stale").unwrap();
+    let again = explore(
+        &out,
+        &fixtures,
+        &["--samples", "1", "--shrink-steps", "0", "--no-extent"],
+        false,
+    );
+    assert!(
+        again.status.code().is_some_and(|c| c <= 2),
+        "{}",
+        text(&again)
+    );
+    if json(&out.join("explore.json"))["found"]
+        .as_array()
+        .unwrap()
+        .is_empty()
+    {
+        assert!(!out.join("repro/0.py").exists() && !out.join("repro/7.py").exists());
+    }
+}
+
+/// Issue 40, class 18: a leftover `MLX_CONFORMANCE_PLANT` silently turned
+/// passes into FAIL and no report said so. Now the run warns at its start
+/// and every report (closing lines, report.md, report.json) names it.
+#[test]
+fn a_testing_hook_in_the_environment_is_named_in_every_report() {
+    let root = scratch("hook");
+    let out = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args([
+            "--device",
+            "cpu",
+            "--filter",
+            "quantized/linear/affine-4b-gs64/bf16",
+            "--out",
+        ])
+        .arg(&root)
+        .env("MLX_CONFORMANCE_PLANT", PLANT)
+        .env("CI", "true")
+        .output()
+        .unwrap();
+    let all = text(&out);
+    assert!(all.contains("warning: MLX_CONFORMANCE_PLANT="), "{all}");
+    assert!(
+        all.contains("testing hook set: MLX_CONFORMANCE_PLANT="),
+        "{all}"
+    );
+    let report = json(&root.join("report.json"));
+    assert_eq!(
+        report["environment"]["testing_hook"],
+        format!("MLX_CONFORMANCE_PLANT={PLANT}"),
+        "{all}"
+    );
+    let md = std::fs::read_to_string(root.join("report.md")).unwrap();
+    assert!(md.contains("testing hook set"), "{md}");
 }

@@ -29,6 +29,11 @@ pub struct Side {
     pub worst_exact: f64,
     #[serde(with = "nonfinite")]
     pub worst_bound: f64,
+    /// Set when the computed output has another element count than the
+    /// definition (an empty array, say): no element was compared, and
+    /// `worst_index` names none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub computed_len: Option<usize>,
 }
 
 /// f64 as a JSON number, or `"NaN"` / `"inf"` / `"-inf"`.
@@ -86,6 +91,7 @@ pub fn check(computed: &[f64], exact: &Exact) -> Side {
             worst_value: f64::NAN,
             worst_exact: exact.value.first().copied().unwrap_or(0.0),
             worst_bound: exact.bound.first().copied().unwrap_or(0.0),
+            computed_len: Some(computed.len()),
         };
     }
     let mut side = Side {
@@ -96,6 +102,7 @@ pub fn check(computed: &[f64], exact: &Exact) -> Side {
         worst_value: computed.first().copied().unwrap_or(0.0),
         worst_exact: exact.value.first().copied().unwrap_or(0.0),
         worst_bound: exact.bound.first().copied().unwrap_or(0.0),
+        computed_len: None,
     };
     for (i, (&c, (&x, &b))) in computed
         .iter()

@@ -13,10 +13,52 @@ use crate::tensor::{DType, HostTensor};
 /// One element as both sides see it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ElementValue {
-    /// Decimal value (floats decoded from their bits).
+    /// Decimal value (floats decoded from their bits); a NaN or infinity
+    /// as `"NaN"` / `"inf"` / `"-inf"`, so it survives JSON (a worker's
+    /// answer, report.json) instead of becoming `null`.
+    #[serde(with = "nonfinite")]
     pub value: f64,
     /// Raw bits, `0x`-prefixed hex, zero-padded to the dtype's width.
     pub bits: String,
+}
+
+/// f64 as a JSON number, or `"NaN"` / `"inf"` / `"-inf"` (a `null`, as an
+/// older writer wrote a non-finite value, reads as NaN).
+mod nonfinite {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if v.is_nan() {
+            s.serialize_str("NaN")
+        } else if v.is_infinite() {
+            s.serialize_str(if *v > 0.0 { "inf" } else { "-inf" })
+        } else {
+            s.serialize_f64(*v)
+        }
+    }
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Repr {
+        Number(f64),
+        Text(String),
+        Null(()),
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        match Repr::deserialize(d)? {
+            Repr::Number(v) => Ok(v),
+            Repr::Null(()) => Ok(f64::NAN),
+            Repr::Text(t) => match t.as_str() {
+                "NaN" => Ok(f64::NAN),
+                "inf" => Ok(f64::INFINITY),
+                "-inf" => Ok(f64::NEG_INFINITY),
+                other => Err(serde::de::Error::custom(format!(
+                    "`{other}` is not a number"
+                ))),
+            },
+        }
+    }
 }
 
 /// How two tensors differ element-wise.
@@ -182,6 +224,38 @@ mod tests {
             .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
             .collect();
         HostTensor::new(DType::Bfloat16, shape.to_vec(), bytes).unwrap()
+    }
+
+    /// Issue 40, class 14: a NaN first difference serialised as `null`,
+    /// so a worker's answer could not be read back (ERROR, not FAIL) and
+    /// in-process and worker runs disagreed.
+    #[test]
+    fn non_finite_values_survive_json() {
+        let a = bf16(&[1.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY], &[4]);
+        let b = bf16(&[1.0, 2.0, 3.0, 4.0], &[4]);
+        let c = compare(&a, &b);
+        let json = serde_json::to_string(&c).unwrap();
+        assert!(json.contains("\"NaN\""), "{json}");
+        let back: Comparison = serde_json::from_str(&json).unwrap();
+        let (Comparison::Differs(d), Comparison::Differs(e)) = (&c, &back) else {
+            panic!("{c:?}");
+        };
+        assert!(e.actual.value.is_nan());
+        assert_eq!(d.actual.bits, e.actual.bits);
+        assert_eq!(d.first_index, e.first_index);
+        for (v, text) in [(f64::INFINITY, "\"inf\""), (f64::NEG_INFINITY, "\"-inf\"")] {
+            let ev = ElementValue {
+                value: v,
+                bits: "0x0".into(),
+            };
+            let j = serde_json::to_string(&ev).unwrap();
+            assert!(j.contains(text), "{j}");
+            assert_eq!(serde_json::from_str::<ElementValue>(&j).unwrap(), ev);
+        }
+        // An older writer's null reads as NaN.
+        let old: ElementValue =
+            serde_json::from_str(r#"{"value": null, "bits": "0x7fc0"}"#).unwrap();
+        assert!(old.value.is_nan());
     }
 
     #[test]

@@ -57,10 +57,45 @@ fn mapped_images() -> Result<Vec<String>, GuardError> {
         .map_err(|e| GuardError::Unreadable(format!("/proc/self/maps: {e}")))?;
     Ok(maps
         .lines()
-        .filter_map(|line| line.split_whitespace().nth(5))
+        .filter_map(maps_path)
         .filter(|p| p.starts_with('/'))
         .map(|p| std::fs::canonicalize(p).map_or(p.to_owned(), |c| c.display().to_string()))
         .collect())
+}
+
+/// The pathname of one `/proc/<pid>/maps` line: what follows its five
+/// fixed fields (address, perms, offset, dev, inode) and their padding,
+/// taken whole, so a path with spaces (a checkout in `~/My Projects`) is
+/// one path, not its first word.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+fn maps_path(line: &str) -> Option<&str> {
+    let mut rest = line;
+    for _ in 0..5 {
+        rest = rest.trim_start_matches(' ');
+        rest = &rest[rest.find(' ')?..];
+    }
+    let path = rest.trim_start_matches(' ');
+    (!path.is_empty()).then_some(path)
+}
+
+#[cfg(test)]
+mod maps_tests {
+    /// Issue 40, class 16: a path with a space failed every run with
+    /// "0 libmlx images are mapped": the line was split on whitespace.
+    #[test]
+    fn a_path_with_spaces_is_read_whole() {
+        let line = "7f1c2a000000-7f1c2a200000 r-xp 00000000 08:01 1234567                    /home/a user/my proj/.reference/venv/lib/python3.11/site-packages/mlx/lib/libmlx.so";
+        assert_eq!(
+            super::maps_path(line),
+            Some("/home/a user/my proj/.reference/venv/lib/python3.11/site-packages/mlx/lib/libmlx.so")
+        );
+        assert_eq!(super::maps_path("7f-7f rw-p 00000000 00:00 0 "), None);
+        assert_eq!(super::maps_path("7f-7f rw-p 00000000 00:00 0"), None);
+        assert_eq!(
+            super::maps_path("7f-7f rw-p 00000000 00:00 0    [heap]"),
+            Some("[heap]")
+        );
+    }
 }
 
 #[cfg(target_vendor = "apple")]

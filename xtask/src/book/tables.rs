@@ -93,6 +93,7 @@ pub const ENV_VARS: &[EnvVar] = &[
     EnvVar { name: "MLX_CONFORMANCE_HOME", kind: Kind::Internal, meaning: "the bundle's launcher: the bundle's root (fixtures, interpreter)" },
     EnvVar { name: "MLX_CONFORMANCE_RUNNER_PID", kind: Kind::Internal, meaning: "a worker's runner, for dying with it" },
     EnvVar { name: "MLX_CONFORMANCE_PROTOCOL", kind: Kind::Internal, meaning: "the candidate protocol's version, for the candidate process" },
+    EnvVar { name: "MLX_CONFORMANCE_LAUNCHER_PARENT", kind: Kind::Internal, meaning: "a candidate launcher's worker, for dying with it" },
 ];
 
 pub fn exit_codes_page(root: &Path) -> Result<String> {

@@ -188,6 +188,9 @@ const MAX_CASES_FILE: u64 = 64 << 20;
 /// The descriptions in `path`: a JSON array of [`Described`], or one per
 /// line (what `conformance --describe` prints). Errors name the file, the
 /// entry and what is wrong.
+/// The longest case file name (`file_stem`) a `--cases` entry may have.
+pub const MAX_STEM_BYTES: usize = 200;
+
 pub fn read_file(path: &std::path::Path) -> Result<Vec<Described>, String> {
     use std::io::Read;
     let at = || format!("--cases {}", path.display());
@@ -241,9 +244,19 @@ pub fn read_file(path: &std::path::Path) -> Result<Vec<Described>, String> {
     // Names become report lines, snapshot and `--keep-outputs` file names.
     let mut files = std::collections::BTreeMap::new();
     for (i, d) in described.iter().enumerate() {
-        if d.name.is_empty() || d.name.len() > 300 || d.name.chars().any(char::is_control) {
+        // The case's file name (`file_stem`: snapshots, kept outputs,
+        // export vectors) must be one real name of at most 200 bytes, so
+        // every suffix a writer adds still fits in 255: `.` or `..` would
+        // name the directory itself or its parent.
+        let stem = crate::case::file_stem(&d.name);
+        if d.name.is_empty()
+            || stem.len() > MAX_STEM_BYTES
+            || stem == "."
+            || stem == ".."
+            || d.name.chars().any(char::is_control)
+        {
             return Err(format!(
-                "--cases {} entry {}: name {:?}: 1 to 300 characters, no control characters",
+                "--cases {} entry {}: name {:?}: a file name of 1 to {MAX_STEM_BYTES} bytes (each / counts two), not `.` or `..`, no control characters",
                 path.display(),
                 i + 1,
                 d.name
@@ -447,7 +460,11 @@ mod tests {
         // file names; two names of one case file.
         std::fs::write(&e, format!("\u{feff}{lines}")).unwrap();
         assert_eq!(read_file(&e).unwrap(), two);
-        for bad in ["", "a\nb"] {
+        // Issue 40, class 20: `.`, `..` and names of 250+ bytes passed a
+        // plain run but errored with --export or --keep-outputs.
+        let long = "a".repeat(250);
+        let slashes = "a/".repeat(70);
+        for bad in ["", "a\nb", ".", "..", long.as_str(), slashes.as_str()] {
             let d = Described {
                 name: bad.into(),
                 ..two[0].clone()

@@ -135,8 +135,9 @@ pub struct Registry {
     cases_file: Option<(std::path::PathBuf, Vec<describe::Described>)>,
     /// `--explore-samples N --explore-seed S`.
     explore_samples: Option<(usize, u64)>,
-    /// The runner's own copy of the descriptions it read, for its workers.
-    worker_copy: std::sync::OnceLock<Result<std::path::PathBuf, String>>,
+    /// The runner's own copy of the descriptions it read, for its workers:
+    /// a file in a private temporary directory (removed with the registry).
+    worker_copy: std::sync::OnceLock<Result<(tempfile::TempDir, std::path::PathBuf), String>>,
 }
 
 impl Registry {
@@ -168,23 +169,35 @@ impl Registry {
     }
 
     /// The file workers read the registered descriptions from: a private
-    /// copy of what this runner read (written once, removed when the
-    /// registry is dropped), so a file edited, replaced or deleted during
-    /// the run (or a pipe) changes nothing.
+    /// copy of what this runner read (written once into a new directory of
+    /// an unpredictable name, mode 0700, so no planted link or file is
+    /// written through; removed when the registry is dropped), so a file
+    /// edited, replaced or deleted during the run (or a pipe) changes
+    /// nothing.
     pub fn worker_cases_file(&self) -> Option<Result<&std::path::Path, String>> {
         let (_, described) = self.cases_file.as_ref()?;
         let copy = self.worker_copy.get_or_init(|| {
-            let path = std::env::temp_dir()
-                .join(format!("conformance-cases-{}.jsonl", std::process::id()));
+            let dir = tempfile::Builder::new()
+                .prefix("conformance-cases-")
+                .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
+                .tempdir()
+                .map_err(|e| {
+                    format!("a private temporary directory for the workers' --cases copy: {e}")
+                })?;
+            let path = dir.path().join("cases.jsonl");
             let text: String = described
                 .iter()
                 .map(|d| serde_json::to_string(d).map(|l| l + "\n"))
                 .collect::<Result<_, _>>()
                 .map_err(|e| e.to_string())?;
             std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))?;
-            Ok(path)
+            Ok((dir, path))
         });
-        Some(copy.as_ref().map(|p| p.as_path()).map_err(Clone::clone))
+        Some(
+            copy.as_ref()
+                .map(|(_, p)| p.as_path())
+                .map_err(Clone::clone),
+        )
     }
 
     /// Every registered case's description, in report order: the fixed
@@ -232,15 +245,6 @@ impl Registry {
     }
 }
 
-impl Drop for Registry {
-    /// Removes the workers' copy of the descriptions, if one was written.
-    fn drop(&mut self) {
-        if let Some(Ok(path)) = self.worker_copy.get() {
-            let _ = std::fs::remove_file(path);
-        }
-    }
-}
-
 /// The fixed and kept cases' descriptions ([`Registry::descriptions`] of
 /// a plain run).
 pub fn descriptions() -> Vec<describe::Described> {
@@ -250,6 +254,50 @@ pub fn descriptions() -> Vec<describe::Described> {
 /// The fixed and kept cases ([`Registry::cases`] of a plain run).
 pub fn all() -> Vec<Case> {
     Registry::new().cases()
+}
+
+#[cfg(test)]
+mod worker_copy {
+    /// Issue 40, class 5: the copy went to the predictable
+    /// `$TMPDIR/conformance-cases-<pid>.jsonl`, written through a planted
+    /// link. Now it is a new private directory's file, removed with the
+    /// registry, and a link planted at the old name is never written through.
+    #[test]
+    fn the_workers_copy_is_private_and_removed() {
+        let scratch = tempfile::tempdir().unwrap();
+        let first = super::Registry::new().descriptions().remove(0);
+        let cases = scratch.path().join("cases.jsonl");
+        std::fs::write(&cases, serde_json::to_string(&first).unwrap() + "\n").unwrap();
+        let victim = scratch.path().join("victim");
+        std::fs::write(&victim, "mine").unwrap();
+        let planted =
+            std::env::temp_dir().join(format!("conformance-cases-{}.jsonl", std::process::id()));
+        let _ = std::fs::remove_file(&planted);
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        let registry = super::Registry::new().with_cases_file(&cases).unwrap();
+        let copy = registry.worker_cases_file().unwrap().unwrap().to_path_buf();
+        let _ = std::fs::remove_file(&planted);
+        assert_eq!(
+            std::fs::read_to_string(&victim).unwrap(),
+            "mine",
+            "nothing written through the link"
+        );
+        assert_ne!(copy, planted);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(copy.parent().unwrap())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "a private directory");
+        assert!(std::fs::read_to_string(&copy)
+            .unwrap()
+            .contains(&first.name));
+        drop(registry);
+        assert!(
+            !copy.exists() && !copy.parent().unwrap().exists(),
+            "removed with the registry"
+        );
+    }
 }
 
 #[cfg(test)]

@@ -433,6 +433,17 @@ impl ExactCheck {
         } else {
             ""
         };
+        // Another element count than the definition's: no element was
+        // compared, so none is named (an empty array has no index [0]).
+        if let Some(n) = s.computed_len {
+            return format!(
+                "{output}: {} [{} model {}]: {who} has {n} elements where the definition has {}: no element compared{tail}",
+                self.class.word(),
+                self.op,
+                self.model,
+                s.total,
+            );
+        }
         format!(
             "{output}: {} [{} model {}]: {who} {} of {} outside, worst at flat index [{}] = {} vs exact {} (bound {:.3e}, {:.3}x){nan}{tail}",
             self.class.word(),
@@ -446,6 +457,41 @@ impl ExactCheck {
             s.worst_bound,
             s.max_ratio,
         )
+    }
+}
+
+#[cfg(test)]
+mod line_tests {
+    use super::*;
+
+    /// Issue 40, class 25: the line for an empty substituted array named a
+    /// "flat index [0]" that does not exist.
+    #[test]
+    fn an_output_of_another_length_names_no_element() {
+        let e = exact::Exact {
+            op: "quantized_matmul",
+            model: exact::Model::Cpu,
+            shape: vec![2],
+            value: vec![1.0, 2.0],
+            bound: vec![0.1, 0.1],
+        };
+        let check = ExactCheck {
+            op: "quantized_matmul".into(),
+            model: exact::Model::Cpu,
+            class: ExactClass::PortOutside,
+            port: exact::check(&[], &e),
+            reference: exact::check(&[1.0, 2.0], &e),
+            bit_equal: false,
+            informative: true,
+        };
+        let line = check.line("y");
+        assert!(!line.contains("flat index"), "{line}");
+        assert!(
+            line.contains("port has 0 elements where the definition has 2"),
+            "{line}"
+        );
+        let within = exact::check(&[1.0, 2.0], &e);
+        assert_eq!(within.computed_len, None);
     }
 }
 

@@ -83,8 +83,18 @@ fn parse_shard(text: &str) -> Result<(usize, usize), String> {
     if n == 0 || i >= n {
         return Err(bad());
     }
+    // Each shard draws every n-th sample: a split into more shards than
+    // any search has samples spins its budget to draw one.
+    if n > MAX_SHARDS {
+        return Err(format!(
+            "`{text}`: at most {MAX_SHARDS} shards (each draws every n-th sample; more would spend the budget drawing one)"
+        ));
+    }
     Ok((i, n))
 }
+
+/// The most shards a search may be split into.
+const MAX_SHARDS: usize = 1024;
 
 fn fail(message: impl std::fmt::Display) -> ExitCode {
     errln!("error: {message}");
@@ -114,29 +124,37 @@ fn main() -> ExitCode {
         }
     };
     let out = std::path::absolute(&cli.out).unwrap_or(cli.out.clone());
+    // `--out` is claimed before anything is written or removed there: a
+    // new or empty directory, or one an earlier search made (its marker);
+    // anything else is refused, untouched. Locked until this run ends, so
+    // two searches never write one directory at once.
+    let _claim = if cli.observe_alone.is_none() && !cli.bench {
+        match conformance::outdir::claim(&out, conformance::outdir::Kind::Explore) {
+            Ok(c) => Some(c),
+            Err(e) => return fail(format!("--out: {e}")),
+        }
+    } else {
+        None
+    };
     // The reports' directory is made (and found unwritable) before any
     // sample runs, and a previous run's reports are removed: an
     // interrupted or failed search never leaves an older report standing.
     if cli.merge.is_empty() && cli.observe_alone.is_none() && !cli.bench {
-        if cli.budget.is_zero() {
-            return fail(
-                "--budget 0s: a search of no time checks nothing; give a budget such as 60s or 10m",
-            );
+        if cli.budget < std::time::Duration::from_secs(1) {
+            return fail(format!(
+                "--budget {}: a search of under a second checks nothing (one sample takes longer); give a budget such as 60s or 10m",
+                humantime::format_duration(cli.budget)
+            ));
         }
         if cli.samples == Some(0) {
             return fail("--samples 0: a search of no samples checks nothing; give at least 1");
-        }
-        if let Err(e) = std::fs::create_dir_all(&out) {
-            return fail(format!("--out {}: {e}", out.display()));
         }
         let probe = out.join(format!(".explore-probe-{}", std::process::id()));
         if let Err(e) = std::fs::write(&probe, b"") {
             return fail(format!("--out {}: cannot write there ({e})", out.display()));
         }
         let _ = std::fs::remove_file(&probe);
-        for stale in ["explore.json", "explore.md"] {
-            let _ = std::fs::remove_file(out.join(stale));
-        }
+        report::clear(&out);
     }
     if !cli.merge.is_empty() {
         let mut shards = Vec::new();
@@ -273,6 +291,15 @@ fn main() -> ExitCode {
             search.samples.len()
         );
         return ExitCode::from(130);
+    }
+    // A search that ran no sample checked nothing: never a green exit.
+    if search.samples.is_empty() {
+        return fail(format!(
+            "the search ran no sample within --budget {} (shard {}/{}); give a longer budget",
+            humantime::format_duration(cli.budget),
+            cli.shard.0,
+            cli.shard.1
+        ));
     }
     if let Err(e) = report::write(&out, &search) {
         return fail(e);

@@ -10,7 +10,7 @@
 //! call starts a fresh one.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
@@ -81,9 +81,7 @@ impl Client {
             .prefix("conformance-candidate-")
             .tempdir()
             .map_err(|e| format!("cannot make the candidate's scratch directory: {e}"))?;
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(&config.command)
+        let mut child = launch(&config.command, scratch.path())
             .env("MLX_CONFORMANCE_PROTOCOL", PROTOCOL.to_string())
             // Its own group, so a kill reaches what `sh` started too.
             .process_group(0)
@@ -97,16 +95,17 @@ impl Client {
         let stderr = child.stderr.take().expect("piped");
         let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
         let tail = Arc::clone(&stderr_tail);
+        // Relayed in bounded, lossily decoded lines: never held whole,
+        // never closed early (the candidate would die of SIGPIPE).
         std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
+            crate::child::for_each_line(stderr, |line| {
                 errln!("candidate: {line}");
                 let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
                 if tail.len() == STDERR_TAIL {
                     tail.pop_front();
                 }
-                tail.push_back(line);
-            }
+                tail.push_back(crate::child::clip(&line, 1000));
+            });
         });
         let mut client = Client {
             child,
@@ -147,16 +146,20 @@ impl Client {
         for (name, version) in ops {
             let Some(v) = version.as_u64() else {
                 return Err(client.fail(&format!(
-                    "hello: op `{name}` has version {version}, not an integer"
+                    "hello: op `{}` has version {}, not an integer",
+                    clip(name),
+                    clip(&version.to_string())
                 )));
             };
             client.ops.insert(name.clone(), v);
         }
-        client.name = answer
-            .get("name")
-            .and_then(Json::as_str)
-            .unwrap_or("candidate")
-            .to_owned();
+        // Clipped: the name goes into messages, and so into reports.
+        client.name = clip(
+            answer
+                .get("name")
+                .and_then(Json::as_str)
+                .unwrap_or("candidate"),
+        );
         Ok(client)
     }
 
@@ -227,7 +230,7 @@ impl Client {
                 let Some(value) = answer.get("value") else {
                     return Err(bad(self, "a `result` reply without `value`".into()));
                 };
-                let tensors = if outputs.exists() {
+                let tensors = if std::fs::symlink_metadata(outputs).is_ok() {
                     wire::read_tensors(outputs)
                         .map_err(|e| bad(self, format!("its outputs file: {e}")))?
                 } else {
@@ -241,8 +244,9 @@ impl Client {
                 let message = answer
                     .get("message")
                     .and_then(Json::as_str)
-                    .unwrap_or("(no message)")
-                    .to_owned();
+                    .unwrap_or("(no message)");
+                // Clipped: a message goes into every report of the case.
+                let message = crate::child::clip(message, crate::child::MAX_REPORTED);
                 match answer.get("kind").and_then(Json::as_str) {
                     Some("unsupported") => Err(CallError::Unsupported(format!(
                         "`{}` answered unsupported: {message}",
@@ -280,12 +284,19 @@ impl Client {
                 self.timeout.as_secs_f64()
             ))),
             Err(RecvTimeoutError::Disconnected) => {
-                let status = self
-                    .child
-                    .wait()
-                    .map(|s| s.to_string())
-                    .unwrap_or_else(|e| e.to_string());
+                // Its stdout ended: it exited, or closed stdout and runs on.
+                // Either way no wait beyond --candidate-timeout.
+                let Some(status) = self.wait_for(self.timeout) else {
+                    return Err(self.fail(&format!(
+                        "closed its stdout without answering and kept running; killed after {} s (--candidate-timeout)",
+                        self.timeout.as_secs_f64()
+                    )));
+                };
+                let status = status.to_string();
+                // Reaped (its launcher has already ended what it started;
+                // what escaped it, this worker adopted: ended too).
                 self.dead = true;
+                sweep_adopted();
                 // The stderr thread may still be reading its last lines.
                 std::thread::sleep(Duration::from_millis(50));
                 Err(self.describe(&format!(
@@ -319,15 +330,46 @@ impl Client {
         self.dead
     }
 
+    /// The process's exit status once it has exited, waiting at most
+    /// `limit` (`None`: still running).
+    fn wait_for(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now().checked_add(limit);
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return Some(status),
+                Ok(None) => {}
+                Err(_) => return None,
+            }
+            if deadline.is_some_and(|d| std::time::Instant::now() >= d) {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Ends the candidate and everything it started. On Linux the process
+    /// is its launcher: SIGTERM makes it kill the candidate's group and
+    /// every process it adopted, then exit (a bounded wait; SIGKILL to
+    /// the launcher's group after it). Elsewhere the group is killed.
     fn kill(&mut self) {
         if self.dead {
             return;
         }
         self.dead = true;
-        // SAFETY: a signal to the candidate's own process group (not yet
+        let pid = self.child.id() as i32;
+        if cfg!(target_os = "linux") {
+            // SAFETY: a signal to this client's own child, not yet reaped.
+            unsafe { libc::kill(pid, libc::SIGTERM) };
+            if self.wait_for(Duration::from_secs(10)).is_some() {
+                sweep_adopted();
+                return;
+            }
+        }
+        // SAFETY: a signal to the child's own process group (not yet
         // reaped, so the group id is still its own).
-        unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
+        unsafe { libc::kill(-pid, libc::SIGKILL) };
         let _ = self.child.wait();
+        sweep_adopted();
     }
 }
 
@@ -339,14 +381,33 @@ impl Drop for Client {
     }
 }
 
-fn clip(s: &str) -> String {
-    if s.len() > 200 {
-        let mut end = 200;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        format!("{}…", &s[..end])
-    } else {
-        s.to_owned()
+/// Kills and reaps what this worker adopted (it is a child subreaper when
+/// it serves a candidate, and its only children are the candidate's
+/// launchers): what escaped a launcher that was killed. Called once the
+/// launcher is reaped.
+fn sweep_adopted() {
+    #[cfg(target_os = "linux")]
+    super::launcher::sweep(Duration::from_secs(5));
+}
+
+/// The command that starts the candidate: on Linux through its launcher
+/// (this executable again, [`super::launcher`]), elsewhere `sh -c CMD`.
+fn launch(command: &str, scratch: &std::path::Path) -> Command {
+    #[cfg(target_os = "linux")]
+    if let Ok(exe) = std::env::current_exe() {
+        let mut c = Command::new(exe);
+        c.arg(super::launcher::FLAG)
+            .arg(scratch)
+            .args(["--", "sh", "-c", command])
+            .env(super::launcher::PARENT_ENV, std::process::id().to_string());
+        return c;
     }
+    let _ = scratch;
+    let mut c = Command::new("sh");
+    c.arg("-c").arg(command);
+    c
+}
+
+fn clip(s: &str) -> String {
+    crate::child::clip(s, 200)
 }

@@ -18,6 +18,8 @@
 //!   array they stand beside.
 
 pub mod client;
+#[cfg(target_os = "linux")]
+pub mod launcher;
 pub mod ops;
 pub mod tape;
 pub mod wire;

@@ -201,15 +201,105 @@ pub fn decode_args(
         .collect()
 }
 
-/// The tensors of a safetensors file by key.
+/// The largest tensors file read from a candidate (or handed to one):
+/// a larger one is refused unread.
+pub const MAX_TENSORS_BYTES: u64 = 4 << 30;
+
+/// The tensors of a safetensors file by key, read through the one safe
+/// reader: a regular file of at most [`MAX_TENSORS_BYTES`], no link
+/// followed (a candidate's outputs linked to `/dev/zero` were read until
+/// memory ran out), no FIFO waited on. A missing file is an error.
 pub fn read_tensors(path: &std::path::Path) -> Result<BTreeMap<String, HostTensor>, String> {
-    Ok(crate::kept::read_file(path)?.into_iter().collect())
+    let bytes = match crate::snapshots::store::read_limited(path, MAX_TENSORS_BYTES) {
+        Ok(Some(b)) => b,
+        Ok(None) => return Err(format!("{}: no such file", path.display())),
+        Err(e) => return Err(e.to_string()),
+    };
+    Ok(crate::kept::parse(&bytes, path)?.into_iter().collect())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use oracle::DType;
+
+    fn json_tree() -> impl proptest::strategy::Strategy<Value = Json> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Json::Null),
+            any::<bool>().prop_map(Json::Bool),
+            any::<i64>().prop_map(|i| json!(i)),
+            any::<f64>().prop_map(|f| json!(f)),
+            "[a-z$]{0,6}".prop_map(Json::String),
+            "[a-z]{0,3}".prop_map(|k| json!({"$tensor": k})),
+            "[a-z-]{0,4}".prop_map(|k| json!({"$float": k})),
+        ];
+        leaf.prop_recursive(4, 32, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Json::Array),
+                proptest::collection::btree_map("[a-z$]{1,3}", inner, 0..4)
+                    .prop_map(|m| Json::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(128))]
+        /// Issue 40, item 13: random hostile replies (result trees, and
+        /// safetensors files of any header: dtypes, shapes past memory,
+        /// offsets, lengths, bytes) decode to a value or an error naming
+        /// it, never a panic.
+        #[test]
+        fn hostile_replies_are_errors_not_panics(
+            tree in json_tree(),
+            dtype in proptest::prop_oneof![
+                proptest::strategy::Just("BF16"), proptest::strategy::Just("F32"),
+                proptest::strategy::Just("F64"), proptest::strategy::Just("I8"),
+                proptest::strategy::Just("U64"), proptest::strategy::Just("XX")
+            ],
+            shape in proptest::collection::vec(
+                proptest::prop_oneof![0u64..4, proptest::strategy::Just(1u64 << 40), proptest::strategy::Just(u64::MAX)],
+                0..4,
+            ),
+            offsets in (0u64..64, 0u64..64),
+            data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+            raw in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+        ) {
+            let header = json!({"a": {"dtype": dtype, "shape": shape, "data_offsets": [offsets.0, offsets.1]}})
+                .to_string();
+            let mut file = (header.len() as u64).to_le_bytes().to_vec();
+            file.extend_from_slice(header.as_bytes());
+            file.extend_from_slice(&data);
+            let path = std::path::Path::new("reply.safetensors");
+            let tensors: BTreeMap<String, HostTensor> = match crate::kept::parse(&file, path) {
+                Ok(t) => t.into_iter().collect(),
+                Err(e) => {
+                    proptest::prop_assert!(e.contains("reply.safetensors"), "{e}");
+                    BTreeMap::new()
+                }
+            };
+            let _ = crate::kept::parse(&raw, path);
+            let _ = decode_value(&tree, &tensors);
+            let _ = decode_args(&tree, &tensors);
+        }
+    }
+
+    /// Issue 40, class 10: an outputs file linked to /dev/zero was read
+    /// until 4 GiB or OOM, and a FIFO hung.
+    #[test]
+    fn an_outputs_file_that_is_a_link_or_a_fifo_is_refused_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        let zero = dir.path().join("1.out.safetensors");
+        std::os::unix::fs::symlink("/dev/zero", &zero).unwrap();
+        let started = std::time::Instant::now();
+        assert!(read_tensors(&zero).unwrap_err().contains("symbolic link"));
+        let fifo = dir.path().join("2.out.safetensors");
+        let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        assert!(read_tensors(&fifo).unwrap_err().contains("FIFO"));
+        assert!(started.elapsed().as_secs() < 5);
+    }
 
     #[test]
     fn trees_survive_the_round_trip() {

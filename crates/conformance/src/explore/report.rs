@@ -6,14 +6,35 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+
+use serde_json::json;
 
 use super::{Description, Found, Search};
 use crate::families::quantized::linear::Bias;
 
-/// Writes `explore.json`, `explore.md` and `repro/` under `dir`.
+/// Removes an earlier search's reports from `dir` (a directory the
+/// explorer claimed: [`crate::outdir::claim`]): `explore.json`,
+/// `explore.md` and the whole of `repro/`, so no reproducer of an older
+/// search stands beside a new report.
+pub fn clear(dir: &Path) {
+    for stale in ["explore.json", "explore.md"] {
+        let _ = std::fs::remove_file(dir.join(stale));
+    }
+    let repro = dir.join("repro");
+    if std::fs::symlink_metadata(&repro).is_ok_and(|m| m.is_dir()) {
+        let _ = std::fs::remove_dir_all(&repro);
+    } else {
+        let _ = std::fs::remove_file(&repro);
+    }
+}
+
+/// Writes `explore.json`, `explore.md` and `repro/` under `dir` (an
+/// earlier search's reports there removed first).
 pub fn write(dir: &Path, search: &Search) -> Result<(), String> {
     let fail = |what: &Path, e: std::io::Error| format!("{}: {e}", what.display());
+    clear(dir);
     std::fs::create_dir_all(dir.join("repro")).map_err(|e| fail(dir, e))?;
     for (i, f) in search.found.iter().enumerate() {
         reproducer(&dir.join("repro"), i, f)?;
@@ -215,22 +236,27 @@ fn reproducer(dir: &Path, i: usize, f: &Found) -> Result<(), String> {
             let script = format!(
                 r#""""Reproducer {i} from the MLX conformance suite's shape explorer.
 
-Seen: {kind:?}: {seen}
-Description: {description}
+What the explorer saw and the minimal description are in {i}.json (data,
+printed first; nothing of them is code here).
 Only mlx.core: the weight is quantized by mx.quantize, then multiplied by
 mx.quantized_matmul; the float32 definition (dequantize, then matmul) is
 printed beside it for comparison.
 """
+import json
 import os
 import mlx.core as mx
 
 here = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(here, "{i}.json"), encoding="utf-8") as f:
+    p = json.load(f)
+print("seen:", p["seen"])
+print("description:", json.dumps(p["description"]))
 t = mx.load(os.path.join(here, "{i}.safetensors"))
-w, scales, *biases = mx.quantize(t["weight"], group_size={gs}, bits={bits}, mode="{mode}")
+w, scales, *biases = mx.quantize(t["weight"], group_size=p["group_size"], bits=p["bits"], mode=p["mode"])
 biases = biases[0] if biases else None
 x = t["x"]{view}
-y = mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size={gs}, bits={bits}, mode="{mode}"){bias}
-w_float = mx.dequantize(w, scales, biases, group_size={gs}, bits={bits}, mode="{mode}").astype(mx.float32)
+y = mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=p["group_size"], bits=p["bits"], mode=p["mode"]){bias}
+w_float = mx.dequantize(w, scales, biases, group_size=p["group_size"], bits=p["bits"], mode=p["mode"]).astype(mx.float32)
 definition = t["x"].astype(mx.float32) @ w_float.T{bias32}
 mx.eval(y, definition)
 print("quantized_matmul:", y.dtype, y.shape)
@@ -240,12 +266,6 @@ print(definition)
 print("largest |y - definition|:", mx.max(mx.abs(y.astype(mx.float32) - definition)).item())
 print("any NaN in y:", mx.any(mx.isnan(y)).item())
 "#,
-                kind = f.kind,
-                seen = f.seen(),
-                description = serde_json::to_string(&f.minimal).expect("json"),
-                gs = spec.group_size,
-                bits = spec.bits,
-                mode = spec.mode,
                 view = match shape.x_view {
                     crate::families::quantized::linear::XView::Contiguous => "",
                     crate::families::quantized::linear::XView::Sliced => "\n# The port's layout: the first K columns of a wider array.\nx = mx.concatenate([x, mx.zeros((*x.shape[:-1], 64), x.dtype)], axis=-1)[..., : x.shape[-1]]",
@@ -257,6 +277,12 @@ print("any NaN in y:", mx.any(mx.isnan(y)).item())
                     "\ndefinition = definition + t[\"bias\"].astype(mx.float32)"
                 },
             );
+            sidecar(
+                dir,
+                i,
+                f,
+                json!({"group_size": spec.group_size, "bits": spec.bits, "mode": spec.mode.to_string()}),
+            )?;
             write_file(&dir.join(format!("{i}.py")), &script)
         }
         Description::QuantizedSwitch { shape, seed } => {
@@ -265,22 +291,27 @@ print("any NaN in y:", mx.any(mx.isnan(y)).item())
             let script = format!(
                 r#""""Reproducer {i} from the MLX conformance suite's shape explorer.
 
-Seen: {kind:?}: {seen}
-Description: {description}
+What the explorer saw and the minimal description are in {i}.json (data,
+printed first; nothing of them is code here).
 Only mlx.core: the experts' weights are quantized by mx.quantize, then one
 SwitchGLU projection is run by mx.gather_qmm (unsorted indices; the case
 itself sorted them: {sorted}); the float32 definition is printed beside it.
 """
+import json
 import os
 import mlx.core as mx
 
 here = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(here, "{i}.json"), encoding="utf-8") as f:
+    p = json.load(f)
+print("seen:", p["seen"])
+print("description:", json.dumps(p["description"]))
 t = mx.load(os.path.join(here, "{i}.safetensors"))
-w, scales, *biases = mx.quantize(t["weight"], group_size={gs}, bits={bits}, mode="{mode}")
+w, scales, *biases = mx.quantize(t["weight"], group_size=p["group_size"], bits=p["bits"], mode=p["mode"])
 biases = biases[0] if biases else None
 x = mx.expand_dims(t["x"], (-2, -3))
-y = mx.gather_qmm(x, w, scales, biases, rhs_indices=t["indices"], transpose=True, group_size={gs}, bits={bits}, mode="{mode}").squeeze(-2)
-w_float = mx.dequantize(w, scales, biases, group_size={gs}, bits={bits}, mode="{mode}").astype(mx.float32)
+y = mx.gather_qmm(x, w, scales, biases, rhs_indices=t["indices"], transpose=True, group_size=p["group_size"], bits=p["bits"], mode=p["mode"]).squeeze(-2)
+w_float = mx.dequantize(w, scales, biases, group_size=p["group_size"], bits=p["bits"], mode=p["mode"]).astype(mx.float32)
 definition = mx.einsum("blk,blenk->blen", t["x"].astype(mx.float32), w_float[t["indices"]])
 if "bias" in t:
     y = y + t["bias"][t["indices"]]
@@ -291,14 +322,14 @@ print(y)
 print("largest |y - definition|:", mx.max(mx.abs(y.astype(mx.float32) - definition)).item())
 print("any NaN in y:", mx.any(mx.isnan(y)).item())
 "#,
-                kind = f.kind,
-                seen = f.seen(),
-                description = serde_json::to_string(&f.minimal).expect("json"),
                 sorted = shape.sorted,
-                gs = spec.group_size,
-                bits = spec.bits,
-                mode = spec.mode,
             );
+            sidecar(
+                dir,
+                i,
+                f,
+                json!({"group_size": spec.group_size, "bits": spec.bits, "mode": spec.mode.to_string()}),
+            )?;
             write_file(&dir.join(format!("{i}.py")), &script)
         }
         Description::AttentionSdpa { shape, seed } => {
@@ -315,18 +346,23 @@ print("any NaN in y:", mx.any(mx.isnan(y)).item())
             let script = format!(
                 r#""""Reproducer {i} from the MLX conformance suite's shape explorer.
 
-Seen: {kind:?}: {seen}
-Description: {description}
+What the explorer saw and the minimal description are in {i}.json (data,
+printed first; nothing of them is code here).
 Only mlx.core: mx.fast.scaled_dot_product_attention of the queries
 [B, H, M, D] over the keys and values [B, H_kv, L, D] handed over two ways:
 as one contiguous array, and as the prefix slice of a buffer grown in steps
 of 256 (the layout of mlx-lm's KVCache); each request of the batch alone;
 and a float32 definition (causal within the M rows when M > 1).
 """
+import json
 import os
 import mlx.core as mx
 
 here = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(here, "{i}.json"), encoding="utf-8") as f:
+    p = json.load(f)
+print("seen:", p["seen"])
+print("description:", json.dumps(p["description"]))
 t = mx.load(os.path.join(here, "{i}.safetensors"))
 q, k, v = t["queries"], t["keys"], t["values"]
 B, H, M, D = q.shape
@@ -359,10 +395,8 @@ print("batch == each request alone, bit for bit:", same(contiguous, alone))
 for name, y in (("contiguous", contiguous), ("cache buffer", cache_buffer)):
     print(name, "largest |y - definition|:", mx.max(mx.abs(y.astype(mx.float32) - definition)).item(), "any NaN:", mx.any(mx.isnan(y)).item())
 "#,
-                kind = f.kind,
-                seen = f.seen(),
-                description = serde_json::to_string(&f.minimal).expect("json"),
             );
+            sidecar(dir, i, f, json!({}))?;
             write_file(&dir.join(format!("{i}.py")), &script)
         }
         Description::PositionMrope { shape, seed } => {
@@ -372,8 +406,8 @@ for name, y in (("contiguous", contiguous), ("cache buffer", cache_buffer)):
             let script = format!(
                 r#""""Reproducer {i} from the MLX conformance suite's shape explorer.
 
-Seen: {kind:?}: {seen}
-Description: {description}
+What the explorer saw and the minimal description are in {i}.json (data,
+printed first; nothing of them is code here).
 The reference's own rotary on the saved q, k and position_ids: mlx-vlm's
 MRoPERotaryEmbedding built as Qwen3_5RotaryEmbedding builds it
 (style="interleaved"), applied with apply_rotary. Needs mlx.core and the
@@ -381,6 +415,7 @@ mlx-vlm package on the path (its rope_utils module is loaded from its file,
 so mlx-vlm's own dependencies need not be installed).
 """
 import importlib.util
+import json
 import os
 import mlx.core as mx
 
@@ -391,25 +426,47 @@ rope_utils = importlib.util.module_from_spec(rope_utils_spec)
 rope_utils_spec.loader.exec_module(rope_utils)
 
 here = os.path.dirname(os.path.abspath(__file__))
+with open(os.path.join(here, "{i}.json"), encoding="utf-8") as f:
+    p = json.load(f)
+print("seen:", p["seen"])
+print("description:", json.dumps(p["description"]))
 t = mx.load(os.path.join(here, "{i}.safetensors"))
-rotary = rope_utils.MRoPERotaryEmbedding({rotary_dim}, base={theta:?}, mrope_section=[{a}, {b}, {c}], style="interleaved")
+rotary = rope_utils.MRoPERotaryEmbedding(p["rotary_dim"], base=p["rope_theta"], mrope_section=p["mrope_section"], style="interleaved")
 q, k = rotary.apply_rotary(t["q"], t["k"], t["position_ids"], unsqueeze_dim=1)
 mx.eval(q, k)
-print("rotary_dim {rotary_dim}, mrope_section [{a}, {b}, {c}] (sum {sum}; rotary_dim / 2 = {half} frequencies)")
+print("rotary_dim", p["rotary_dim"], "mrope_section", p["mrope_section"], "(sum", sum(p["mrope_section"]), "; rotary_dim / 2 =", p["rotary_dim"] // 2, "frequencies)")
 print("q:", q.dtype, q.shape, "any NaN:", mx.any(mx.isnan(q)).item())
 print("k:", k.dtype, k.shape, "any NaN:", mx.any(mx.isnan(k)).item())
 "#,
-                kind = f.kind,
-                seen = f.seen(),
-                description = serde_json::to_string(&f.minimal).expect("json"),
-                rotary_dim = shape.rotary_dim,
-                theta = shape.rope_theta,
-                sum = a + b + c,
-                half = shape.rotary_dim / 2,
             );
+            sidecar(
+                dir,
+                i,
+                f,
+                json!({"rotary_dim": shape.rotary_dim, "rope_theta": shape.rope_theta, "mrope_section": [a, b, c]}),
+            )?;
             write_file(&dir.join(format!("{i}.py")), &script)
         }
     }
+}
+
+/// `repro/<i>.json`: what the reproducer reads as data (what the search
+/// saw, the minimal description, the call's parameters). Nothing taken
+/// from a report (a `--merge`d explore.json is anyone's file, and an MLX
+/// message may hold any text) is ever written into the script itself.
+fn sidecar(dir: &Path, i: usize, f: &Found, params: serde_json::Value) -> Result<(), String> {
+    let mut data = json!({
+        "kind": format!("{:?}", f.kind),
+        "seen": format!("{:?}: {}", f.kind, f.seen()),
+        "description": f.minimal,
+    });
+    if let (Some(d), serde_json::Value::Object(p)) = (data.as_object_mut(), params) {
+        d.extend(p);
+    }
+    write_file(
+        &dir.join(format!("{i}.json")),
+        &(serde_json::to_string_pretty(&data).expect("json") + "\n"),
+    )
 }
 
 pub use conformance_cases::explore::{kept_file, read_kept, Kept};
@@ -420,30 +477,44 @@ pub use conformance_cases::explore::{kept_file, read_kept, Kept};
 /// `mx.quantize` refusing it) is reported and reproduced, not kept: as a
 /// must-equal case it could only error.
 pub fn keep(fixtures: &Path, search: &Search, date: &str) -> Result<usize, String> {
-    let mut kept = read_kept(fixtures)?;
-    let mut added = 0;
-    for f in search
+    let new: Vec<Kept> = search
         .found
         .iter()
         .filter(|f| f.kind != super::Violation::Error)
-    {
-        if kept.iter().any(|k| k.description == f.minimal) {
-            continue;
-        }
-        kept.push(Kept {
+        .map(|f| Kept {
             description: f.minimal.clone(),
             backend: search.backend.clone(),
             date: date.to_owned(),
             seen: format!("{:?}: {}", f.kind, f.seen()),
-        });
-        added += 1;
-    }
+        })
+        .collect();
     if std::env::var("CI").is_ok_and(|v| v == "true" || v == "1") {
         return Err(
             "--keep: kept cases are never written under CI=true; keep them locally and commit"
                 .into(),
         );
     }
+    update_kept(fixtures, |kept| {
+        let mut added = 0;
+        for k in &new {
+            if !kept.iter().any(|old| old.description == k.description) {
+                kept.push(k.clone());
+                added += 1;
+            }
+        }
+        added
+    })
+}
+
+/// Reads the kept file, changes it with `change` and writes it back, all
+/// under an exclusive lock on its directory (`flock` on the directory
+/// itself): two `--keep` runs at once both keep their cases, in turn,
+/// instead of the second's write dropping the first's. Returns what
+/// `change` returned.
+pub fn update_kept(
+    fixtures: &Path,
+    change: impl FnOnce(&mut Vec<Kept>) -> usize,
+) -> Result<usize, String> {
     let path = kept_file(fixtures);
     let dir = path.parent().expect("has a parent");
     // Never through a link: `fixtures/explore` (or `fixtures/`) as a link
@@ -463,9 +534,100 @@ pub fn keep(fixtures: &Path, search: &Search, date: &str) -> Result<usize, Strin
         ));
     }
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", path.display()))?;
-    write_file(
+    let lock = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    if let Err(std::fs::TryLockError::WouldBlock) = lock.try_lock() {
+        errln!(
+            "note: waiting for another run that is keeping cases in {}",
+            dir.display()
+        );
+        lock.lock().map_err(|e| format!("{}: {e}", dir.display()))?;
+    }
+    let mut kept = read_kept(fixtures)?;
+    let n = change(&mut kept);
+    let written = write_kept(
         &path,
         &(serde_json::to_string_pretty(&kept).expect("json") + "\n"),
-    )?;
-    Ok(added)
+    );
+    drop(lock);
+    written.map(|()| n)
+}
+
+/// The kept file written atomically under a name no other writer uses.
+fn write_kept(path: &Path, text: &str) -> Result<(), String> {
+    let dir = path.parent().expect("has a parent");
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".kept.json.")
+        .tempfile_in(dir)
+        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    use std::io::Write as _;
+    tmp.write_all(text.as_bytes())
+        .and_then(|()| tmp.as_file().sync_all())
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut perms = tmp
+        .as_file()
+        .metadata()
+        .map_err(|e| e.to_string())?
+        .permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o644);
+    let _ = tmp.as_file().set_permissions(perms);
+    tmp.persist(path)
+        .map(|_| ())
+        .map_err(|e| format!("{}: {}", path.display(), e.error))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kept(seed: u64) -> Kept {
+        serde_json::from_value(serde_json::json!({
+            "description": {"family": "attention/sdpa", "shape": {"dtype": "bfloat16", "batch": 1,
+                "n_heads": 2, "n_kv_heads": 1, "head_dim": 64, "kv_len": 8, "m": 1,
+                "kv_view": "contiguous"}, "seed": seed},
+            "backend": "cpu", "date": "2026-12-03", "seen": "test"
+        }))
+        .unwrap()
+    }
+
+    /// Before the lock, writers that read kept.json at once wrote it back
+    /// each without the others' cases (issue 40, class 3: 2 rounds in 60
+    /// lost a case); now every writer's case is there.
+    #[test]
+    fn concurrent_keeps_lose_no_case() {
+        let root = tempfile::tempdir().unwrap();
+        let fixtures = root.path().join("fixtures");
+        let threads = 8;
+        let rounds = 6;
+        std::thread::scope(|s| {
+            for t in 0..threads {
+                let fixtures = &fixtures;
+                s.spawn(move || {
+                    for r in 0..rounds {
+                        let k = kept(t * 1000 + r);
+                        let n = update_kept(fixtures, |all| {
+                            all.push(k);
+                            1
+                        })
+                        .unwrap();
+                        assert_eq!(n, 1);
+                    }
+                });
+            }
+        });
+        let all = read_kept(&fixtures).unwrap();
+        assert_eq!(all.len() as u64, threads * rounds, "no kept case lost");
+        let leftovers: Vec<_> = std::fs::read_dir(fixtures.join("explore"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n != "kept.json")
+            .collect();
+        assert!(
+            leftovers.is_empty(),
+            "no temporary file left: {leftovers:?}"
+        );
+    }
 }

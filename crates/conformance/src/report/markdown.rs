@@ -36,6 +36,12 @@ pub fn render(report: &Report) -> String {
     if let Some(line) = super::human::deep_only_line(e) {
         let _ = writeln!(md, "> {line}\n");
     }
+    if let Some(hook) = &e.testing_hook {
+        let _ = writeln!(
+            md,
+            "> testing hook set: `{hook}` (port bits flipped on purpose; FAIL rows of its region are planted)\n"
+        );
+    }
     if e.perturb {
         let _ = writeln!(
             md,

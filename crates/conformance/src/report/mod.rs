@@ -72,6 +72,11 @@ pub struct Environment {
     /// `--candidate`: the command whose outputs stood for the port's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub candidate: Option<String>,
+    /// A testing hook found in the environment (`MLX_CONFORMANCE_PLANT=…`,
+    /// which flips port bits on purpose): named in every report, so a
+    /// leftover one never passes for a real FAIL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub testing_hook: Option<String>,
 }
 
 /// One case in the report.
@@ -681,6 +686,7 @@ pub(crate) mod tests {
             tier: crate::case::Tier::Default,
             deep_only_not_run: 0,
             candidate: None,
+            testing_hook: None,
         }
     }
 

@@ -213,6 +213,14 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions, hooks: &Hooks) ->
     });
     result.time_ms = start.elapsed().as_secs_f64() * 1e3;
     match outcome {
+        // The candidate's recorded reason first: a wrong kind of value
+        // leaves nothing to compare, and that reason is the row's, not
+        // "compared no output".
+        Ok(Ok(output)) if !output.substitute_errors.is_empty() => {
+            result.verdict = Verdict::Error;
+            result.message = Some(output.substitute_errors.join("; "));
+            result.error_kind = Some(ErrorKind::Substitute);
+        }
         // A must-equal case that compared nothing cannot fail: a harness
         // error, not a pass.
         Ok(Ok(output)) if case.expect == Expect::MustEqual && output.outputs.is_empty() => {
@@ -230,11 +238,6 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions, hooks: &Hooks) ->
                 output.duplicate_name().unwrap_or_default()
             ));
             result.error_kind = Some(ErrorKind::Harness);
-        }
-        Ok(Ok(output)) if !output.substitute_errors.is_empty() => {
-            result.verdict = Verdict::Error;
-            result.message = Some(output.substitute_errors.join("; "));
-            result.error_kind = Some(ErrorKind::Substitute);
         }
         Ok(Ok(output)) => {
             result.verdict = match case.expect {
@@ -267,8 +270,19 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions, hooks: &Hooks) ->
     }
     // Kept outputs, then the export (which keeps only verdicts).
     hooks.case_end(case, &mut result);
+    // A message goes into every report (and over the worker protocol):
+    // clipped, saying how much was dropped (a candidate's 100 MB message
+    // was copied into each report).
+    if let Some(m) = &mut result.message {
+        if m.len() > MAX_MESSAGE {
+            *m = crate::child::clip(m, MAX_MESSAGE);
+        }
+    }
     result
 }
+
+/// The longest row message kept (a long Python traceback fits).
+pub const MAX_MESSAGE: usize = 64 << 10;
 
 #[cfg(test)]
 mod selection_tests {

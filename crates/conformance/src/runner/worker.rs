@@ -32,7 +32,7 @@
 
 use std::collections::VecDeque;
 use std::ffi::OsString;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, Write};
 use std::os::fd::AsFd;
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -229,16 +229,17 @@ impl Worker {
         let stderr_tail = Arc::new(Mutex::new(VecDeque::new()));
         let tail = Arc::clone(&stderr_tail);
         // Passes the worker's stderr through, keeping its last lines.
+        // In bounded, lossily decoded lines (a worker's stderr carries the
+        // candidate's and Python's): never held whole, never closed early.
         let passthrough = std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
+            crate::child::for_each_line(stderr, |line| {
                 errln!("{line}");
                 let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
                 if tail.len() == STDERR_TAIL {
                     tail.pop_front();
                 }
-                tail.push_back(line);
-            }
+                tail.push_back(crate::child::clip(&line, 1000));
+            });
         });
         Ok(Worker {
             child,

@@ -60,4 +60,6 @@ pub struct Session {
     /// Whether stderr is a terminal: a progress bar then, else a line per
     /// case (human format).
     terminal: bool,
+    /// `--export DIR` claimed and locked until the manifest is written.
+    _export_claim: Option<conformance::outdir::Claim>,
 }

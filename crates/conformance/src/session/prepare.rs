@@ -34,6 +34,27 @@ impl Session {
                 .clone()
                 .unwrap_or_else(|| home.default_reports_dir()),
         );
+        // The export directory first (the reports may go inside it, as
+        // `cargo xtask export` puts them): claimed only when it is new, empty
+        // or an earlier export's (its marker), locked for the whole run, and
+        // only then emptied of the earlier export's files.
+        let export = cli.export.as_deref().map(absolute);
+        let export_claim = match &export {
+            None => None,
+            Some(dir) => {
+                let claim = conformance::outdir::claim(dir, conformance::outdir::Kind::Export)
+                    .map_err(|e| fail(format!("--export: {e}")))?;
+                conformance::export::clear(&claim).map_err(|e| fail(format!("--export: {e}")))?;
+                Some(claim)
+            }
+        };
+        // `--same-verdicts-as REPORT` is read now, not after the whole run:
+        // a missing file, a FIFO or a file that is no report.json ends the
+        // run before any case (and is read again, whole, at the end).
+        if let Some(path) = &cli.same_verdicts_as {
+            conformance::schema::ReportFile::read(path)
+                .map_err(|e| fail(format!("--same-verdicts-as: {e}")))?;
+        }
         // Before any case runs (a GPU run can take minutes): the reports must
         // be writable, and a declared set key must be usable as a name.
         report::check_writable(&out_dir).map_err(fail)?;
@@ -132,16 +153,10 @@ impl Session {
             snapshots_checked: cli.snapshots_checked(),
             poison: conformance::poison::enabled(),
             candidate: cli.candidate.clone(),
+            testing_hook: conformance::explore::plant::testing_hook(),
         };
-        let export = cli.export.as_deref().map(absolute);
-        if let Some(dir) = &export {
-            std::fs::create_dir_all(&dir).map_err(|e| {
-                fail(format!(
-                    "--export {}: {e}; choose a writable directory",
-                    dir.display()
-                ))
-            })?;
-            conformance::export::clear(dir).map_err(|e| fail(format!("--export: {e}")))?;
+        if let Some(hook) = &environment.testing_hook {
+            errln!("warning: {hook}: a testing hook that flips port bits on purpose is set; FAIL rows of its region are planted (every report names it). Unset it for a real run");
         }
         let config = crate::run_config(&cli, backend, registry, keep_outputs, export);
 
@@ -166,6 +181,7 @@ impl Session {
             options,
             config,
             terminal: std::io::stderr().is_terminal(),
+            _export_claim: export_claim,
         })
     }
 }

@@ -8,17 +8,40 @@ row, never the run.
     wrong-dtype  answers the reference's array as float32
     wrong-shape  answers the array without its last element
     unsupported  implements no op
+    long-name    implements no op, under a name of 1 MiB
     raises       raises on every call (the reference computes)
     stray-stdout prints to stdout before answering (not the protocol)
+    wrong-kind   answers an int where the reference returns an array
+    nan          answers an array of NaN bits (right dtype and shape)
+    noisy        writes a line that is not UTF-8 and 1 MiB with no newline
+                 to stderr, then raises with a 1 MiB message
+    orphans      starts a child in its group and a grandchild in a session
+                 of its own, then exits (their pids to $BAD_CANDIDATE_PIDS)
+    close-stdout closes its stdout and keeps running
+    busy         ignores SIGTERM, starts a detached grandchild and computes
+                 forever (its worker is killed at the case timeout)
+    kill-launcher kills its launcher (SIGKILL), starts a detached child,
+                 ignores SIGTERM and never answers
 """
 
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
 
 import mlx.core as mx
 
 MODE = sys.argv[1]
+
+
+def record_pids(*pids):
+    path = os.environ.get("BAD_CANDIDATE_PIDS")
+    if path:
+        with open(path, "a") as f:
+            for pid in pids:
+                f.write(f"{pid}\n")
 
 
 def say(message):
@@ -29,9 +52,41 @@ def say(message):
 for line in sys.stdin:
     request = json.loads(line)
     if request["type"] == "hello":
-        ops = {} if MODE == "unsupported" else {"rope2d_apply": 1}
-        say({"type": "hello", "protocol": 1, "name": f"bad-{MODE}", "ops": ops})
+        ops = {} if MODE in ("unsupported", "long-name") else {"rope2d_apply": 1}
+        name = "n" * (1 << 20) if MODE == "long-name" else f"bad-{MODE}"
+        say({"type": "hello", "protocol": 1, "name": name, "ops": ops})
         continue
+    if MODE == "orphans":
+        child = subprocess.Popen(["sleep", "300"])
+        detached = subprocess.Popen(["sleep", "301"], start_new_session=True)
+        record_pids(os.getpid(), child.pid, detached.pid)
+        sys.stderr.write("bad candidate: leaving children\n")
+        sys.stderr.flush()
+        os._exit(9)
+    if MODE == "close-stdout":
+        record_pids(os.getpid())
+        os.close(1)
+        time.sleep(3600)
+    if MODE == "kill-launcher":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        pid = os.getpid()
+        while pid > 1:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"--candidate-launcher" in f.read():
+                    os.kill(pid, signal.SIGKILL)
+                    break
+        detached = subprocess.Popen(["sleep", "303"], start_new_session=True)
+        record_pids(os.getpid(), detached.pid)
+        while True:
+            time.sleep(1)
+    if MODE == "busy":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        detached = subprocess.Popen(["sleep", "302"], start_new_session=True)
+        record_pids(os.getpid(), detached.pid)
+        while True:
+            time.sleep(1)
     if MODE == "crash":
         sys.stderr.write("bad candidate: crashing on purpose\n")
         sys.stderr.flush()
@@ -45,13 +100,25 @@ for line in sys.stdin:
     if MODE == "stray-stdout":
         print("loading weights...")
         sys.stdout.flush()
+    if MODE == "noisy":
+        sys.stderr.buffer.write(b"\xff\xfe not utf-8\n")
+        sys.stderr.buffer.write(b"x" * (1 << 20))
+        sys.stderr.flush()
+        say({"type": "error", "id": request["id"], "kind": "raised",
+             "message": "ValueError: noisy " + "y" * (1 << 20)})
+        continue
     if MODE == "raises":
         say({"type": "error", "id": request["id"], "kind": "raised",
              "message": "ValueError: this candidate refuses everything"})
         continue
+    if MODE == "wrong-kind":
+        say({"type": "result", "id": request["id"], "value": 3})
+        continue
     arrays = mx.load(request["inputs"])
     x = arrays["inputs"]
-    if MODE == "wrong-dtype":
+    if MODE == "nan":
+        y = mx.full(x.shape, float("nan"), x.dtype)
+    elif MODE == "wrong-dtype":
         y = x.astype(mx.float32)
     else:  # wrong-shape
         y = x.flatten()[:-1]

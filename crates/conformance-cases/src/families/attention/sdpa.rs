@@ -44,6 +44,10 @@ const REFERENCE: &str =
 /// `mlx_lm.models.cache.KVCache.step`.
 pub const CACHE_STEP: usize = 256;
 
+/// The most attention scores (B x H x M x L) a step may hold: 2^27 (the
+/// explorer draws at most 8 x 32 x 16 x 8193, about 2^25).
+pub const MAX_SCORES: usize = 1 << 27;
+
 /// How the port's keys and values reach SDPA.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -118,6 +122,19 @@ impl SdpaShape {
         .try_fold(self.batch, |a, d| a.checked_mul(d));
         if elements.is_none_or(|e| e > 1 << 30) {
             return Err("the step holds more than 2^30 elements".into());
+        }
+        // The attention scores (and the causal mask) are B x H x M x L:
+        // the largest tensor a step allocates, in the reference, the port
+        // and the float64 exact oracle. M = L = 65536 passed the bound
+        // above and crashed its worker (SIGFPE).
+        let scores = [self.n_heads, self.m, self.kv_len]
+            .into_iter()
+            .try_fold(self.batch, |a, d| a.checked_mul(d));
+        if scores.is_none_or(|e| e > MAX_SCORES) {
+            return Err(format!(
+                "the step's attention scores (B x H x M x L) hold more than 2^{} elements",
+                MAX_SCORES.trailing_zeros()
+            ));
         }
         Ok(())
     }
@@ -314,4 +331,36 @@ fn run(ctx: &Ctx, s: &SdpaShape) -> Result<CaseOutput, CaseError> {
     let mut out = CaseOutput::new("mlx.core.fast.scaled_dot_product_attention");
     out.compare("attn", &y, &reference);
     Ok(out)
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::*;
+
+    /// Issue 40 (open from round 3): a kept entry with M = L = 65536
+    /// passed the size check (which bounded the step's tensors, not the
+    /// M x L scores) and crashed its worker.
+    #[test]
+    fn the_scores_are_bounded_too() {
+        let shape = |batch, n_heads, m, kv_len| SdpaShape {
+            dtype: DType::Bfloat16,
+            batch,
+            n_heads,
+            n_kv_heads: 1,
+            head_dim: 64,
+            kv_len,
+            m,
+            kv_view: KvView::Contiguous,
+        };
+        let e = shape(1, 1, 65536, 65536).check().unwrap_err();
+        assert!(e.contains("scores"), "{e}");
+        // The explorer's largest draw still runs.
+        shape(8, 32, 16, 8193).check().unwrap();
+        // And every fixed case's description still builds.
+        for d in crate::families::fixed_descriptions() {
+            if let Err(e) = crate::families::build(&d) {
+                panic!("{}: {e}", d.name);
+            }
+        }
+    }
 }
