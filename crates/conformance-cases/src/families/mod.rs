@@ -83,6 +83,7 @@ families! {
         model::verify::VerifyCase,
         model::finding::BlockFinding,
         model::finding::PackagesFinding,
+        model::finding::BatchFinding,
     ],
 }
 

@@ -88,3 +88,23 @@ pub fn generate_lm(
     let mut r = Fields::of(F, value)?;
     Ok((r.tensor("prefill")?, r.tensor("decode")?, r.tensor("tokens")?))
 }
+
+/// `model_generate_batch`: B requests of equal length at once (`prompt`
+/// int32 `[B, P]`), `steps` greedy steps: `(prefill [B, P, V], decode [B,
+/// steps, V], tokens [B, steps + 1])`.
+pub fn generate_batch(
+    ctx: &Ctx,
+    directory: &Path,
+    prompt: &HostTensor,
+    steps: usize,
+) -> Result<(Expected, Expected, Expected), CaseError> {
+    const F: &str = "model_generate_batch";
+    let params = vec![
+        fixed("directory", directory.to_string_lossy().as_ref()),
+        tensor("prompt", prompt),
+        fixed("steps", steps),
+    ];
+    let value = ctx.call(F, params)?;
+    let mut r = Fields::of(F, value)?;
+    Ok((r.tensor("prefill")?, r.tensor("decode")?, r.tensor("tokens")?))
+}

@@ -352,3 +352,34 @@ def model_generate_lm(directory, prompt, steps, chunk):
             "decode": mx.stack(decode) if decode else mx.zeros((0, 1)),
             "tokens": mx.stack(tokens),
         }
+
+
+def model_generate_batch(directory, prompt, steps):
+    """Greedy generation of B requests of equal length at once with
+    mlx-vlm's own model and caches: `prompt` int32 [B, P] in one prefill
+    call, then `steps` single-token steps of all B rows (each row fed its
+    own argmax). Returns `prefill` [B, P, vocab], `decode` [B, steps,
+    vocab] and `tokens` int32 [B, steps + 1]."""
+    with _MODEL_LOCK:
+        model = _model_build(directory)
+        lm = model.language_model
+        cache = lm.make_cache()
+
+        def run(inputs):
+            logits = lm(inputs, cache=cache).logits
+            mx.eval(logits, [c.state for c in cache])
+            return logits
+
+        prefill = run(prompt)
+        token = mx.argmax(prefill[:, -1], axis=-1).astype(mx.int32)
+        tokens, decode = [token], []
+        for _ in range(steps):
+            logits = run(token.reshape(-1, 1))
+            decode.append(logits[:, -1])
+            token = mx.argmax(logits[:, -1], axis=-1).astype(mx.int32)
+            tokens.append(token)
+        return {
+            "prefill": prefill,
+            "decode": mx.stack(decode, axis=1) if decode else mx.zeros((prompt.shape[0], 0, 1)),
+            "tokens": mx.stack(tokens, axis=1),
+        }

@@ -318,3 +318,92 @@ fn run_packages(ctx: &Ctx, f: &PackagesFinding) -> Result<CaseOutput, CaseError>
         "greedy tokens equal": vlm.tokens.tensor().bytes == greedy.tensor().bytes,
     })))
 }
+
+/// Two requests of equal length in one batch (B = 2, one prefill call, then
+/// steps of both rows) against each request alone, with mlx-vlm's own model.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchFinding {
+    pub checkpoint: String,
+    pub prompt_len: usize,
+    pub steps: usize,
+}
+
+impl Params for BatchFinding {
+    const BUILDER: &'static str = "model-batch-finding";
+    fn build(self, name: String) -> Case {
+        Case::finding(name, super::FAMILY, super::REFERENCE, move |ctx| {
+            run_batch(ctx, &self)
+        })
+        .glue_composed(super::GLUE_PIECES)
+        .deep()
+    }
+}
+
+pub fn batch_descriptions() -> Vec<Described> {
+    super::CHECKPOINTS
+        .iter()
+        .map(|c| {
+            described(
+                format!("model/{c}/finding-batch-of-two-vs-alone/prefill16-decode8"),
+                &BatchFinding {
+                    checkpoint: (*c).into(),
+                    prompt_len: 16,
+                    steps: 8,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Row `b` of a `[B, ..]` tensor, as a tensor of the remaining shape.
+fn batch_row(t: &HostTensor, b: usize) -> Result<HostTensor, CaseError> {
+    let rows = t.shape.first().copied().unwrap_or(0);
+    if b >= rows || rows == 0 {
+        return Err(CaseError::Harness(format!("no batch row {b} in {:?}", t.shape)));
+    }
+    let per = t.bytes.len() / rows;
+    HostTensor::new(t.dtype, t.shape[1..].to_vec(), t.bytes[b * per..(b + 1) * per].to_vec())
+        .map_err(|e| CaseError::Harness(e.to_string()))
+}
+
+fn run_batch(ctx: &Ctx, f: &BatchFinding) -> Result<CaseOutput, CaseError> {
+    let dir = checkpoint_dir(&f.checkpoint)?;
+    let model = Model::load(&dir).map_err(port_err)?;
+    // Two seeded prompts: the halves of this case's 2P seeded tokens.
+    let first = prompt(ctx, 2 * f.prompt_len, model.config.vocab_size);
+    let (a, b) = first.split_at(f.prompt_len);
+    let both = HostTensor::new(
+        DType::Int32,
+        vec![2, f.prompt_len],
+        first.iter().flat_map(|t| t.to_le_bytes()).collect(),
+    )
+    .map_err(|e| CaseError::Harness(e.to_string()))?;
+    let (prefill, decode, tokens) = reference::model::generate_batch(ctx, &dir, &both, f.steps)?;
+    let mut rows = Vec::new();
+    let mut out = CaseOutput::new("one batch of two requests against each request alone");
+    for (i, request) in [a, b].into_iter().enumerate() {
+        let alone = reference::model::generate(ctx, &dir, &ids(request)?, f.steps, 0, -1)?;
+        let p = batch_row(prefill.tensor(), i)?;
+        let d = batch_row(decode.tensor(), i)?;
+        let t = batch_row(tokens.tensor(), i)?;
+        let (prefill_rows, prefill_ulp) = relation(&p, alone.prefill.tensor(), f.prompt_len)?;
+        let decode_rows = if d.bytes.len() == alone.decode.tensor().bytes.len() {
+            Some(relation(&d, alone.decode.tensor(), f.steps)?.0)
+        } else {
+            None
+        };
+        out.digest(&format!("request {i} in the batch, prefill"), &p);
+        out.digest(&format!("request {i} alone, prefill"), alone.prefill.tensor());
+        rows.push(json!({
+            "prompt positions whose logits differ": prefill_rows,
+            "max bf16 ulp (prefill)": prefill_ulp,
+            "decode steps whose logits differ": decode_rows,
+            "greedy tokens equal": t.bytes == alone.tokens.tensor().bytes,
+        }));
+    }
+    Ok(out.with_finding(json!({
+        "of": { "prompt positions": f.prompt_len, "decode steps": f.steps },
+        "requests": rows,
+    })))
+}

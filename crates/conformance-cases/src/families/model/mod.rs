@@ -106,6 +106,7 @@ pub fn descriptions() -> Vec<Described> {
     out.extend(finding::descriptions());
     out.extend(finding::block_descriptions());
     out.extend(finding::packages_descriptions());
+    out.extend(finding::batch_descriptions());
     out
 }
 
