@@ -307,11 +307,9 @@ impl Attention {
             self.k_proj.forward_rows(x)?,
             self.v_proj.forward_rows(x)?,
         ];
-        let gated = per_token(x.shape()[1], |t| {
-            let row = |a: &Array| slice_axis(a, 1, t, t + 1);
-            let one = [row(&projected[0])?, row(&projected[1])?, row(&projected[2])?];
-            let positions = row(position_ids)?;
-            self.attend(&one, cache, rope, &positions, &mut Trace::off(), "")
+        let [q, k, v] = &projected;
+        let gated = per_token([q, k, v, position_ids], |[q, k, v, positions]| {
+            self.attend(&[q, k, v], cache, rope, &positions, &mut Trace::off(), "")
         })?;
         self.o_proj.forward_rows(&gated)
     }
@@ -428,14 +426,8 @@ impl GatedDeltaNet {
             self.in_proj_b.forward_rows(x)?,
             self.in_proj_a.forward_rows(x)?,
         ];
-        let out = per_token(x.shape()[1], |t| {
-            let row = |a: &Array| slice_axis(a, 1, t, t + 1);
-            let one = [
-                row(&projected[0])?,
-                row(&projected[1])?,
-                row(&projected[2])?,
-                row(&projected[3])?,
-            ];
+        let [qkv, z, beta, alpha] = &projected;
+        let out = per_token([qkv, z, beta, alpha], |one| {
             self.mix(&one, cache, faults, &mut Trace::off(), "")
         })?;
         self.out_proj.forward_rows(&out)
@@ -552,11 +544,23 @@ pub struct DecoderLayer {
     pub ff: FeedForward,
 }
 
-/// `f` for each of `tokens` tokens in order, outputs concatenated on axis 1.
-fn per_token(
-    tokens: i32,
-    mut f: impl FnMut(i32) -> Result<Array, ModelError>,
+/// `f` for each token in order, given row `t` of each of `arrays` (`[B, T,
+/// ..]`, sliced on axis 1), outputs concatenated on axis 1.
+fn per_token<const N: usize>(
+    arrays: [&Array; N],
+    mut f: impl FnMut([Array; N]) -> Result<Array, ModelError>,
 ) -> Result<Array, ModelError> {
-    let outs = (0..tokens).map(&mut f).collect::<Result<Vec<_>, _>>()?;
+    let tokens = arrays.first().map_or(0, |a| a.shape()[1]);
+    let mut outs = Vec::with_capacity(tokens as usize);
+    for t in 0..tokens {
+        let mut rows = Vec::with_capacity(N);
+        for a in arrays {
+            rows.push(slice_axis(a, 1, t, t + 1)?);
+        }
+        let rows: [Array; N] = rows
+            .try_into()
+            .map_err(|_| ModelError::Input("per-token rows".into()))?;
+        outs.push(f(rows)?);
+    }
     Ok(mlx_rs::ops::concatenate(&outs, 1)?)
 }

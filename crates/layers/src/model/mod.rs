@@ -295,13 +295,7 @@ impl Model {
                 tokens.shape()
             )));
         }
-        if cache.len() != self.layers.len() {
-            return Err(ModelError::Input(format!(
-                "a cache of {} layers for a model of {}",
-                cache.len(),
-                self.layers.len()
-            )));
-        }
+        self.check_cache(cache)?;
         let (b, l) = (tokens.shape()[0], tokens.shape()[1]);
         let offset = self.offset(cache) as i32;
         let positions = arange::<_, i32>(offset, offset + l, None)?;
@@ -365,13 +359,7 @@ impl Model {
                 tokens.shape()
             )));
         }
-        if cache.len() != self.layers.len() {
-            return Err(ModelError::Input(format!(
-                "a cache of {} layers for a model of {}",
-                cache.len(),
-                self.layers.len()
-            )));
-        }
+        self.check_cache(cache)?;
         if self.faults.verify_as_block {
             return self.forward(tokens, cache, &mut Trace::off());
         }
@@ -401,6 +389,20 @@ impl Model {
             Some(head) => head.forward_rows(&out),
             None => self.embed_tokens.as_linear_rows(&out),
         }
+    }
+}
+
+impl Model {
+    /// One cache per layer, as [`Model::make_cache`] makes them.
+    fn check_cache(&self, cache: &[LayerCache]) -> Result<(), ModelError> {
+        if cache.len() != self.layers.len() {
+            return Err(ModelError::Input(format!(
+                "a cache of {} layers for a model of {}",
+                cache.len(),
+                self.layers.len()
+            )));
+        }
+        Ok(())
     }
 }
 
