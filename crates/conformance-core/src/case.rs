@@ -184,8 +184,11 @@ impl<'a> Ctx<'a> {
                 // arguments.
                 let sent = if self.perturb { &original } else { &kwargs };
                 match substitute.call(self.case, function, sent, value.as_ref().ok()) {
+                    Ok(crate::scope::Answer::RefusedByPolicy(m)) if value.is_ok() => {
+                        return Err(CaseError::Refused(format!("(op of `{function}`) {m}")));
+                    }
                     Ok(crate::scope::Answer::Raised(m)) if value.is_ok() => {
-                        return Err(CaseError::Port(format!(
+                        return Err(CaseError::SubstituteRaised(format!(
                             "the candidate raised where the reference computed (op of `{function}`): {m}"
                         )));
                     }

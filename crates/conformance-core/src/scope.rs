@@ -28,6 +28,10 @@ pub enum Answer {
     Computed,
     /// It raised, with its message.
     Raised(String),
+    /// It raised as a refusal it declared beforehand (its policy): the
+    /// policy and its message. Where the reference computed, the case is
+    /// a finding row, not an error.
+    RefusedByPolicy(String),
 }
 
 /// Why a substitute gave no answer.

@@ -336,7 +336,8 @@ fn a_candidate_raising_where_the_reference_computes_is_the_ports_error() {
         assert_eq!(verdict, "error");
         assert!(
             message.contains("the candidate raised where the reference computed")
-                && message.contains("refuses everything"),
+                && message.contains("refuses everything")
+                && !message.contains("port"),
             "{message}"
         );
     }
@@ -1010,4 +1011,36 @@ fn describe_and_list_give_each_cases_ops_and_ops_selects_what_a_candidate_serves
         "{}",
         text(&out)
     );
+}
+
+/// A refusal the candidate's hello declares (op and a condition its
+/// message contains) is a finding row where the reference computes,
+/// listed in report.md; a raise its policy does not cover stays an ERROR.
+#[test]
+fn a_declared_refusal_is_a_finding_row_and_an_undeclared_one_an_error() {
+    let (out, report, dir) = run_candidate(&bad("refuses-by-policy"), TWO, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let found = cases(&report);
+    assert_eq!(found.len(), listed(TWO));
+    for c in found {
+        assert_eq!(c["verdict"], "finding", "{c}");
+        assert_eq!(c["error_kind"], "policy", "{c}");
+        let m = c["message"].as_str().unwrap();
+        assert!(
+            m.contains("the candidate refuses by policy")
+                && m.contains("\"no 2-D RoPE on this engine\" on op `rope2d_apply`"),
+            "{m}"
+        );
+    }
+    let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+    let heading = format!("## Refused by the candidate's policy ({})", listed(TWO));
+    assert!(md.contains(&heading), "{md}");
+    let (rows, _, _) = rows("refuses-off-policy", &[]);
+    for (verdict, message) in &rows {
+        assert_eq!(verdict, "error", "{message}");
+        assert!(
+            message.contains("the candidate raised where the reference computed"),
+            "{message}"
+        );
+    }
 }

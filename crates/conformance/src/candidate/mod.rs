@@ -55,8 +55,14 @@ impl Candidate {
         }
     }
 
-    /// Sends glue function `glue`'s call to the candidate.
-    fn call(&self, case: &str, glue: &str, args: &[(&str, Arg)]) -> Result<Reply, CallError> {
+    /// Sends glue function `glue`'s call to the candidate; with a raise,
+    /// the refusal of its hello it matches, if any.
+    fn call(
+        &self,
+        case: &str,
+        glue: &str,
+        args: &[(&str, Arg)],
+    ) -> Result<(Reply, Option<String>), CallError> {
         let op = ops::by_glue(glue).ok_or_else(|| {
             CallError::Failed(format!(
                 "harness: reference call `{glue}` is in no op of the vocabulary (candidate/ops.rs)"
@@ -72,10 +78,14 @@ impl Candidate {
             return Err(CallError::Unsupported(lacking(client, case, why)));
         }
         let reply = client.call(case, op, args);
+        let policy = match &reply {
+            Ok(Reply::Raised(m)) => client.refusal(op.name, m).map(str::to_owned),
+            _ => None,
+        };
         if client.is_dead() {
             *slot = None;
         }
-        reply
+        reply.map(|r| (r, policy))
     }
 }
 
@@ -117,12 +127,18 @@ impl Substitute for Candidate {
         reference: Option<&Value>,
     ) -> Result<Answer, SubstituteError> {
         match Candidate::call(self, case, function, args) {
-            Ok(reply) => {
+            Ok((reply, policy)) => {
                 let op = ops::by_glue(function).map_or(function, |op| op.name);
                 tape::record(op, reference, &reply);
-                Ok(match reply {
-                    Reply::Raised(m) => Answer::Raised(m),
-                    Reply::Value(_) => Answer::Computed,
+                Ok(match (reply, policy) {
+                    // Where the reference computed: a declared refusal.
+                    (Reply::Raised(m), Some(policy)) if reference.is_some() => {
+                        Answer::RefusedByPolicy(format!(
+                            "declared refusal \"{policy}\" on op `{op}`: {m}"
+                        ))
+                    }
+                    (Reply::Raised(m), _) => Answer::Raised(m),
+                    (Reply::Value(_), _) => Answer::Computed,
                 })
             }
             Err(CallError::Unsupported(why)) => Err(SubstituteError::Unsupported(why)),

@@ -268,6 +268,27 @@ pub fn render(report: &Report) -> String {
             );
         }
     }
+    // Refusals the candidate declared in its hello (findings, not errors).
+    let refused: Vec<_> = report
+        .cases
+        .iter()
+        .filter(|r| r.result.error_kind == Some(crate::result::ErrorKind::Policy))
+        .collect();
+    if !refused.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Refused by the candidate's policy ({}): the candidate refuses by design where the reference computes\n",
+            refused.len()
+        );
+        for row in refused {
+            let _ = writeln!(
+                md,
+                "- `{}`: {}",
+                row.result.name,
+                row.result.message.as_deref().unwrap_or("")
+            );
+        }
+    }
     // Internal intermediates a candidate left out (docs/ops.md).
     let uncompared: Vec<_> = report
         .cases

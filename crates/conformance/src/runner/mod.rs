@@ -294,6 +294,12 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions, hooks: &Hooks) ->
             }
             result.output = Some(output);
         }
+        // A refusal the candidate declared: a finding row, listed.
+        Ok(Err(e @ crate::case::CaseError::Refused(_))) => {
+            result.verdict = Verdict::Finding;
+            result.message = Some(e.to_string());
+            result.error_kind = Some(e.kind());
+        }
         Ok(Err(e @ crate::case::CaseError::Unsupported(_))) => {
             result.verdict = Verdict::Skip;
             result.message = Some(e.to_string());
