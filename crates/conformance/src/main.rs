@@ -279,12 +279,17 @@ fn verify_export(dir: &std::path::Path, report: Option<&std::path::Path>) -> Exi
     match conformance::export::verify(dir, report) {
         Ok(v) => {
             outln!(
-                "export {}: {} cases, {} calls, {} outputs: every file and output matches its sha256{}",
+                "export {}: {} cases, {} calls, {} outputs: every file and output matches its sha256{}{}",
                 dir.display(),
                 v.cases,
                 v.calls,
                 v.outputs,
-                if report.is_some() { "; every must-equal case of the report is in it" } else { "" }
+                if report.is_some() { "; every must-equal case of the report is in it" } else { "" },
+                if v.doc_checked {
+                    "; every argument and compared output is in docs/ops.md"
+                } else {
+                    "; not checked against docs/ops.md (generated from a CPU export)"
+                }
             );
             ExitCode::SUCCESS
         }
