@@ -583,7 +583,9 @@ what cases compare there. A compared place is *observable* (the layer's result) 
 *internal* (an intermediate of the reference's implementation: a candidate may leave \
 it out, and the row then says it was not compared); a place marked *returned* is in \
 the reference's result but no case compares it (a candidate may leave it out). The \
-shape rule and meaning are written by hand.\n\n";
+shape rule and meaning are written by hand. A refusal case (where the reference \
+raises) compares only whether the call raised (its output `refused`), at no result \
+place.\n\n";
     s += "| op | version | reference |\n| --- | --- | --- |\n";
     for op in OPS {
         s += &format!(
