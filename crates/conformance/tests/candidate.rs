@@ -152,7 +152,8 @@ fn the_wrong_python_candidate_fails_with_the_first_differing_element() {
                 message.starts_with("output `")
                     && message.contains("(op `rope2d_apply`, result `value`)")
                     && message.contains("first at [")
-                    && message.contains(": candidate "),
+                    && message.contains(": candidate ")
+                    && message.contains("ulp at the output's scale)"),
                 "{c}"
             );
         } else {

@@ -206,7 +206,11 @@ fn fail_message(output: &crate::case::CaseOutput, hooks: &Hooks) -> Option<Strin
         .unwrap_or_default();
     let what = match &first.comparison {
         oracle::Comparison::Differs(d) => {
-            d.line("elements differ", &format!("{who} "), "vs reference")
+            let line = d.line("elements differ", &format!("{who} "), "vs reference");
+            match d.max_ulp_at_scale {
+                Some(u) => format!("{line} ({u:.3} ulp at the output's scale)"),
+                None => line,
+            }
         }
         other => format!("{who}'s {}", other.summary()),
     };
