@@ -633,7 +633,16 @@ place.\n\n";
                 if container && x.compared_as.is_empty() {
                     continue;
                 }
-                let compared = if x.compared_as.is_empty() {
+                // A place inside a compared list or dict is compared with it.
+                let within = sig
+                    .outputs
+                    .iter()
+                    .find(|(p, o)| !o.compared_as.is_empty() && path.starts_with(&format!("{p}/")));
+                let inside;
+                let compared = if let (true, Some((p, _))) = (x.compared_as.is_empty(), within) {
+                    inside = format!("within `{p}`");
+                    inside.as_str()
+                } else if x.compared_as.is_empty() {
                     "returned"
                 } else if op.internal().contains(&path.as_str()) {
                     "**internal**"
