@@ -101,30 +101,46 @@ pub fn export(root: &Path, args: &[OsString]) -> Result<i32> {
     Ok(code.max(run(root, &verify)?))
 }
 
-/// `cargo xtask ops-doc`: writes docs/ops.md from the op vocabulary (the
-/// runner's `--ops-doc` prints it; xtask links no MLX).
-pub fn ops_doc(root: &Path) -> Result<i32> {
+/// `cargo xtask ops-doc [--from DIR]`: docs/ops.json from an export's
+/// manifest (the runner's `--ops-signatures`), then docs/ops.md (the
+/// runner's `--ops-doc`, rebuilt with the new docs/ops.json compiled in;
+/// xtask links no MLX).
+pub fn ops_doc(root: &Path, from: Option<std::path::PathBuf>) -> Result<i32> {
     let (layout, _, _) = env::select_and_check(root, &[])?;
-    let output = layout
-        .cargo(root)
-        .args([
-            "run",
-            "-q",
-            "-p",
-            "conformance",
-            "--bin",
-            "conformance",
-            "--",
-            "--ops-doc",
-        ])
-        .stderr(std::process::Stdio::inherit())
-        .output()?;
-    if !output.status.success() {
-        bail!("the runner's --ops-doc failed ({})", output.status);
-    }
-    let path = root.join("docs/ops.md");
+    let from =
+        std::path::absolute(from.unwrap_or_else(|| root.join("target/conformance-vectors")))?;
+    let runner = |args: &[&std::ffi::OsStr]| -> Result<Vec<u8>> {
+        let output = layout
+            .cargo(root)
+            .args([
+                "run",
+                "-q",
+                "-p",
+                "conformance",
+                "--bin",
+                "conformance",
+                "--",
+            ])
+            .args(args)
+            .stderr(std::process::Stdio::inherit())
+            .output()?;
+        if !output.status.success() {
+            bail!("the runner's {:?} failed ({})", args, output.status);
+        }
+        Ok(output.stdout)
+    };
     std::fs::create_dir_all(root.join("docs"))?;
-    std::fs::write(&path, &output.stdout)?;
+    let json = runner(&["--ops-signatures".as_ref(), from.as_os_str()])?;
+    let path = root.join("docs/ops.json");
+    std::fs::write(&path, &json)?;
+    println!(
+        "wrote {} from {}",
+        path.display(),
+        from.join("manifest.json").display()
+    );
+    let md = runner(&["--ops-doc".as_ref()])?;
+    let path = root.join("docs/ops.md");
+    std::fs::write(&path, &md)?;
     println!("wrote {}", path.display());
     Ok(0)
 }

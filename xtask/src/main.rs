@@ -107,8 +107,14 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
-    /// Write docs/ops.md, the op vocabulary, from crates/conformance/src/candidate/ops.rs
-    OpsDoc,
+    /// Write docs/ops.json (what the cases send to each op and compare) from a whole
+    /// export (`--from DIR`, default target/conformance-vectors, which `cargo xtask
+    /// test` writes), then docs/ops.md from it and crates/conformance/src/candidate/ops.rs
+    OpsDoc {
+        /// The export to read (its manifest.json)
+        #[arg(long, value_name = "DIR")]
+        from: Option<std::path::PathBuf>,
+    },
     /// Write a self-contained runner directory (binary, CPython, reference packages,
     /// fixtures) for a Linux x86-64 machine without Rust, uv or network; `--archive`
     /// also writes it as <out>.tar.zst parts of at most 60 MiB
@@ -149,7 +155,7 @@ fn main() {
         Command::Conformance { args } => conformance::run(&root, &args),
         Command::Explore { args } => conformance::explore(&root, &args),
         Command::Export { args } => conformance::export(&root, &args),
-        Command::OpsDoc => conformance::ops_doc(&root),
+        Command::OpsDoc { from } => conformance::ops_doc(&root, from),
         Command::Fixtures { backend, action } => fixtures::run(&root, backend, &action),
         Command::Bundle(args) => bundle::run(&root, &args),
         Command::Gate(args) => gate::run(&root, &args),

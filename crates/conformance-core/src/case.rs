@@ -184,8 +184,11 @@ impl<'a> Ctx<'a> {
                 // arguments.
                 let sent = if self.perturb { &original } else { &kwargs };
                 match substitute.call(self.case, function, sent, value.as_ref().ok()) {
+                    Ok(crate::scope::Answer::RefusedByPolicy(m)) if value.is_ok() => {
+                        return Err(CaseError::Refused(format!("(op of `{function}`) {m}")));
+                    }
                     Ok(crate::scope::Answer::Raised(m)) if value.is_ok() => {
-                        return Err(CaseError::Port(format!(
+                        return Err(CaseError::SubstituteRaised(format!(
                             "the candidate raised where the reference computed (op of `{function}`): {m}"
                         )));
                     }
@@ -222,6 +225,12 @@ pub struct Expected {
     exact: Option<crate::exactness::ExactPair>,
     /// What stands for the port in a comparison with this output.
     port_side: PortSide,
+    /// The reference node it was read from ([`node_digest`] of the array
+    /// or value in a result; `None`: whether the last call raised). Kept
+    /// through [`Expected::map`], so a compared output is traced to the
+    /// place in its call's result it came from (an interceptor reads it
+    /// at the case's end).
+    origin: Option<String>,
 }
 
 /// What a comparison with an [`Expected`] takes as the port's side.
@@ -249,6 +258,7 @@ impl Expected {
     pub(crate) fn from_reference(t: HostTensor) -> Self {
         let port_side = port_side_of(|s| s.counterparts_of(&t));
         Self {
+            origin: Some(digest_of(&t)),
             tensor: t,
             exact: None,
             port_side,
@@ -281,6 +291,7 @@ impl Expected {
             tensor: t,
             exact: None,
             port_side,
+            origin: Some(node_digest(value)),
         })
     }
     /// A reference flag whose substitute counterpart is whether the
@@ -300,6 +311,7 @@ impl Expected {
             tensor: flag(raised),
             exact: None,
             port_side,
+            origin: None,
         }
     }
     /// Attaches the exact value this output stands for.
@@ -310,6 +322,11 @@ impl Expected {
     }
     pub fn tensor(&self) -> &HostTensor {
         &self.tensor
+    }
+    /// The [`node_digest`] of the reference node this output was read
+    /// from (`None`: the raised flag of a refusal case).
+    pub fn origin(&self) -> Option<&str> {
+        self.origin.as_deref()
     }
     pub fn exact(&self) -> Option<&crate::exactness::ExactPair> {
         self.exact.as_ref()
@@ -340,6 +357,7 @@ impl Expected {
             tensor: t,
             exact: None,
             port_side,
+            origin: self.origin.clone(),
         })
     }
     /// What stands for the port in a comparison with this output: `port`
@@ -411,12 +429,57 @@ pub struct CaseOutput {
     /// raised, its result lacked the place): the case is an ERROR.
     #[serde(skip)]
     pub substitute_errors: Vec<String>,
+    /// Each compared output's name and the reference node it was read
+    /// from ([`Expected::origin`]), in comparison order: where in which
+    /// call's result a compared output lives (for the interceptors).
+    #[serde(skip)]
+    pub origins: Vec<(String, Option<String>)>,
+    /// With a substitute: outputs not compared because the substitute
+    /// left out an internal intermediate (`Substitute::omitted_internal`):
+    /// `(output, where and why)`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_compared: Vec<(String, String)>,
 }
 
 /// Whether compared and digested tensors are kept for the case's end
 /// (an interceptor asked, see `Interceptor::keeps_tensors` in hooks.rs).
 fn keeping() -> bool {
     crate::scope::current(|hooks| hooks.keeps_tensors())
+}
+
+/// A content digest of any node of a reference result: an array's is
+/// [`digest_of`]; a scalar's, list's or dict's hashes its kind and
+/// content (a list's and dict's through their items' digests). A reader's
+/// output is traced back to its place by this digest.
+pub fn node_digest(v: &oracle::Value) -> String {
+    use oracle::Value;
+    let mut h = Sha256::new();
+    match v {
+        Value::Tensor(t) => return digest_of(t),
+        Value::Int(i) => h.update(format!("int:{i}")),
+        Value::Float(f) => h.update(format!("float:{}", f.to_bits())),
+        Value::Bool(b) => h.update(format!("bool:{b}")),
+        Value::Str(s) => {
+            h.update("str:");
+            h.update(s.as_bytes());
+        }
+        Value::None => h.update("none"),
+        Value::List(items) => {
+            h.update(format!("list:{}", items.len()));
+            for item in items {
+                h.update(node_digest(item));
+            }
+        }
+        Value::Dict(map) => {
+            h.update(format!("dict:{}", map.len()));
+            for (k, item) in map {
+                h.update(k.as_bytes());
+                h.update([0]);
+                h.update(node_digest(item));
+            }
+        }
+    }
+    format!("{:x}", h.finalize())
 }
 
 /// sha256 over a tensor's dtype name, shape (u64 LE) and bytes.
@@ -439,6 +502,17 @@ impl CaseOutput {
     }
     /// Compares one port output with the reference's and records its digest.
     pub fn compare(&mut self, name: &str, port: &HostTensor, expected: &Expected) {
+        self.origins
+            .push((name.to_owned(), expected.origin.clone()));
+        if let Some(place) = expected.origin.as_deref().and_then(|o| {
+            crate::scope::current(|h| h.substitute().and_then(|s| s.omitted_internal(o)))
+        }) {
+            self.not_compared.push((
+                name.to_owned(),
+                format!("{place}: internal, left out by the candidate"),
+            ));
+            return;
+        }
         let port = match expected.port_side(port) {
             Ok(t) => t,
             Err(why) => {

@@ -27,6 +27,9 @@ pub enum ErrorKind {
     Timeout,
     /// The process running the case crashed (a signal, an early exit).
     Crash,
+    /// A substitute refused where the reference computed, as a refusal it
+    /// declared (a finding row, not an error).
+    Policy,
 }
 
 /// A case that could not be evaluated (not a verdict), by who raised.
@@ -49,6 +52,14 @@ pub enum CaseError {
     /// A substitute crashed, hung, or broke its protocol.
     #[error("{0}")]
     Substitute(String),
+    /// A substitute raised where the reference computed (the port's kind
+    /// of error, said in the substitute's words: no "the port raised").
+    #[error("{0}")]
+    SubstituteRaised(String),
+    /// A substitute refused where the reference computed, as a refusal
+    /// it declared ([`crate::scope::Answer::RefusedByPolicy`]).
+    #[error("the candidate refuses by policy: {0}")]
+    Refused(String),
 }
 
 impl CaseError {
@@ -60,6 +71,8 @@ impl CaseError {
             CaseError::Harness(_) => ErrorKind::Harness,
             CaseError::Unsupported(_) => ErrorKind::Unsupported,
             CaseError::Substitute(_) => ErrorKind::Substitute,
+            CaseError::SubstituteRaised(_) => ErrorKind::Port,
+            CaseError::Refused(_) => ErrorKind::Policy,
         }
     }
     /// A port error, with what was being done.

@@ -28,6 +28,10 @@ pub enum Answer {
     Computed,
     /// It raised, with its message.
     Raised(String),
+    /// It raised as a refusal it declared beforehand (its policy): the
+    /// policy and its message. Where the reference computed, the case is
+    /// a finding row, not an error.
+    RefusedByPolicy(String),
 }
 
 /// Why a substitute gave no answer.
@@ -67,6 +71,18 @@ pub trait Substitute: Send + Sync {
     /// Whether the substitute raised on the case's last call (`None`: it
     /// was not called).
     fn last_raised(&self) -> Option<bool>;
+    /// Where the reference node of digest `origin`
+    /// ([`crate::case::node_digest`]) is in this case's results, for a
+    /// report row: `op `x`, result `y`` (`None`: unknown).
+    fn place_of(&self, _origin: &str) -> Option<String> {
+        None
+    }
+    /// Where reference node `origin` is, when it is only at places the
+    /// substitute may leave out (an op's internal intermediates) and left
+    /// out: such an output is not compared, and the row says so.
+    fn omitted_internal(&self, _origin: &str) -> Option<String> {
+        None
+    }
 }
 
 /// The hooks of the running case, as its context and outputs call them.

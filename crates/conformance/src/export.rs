@@ -51,7 +51,12 @@ impl crate::hooks::Interceptor for Recorder {
     fn case_end(&self, case: &crate::case::Case, result: &mut crate::result::CaseResult) {
         use crate::result::Verdict;
         let kept = matches!(result.verdict, Verdict::Pass | Verdict::Fail);
-        if let Err(e) = finish(&self.dir, &case.name, case.reference, kept) {
+        let origins = result
+            .output
+            .as_ref()
+            .map(|o| o.origins.clone())
+            .unwrap_or_default();
+        if let Err(e) = finish(&self.dir, &case.name, case.reference, kept, &origins) {
             result.verdict = Verdict::Error;
             result.message = Some(format!("harness error: --export: {e}"));
             result.error_kind = Some(crate::result::ErrorKind::Harness);
@@ -81,6 +86,10 @@ struct Call {
     glue: &'static str,
     args: wire::Encoded,
     outcome: Result<wire::Encoded, String>,
+    /// Every argument and result node's type, by manifest path.
+    types: std::collections::BTreeMap<String, String>,
+    /// Every result node: its path and [`crate::case::node_digest`].
+    nodes: Vec<(String, String)>,
 }
 
 thread_local! {
@@ -99,10 +108,21 @@ fn record(glue: &'static str, args: &[(&str, Arg)], result: Result<&Value, &orac
     CALLS.with(|c| {
         if let Some(calls) = c.borrow_mut().as_mut() {
             let args: Vec<(&str, Arg)> = args.iter().map(|(k, a)| (*k, portable(a))).collect();
+            let mut types = std::collections::BTreeMap::new();
+            crate::candidate::signatures::arg_types(&args, &mut types);
+            let mut nodes = Vec::new();
+            if let Ok(v) = result {
+                for (path, ty, digest) in crate::candidate::signatures::value_nodes(v) {
+                    types.insert(format!("outputs/{path}"), ty);
+                    nodes.push((path, digest));
+                }
+            }
             calls.push(Call {
                 glue,
                 args: wire::encode_args(&args),
                 outcome: result.map(wire::encode_value).map_err(raised_line),
+                types,
+                nodes,
             });
         }
     });
@@ -170,7 +190,15 @@ fn case_dir(case: &str) -> PathBuf {
 /// `keep` is false for a case that ended in ERROR or was skipped: its calls
 /// may be incomplete. A failed case's vectors are written: they are the
 /// reference's, whatever the port did.
-fn finish(root: &Path, case: &str, reference: &str, keep: bool) -> Result<(), String> {
+/// `origins` are the case's compared outputs and the reference node each
+/// was read from: each call's `compared` lists the places they match.
+fn finish(
+    root: &Path,
+    case: &str,
+    reference: &str,
+    keep: bool,
+    origins: &[(String, Option<String>)],
+) -> Result<(), String> {
     let Some(calls) = CALLS.with(|c| c.borrow_mut().take()) else {
         return Ok(());
     };
@@ -214,8 +242,21 @@ fn finish(root: &Path, case: &str, reference: &str, keep: bool) -> Result<(), St
         crate::kept::write_file(&root.join(&file), &tensors, None)?;
         let bytes =
             std::fs::read(root.join(&file)).map_err(|e| format!("{}: {e}", file.display()))?;
+        let mut compared: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+        for (path, digest) in &call.nodes {
+            for (name, _) in origins
+                .iter()
+                .filter(|(_, o)| o.as_deref() == Some(digest.as_str()))
+            {
+                let names = compared.entry(path.clone()).or_default();
+                if !names.contains(name) {
+                    names.push(name.clone());
+                }
+            }
+        }
         entries.push(ManifestCall {
             args: prefixed(&call.args.json, "inputs/"),
+            compared,
             file: file.to_string_lossy().replace('\\', "/"),
             file_sha256: sha256_hex(&bytes),
             glue: op.glue.to_owned(),
@@ -223,6 +264,7 @@ fn finish(root: &Path, case: &str, reference: &str, keep: bool) -> Result<(), St
             output_sha256,
             raised,
             result,
+            types: call.types,
             version: op.version,
         });
     }
@@ -319,6 +361,10 @@ pub struct Verified {
     pub cases: usize,
     pub calls: usize,
     pub outputs: usize,
+    /// Whether the calls were checked against docs/ops.json (a CPU
+    /// export's: the doc is generated from one; another backend runs
+    /// cases a CPU run skips).
+    pub doc_checked: bool,
 }
 
 /// Re-reads an export: every call's file has its `file_sha256`, holds
@@ -423,6 +469,44 @@ pub fn verify(root: &Path, report: Option<&Path>) -> Result<Verified, VerifyErro
                         "{name}: {file}: `outputs/{key}`'s bits are not the manifest's output_sha256"
                     )),
                     None => problems.push(format!("{name}: {file}: no array `outputs/{key}`")),
+                }
+            }
+        }
+    }
+    // What the cases sent and compared is what docs/ops.md lists (the doc
+    // is a CPU export's: another backend's export is not held to it).
+    done.doc_checked = manifest.environment["backend"] == "cpu";
+    if done.doc_checked {
+        if cases
+            .iter()
+            .flat_map(|c| &c.calls)
+            .any(|c| c.types.is_empty())
+        {
+            problems.push(
+                "calls without `types` (an older runner's export): export again to check them against docs/ops.md".into(),
+            );
+        }
+        let documented =
+            crate::candidate::signatures::documented().map_err(VerifyError::Unreadable)?;
+        problems.extend(crate::candidate::signatures::check(
+            &documented.ops,
+            &crate::candidate::signatures::from_manifest(&manifest),
+        ));
+        for case in cases {
+            let mut ops: Vec<String> = Vec::new();
+            for call in &case.calls {
+                if !ops.contains(&call.op) {
+                    ops.push(call.op.clone());
+                }
+            }
+            if let Some(doc) = documented.cases.get(&case.case) {
+                if *doc != ops {
+                    problems.push(format!(
+                        "{}: calls ops {} but docs/ops.md lists {} (run `cargo xtask ops-doc`)",
+                        case.case,
+                        ops.join(", "),
+                        doc.join(", ")
+                    ));
                 }
             }
         }

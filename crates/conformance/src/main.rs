@@ -49,6 +49,12 @@ struct Cli {
     /// Print the registered cases and exit.
     #[arg(long)]
     list: bool,
+    /// Select only the must-equal cases whose every op (docs/ops.md) is in
+    /// this comma-separated list: the cases a candidate serving these ops
+    /// can serve completely. `all` selects every must-equal case; with
+    /// `--list`, each case's ops are printed.
+    #[arg(long, value_name = "OPS")]
+    ops: Option<String>,
     /// Base seed for every case's inputs (each case adds its own offset).
     /// Snapshots pin seed 0; with another seed they are not checked.
     #[arg(long, default_value_t = 0)]
@@ -158,6 +164,10 @@ struct Cli {
     /// Print the op vocabulary (docs/ops.md, `cargo xtask ops-doc`) and exit.
     #[arg(long)]
     ops_doc: bool,
+    /// Print what an export's cases send to each op and compare of its
+    /// result (docs/ops.json, `cargo xtask ops-doc`) and exit.
+    #[arg(long, value_name = "DIR")]
+    ops_signatures: Option<PathBuf>,
     /// Where reports are written.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -205,6 +215,9 @@ fn main() -> ExitCode {
             out!("{}", conformance::candidate::ops::markdown());
             return Ok(ExitCode::SUCCESS);
         }
+        if let Some(dir) = &cli.ops_signatures {
+            return Ok(ops_signatures(dir));
+        }
         if let Some(dir) = &cli.verify_export {
             return Ok(verify_export(dir, cli.verify_against.as_deref()));
         }
@@ -218,17 +231,65 @@ fn main() -> ExitCode {
     steps().unwrap_or_else(|Exit(code)| code)
 }
 
+/// `--ops-signatures DIR`: the export's signatures as JSON on stdout.
+fn ops_signatures(dir: &std::path::Path) -> ExitCode {
+    let read = || -> Result<String, String> {
+        let path = dir.join("manifest.json");
+        let bytes = conformance::snapshots::store::read_limited(
+            &path,
+            conformance::export::MAX_MANIFEST_BYTES,
+        )
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("{}: no such file", path.display()))?;
+        let m: conformance::schema::Manifest = serde_json::from_slice(&bytes)
+            .map_err(|e| format!("{}: not an export manifest: {e}", path.display()))?;
+        if m.cases
+            .iter()
+            .flat_map(|c| &c.calls)
+            .any(|c| c.types.is_empty())
+        {
+            return Err(format!(
+                "{}: calls without `types` (an older runner's export): export again",
+                path.display()
+            ));
+        }
+        let families: std::collections::BTreeMap<String, &str> = conformance::families::all()
+            .into_iter()
+            .map(|c| (c.name, c.family))
+            .collect();
+        let sigs = conformance::candidate::signatures::documented_from(&m, |case| {
+            families.get(case).map(|f| (*f).to_owned())
+        });
+        serde_json::to_string_pretty(&sigs).map_err(|e| e.to_string())
+    };
+    match read() {
+        Ok(text) => {
+            outln!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(why) => {
+            errln!("--ops-signatures: {why}");
+            ExitCode::from(exit::ENVIRONMENT as u8)
+        }
+    }
+}
+
 /// `--verify-export DIR`: 0 when every digest matches, 1 with the list.
 fn verify_export(dir: &std::path::Path, report: Option<&std::path::Path>) -> ExitCode {
     match conformance::export::verify(dir, report) {
         Ok(v) => {
             outln!(
-                "export {}: {} cases, {} calls, {} outputs: every file and output matches its sha256{}",
+                "export {}: {} cases, {} calls, {} outputs: every file and output matches its sha256{}{}",
                 dir.display(),
                 v.cases,
                 v.calls,
                 v.outputs,
-                if report.is_some() { "; every must-equal case of the report is in it" } else { "" }
+                if report.is_some() { "; every must-equal case of the report is in it" } else { "" },
+                if v.doc_checked {
+                    "; every argument and compared output is in docs/ops.md"
+                } else {
+                    "; not checked against docs/ops.md (generated from a CPU export)"
+                }
             );
             ExitCode::SUCCESS
         }

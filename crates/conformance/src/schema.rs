@@ -146,6 +146,12 @@ pub struct ManifestCall {
     /// The call's safetensors file, relative to the export directory.
     pub file: String,
     pub file_sha256: String,
+    /// Which compared outputs of the case were read from which place of
+    /// the result: result path (as in `types`, without `outputs/`) ->
+    /// the case's output names. A place not here was returned but not
+    /// compared by this case.
+    #[serde(default)]
+    pub compared: BTreeMap<String, Vec<String>>,
     /// The glue function the reference call went through.
     pub glue: String,
     /// The op of the vocabulary (docs/ops.md).
@@ -156,6 +162,13 @@ pub struct ManifestCall {
     pub raised: Option<String>,
     /// The result tree (null where it raised).
     pub result: serde_json::Value,
+    /// Every node's type, by path: `inputs/<argument>[/<index>]` and
+    /// `outputs/<key>[/<key or index>]` (`outputs/value`: the whole
+    /// result): `array <dtype> [<shape>]`, `int`, `float`, `bool`, `str`,
+    /// `null`, `list`, `dict` (candidate::signatures; docs/ops.md is
+    /// generated from them).
+    #[serde(default)]
+    pub types: BTreeMap<String, String>,
     pub version: u32,
 }
 

@@ -659,6 +659,34 @@ fn gate_one(dir: &Path, result: &CaseResult, mode: Mode, provenance: &Provenance
         }
         Err(_) => (None, Previous::Invalid),
     };
+    // Outputs a candidate left out by permission (internal
+    // intermediates, docs/ops.md) are not compared: the recorded body is
+    // checked without them, so their absence is no drift.
+    let left_out: Vec<&str> = result
+        .output
+        .as_ref()
+        .map(|o| o.not_compared.iter().map(|(n, _)| n.as_str()).collect())
+        .unwrap_or_default();
+    let recorded = recorded.map(|mut r| {
+        for key in ["digests", "outputs", "exact_outside"] {
+            if let Some(m) = r.get_mut(key).and_then(Value::as_object_mut) {
+                for name in &left_out {
+                    m.remove(*name);
+                }
+            }
+        }
+        // A body pins `exact_outside` only when some output is outside.
+        if !left_out.is_empty()
+            && r.get("exact_outside")
+                .and_then(Value::as_object)
+                .is_some_and(|m| m.is_empty())
+        {
+            if let Some(o) = r.as_object_mut() {
+                o.remove("exact_outside");
+            }
+        }
+        r
+    });
     if recorded.as_ref() == Some(&now) {
         // Accept also brings an unchanged snapshot's recorded kernel
         // settings up to this run's (its bits are the same).

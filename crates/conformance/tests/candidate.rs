@@ -144,10 +144,26 @@ fn the_wrong_python_candidate_fails_with_the_first_differing_element() {
             assert_eq!(comparison["outcome"], "differs", "{c}");
             assert!(comparison["first_index"].is_array(), "{c}");
             assert!(all.contains("first diff"), "{all}");
+            // report.json's message names the output, the op and the
+            // place in its result, and the first differing element, and
+            // calls it the candidate's (before: no message).
+            let message = c["message"].as_str().unwrap_or_default();
+            assert!(
+                message.starts_with("output `")
+                    && message.contains("(op `rope2d_apply`, result `value`)")
+                    && message.contains("first at [")
+                    && message.contains(": candidate ")
+                    && message.contains("ulp at the output's scale)"),
+                "{c}"
+            );
         } else {
             assert_eq!(c["verdict"], "pass", "float32 agrees: {c}");
         }
     }
+    assert!(
+        !all.contains(" port "),
+        "a candidate run never says port: {all}"
+    );
 }
 
 /// The one row of each case in a bad candidate's run.
@@ -306,6 +322,11 @@ fn an_unsupported_op_is_a_skip_row_with_the_reason() {
             message.contains("does not implement op `rope2d_apply`"),
             "{message}"
         );
+        // Every op the case calls that the candidate lacks, in one row.
+        assert!(
+            message.contains("the case calls 1 op(s) it lacks: `rope2d_apply` v1"),
+            "{message}"
+        );
     }
 }
 
@@ -316,7 +337,8 @@ fn a_candidate_raising_where_the_reference_computes_is_the_ports_error() {
         assert_eq!(verdict, "error");
         assert!(
             message.contains("the candidate raised where the reference computed")
-                && message.contains("refuses everything"),
+                && message.contains("refuses everything")
+                && !message.contains("port"),
             "{message}"
         );
     }
@@ -851,6 +873,175 @@ fn same_verdicts_as_is_checked_before_any_case() {
             !text(&out).contains("passed"),
             "no case ran: {}",
             text(&out)
+        );
+    }
+}
+
+/// docs/ops.md is generated from what the cases send and compare
+/// (docs/ops.json, from a whole export): an export of the mRoPE prompt
+/// cases checks against it, its manifest says which result places each
+/// case compared (mRoPE's `rope_deltas`, `inv_freq` and
+/// `position_selector` too), and the check fails when a call returns and
+/// compares an output the doc does not list.
+#[test]
+fn the_ops_doc_lists_what_the_cases_send_and_compare() {
+    let filter = "position/mrope/qwen3.5/bf16/text-L24";
+    let dir = tempfile::tempdir().unwrap();
+    let out = conformance(&[
+        "--device",
+        "cpu",
+        "--filter",
+        filter,
+        "--export",
+        dir.path().to_str().unwrap(),
+        "--out",
+        dir.path().join("report").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let verify = || conformance(&["--verify-export", dir.path().to_str().unwrap()]);
+    let out = verify();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let path = dir.path().join("manifest.json");
+    let mut manifest: Json =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let call = &mut manifest["cases"][0]["calls"][0];
+    assert_eq!(call["op"], "mrope_prefill", "{call}");
+    for place in ["q", "k", "rope_deltas", "inv_freq", "position_selector"] {
+        assert!(
+            call["compared"][place].is_array(),
+            "{place}: {}",
+            call["compared"]
+        );
+    }
+    assert!(
+        call["types"]["inputs/q"]
+            .as_str()
+            .unwrap()
+            .starts_with("array "),
+        "{}",
+        call["types"]
+    );
+    // An output the doc does not list, returned and compared: the check fails.
+    call["types"]["outputs/undocumented"] = Json::from("array float32 [4]");
+    call["compared"]["undocumented"] = serde_json::json!(["extra"]);
+    std::fs::write(&path, serde_json::to_string_pretty(&manifest).unwrap()).unwrap();
+    let out = verify();
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(
+        text(&out).contains("op `mrope_prefill`: output `undocumented` is not in docs/ops.md"),
+        "{}",
+        text(&out)
+    );
+}
+
+/// A candidate may leave out a result place docs/ops.md marks internal
+/// (mrope_apply's `inv_freq`, `position_selector`, `path`): the case
+/// compares the observable ones, passes, and its row says what was not
+/// compared. (Before: ERROR "the candidate's `(the result)` has no key
+/// `inv_freq`".)
+#[test]
+fn a_candidate_may_omit_internal_outputs_and_the_row_says_so() {
+    let filter = "position/mrope/accepted";
+    let (out, report, _dir) = run_candidate(&python_candidate("--observable-only"), filter, &[]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    let rows = cases(&report);
+    assert_eq!(rows.len(), listed(filter), "{all}");
+    let mut passed = 0;
+    for c in rows {
+        if c["verdict"] != "pass" {
+            continue;
+        }
+        passed += 1;
+        let outputs: Vec<&str> = c["output"]["outputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["name"].as_str().unwrap())
+            .collect();
+        assert!(outputs.contains(&"q") && outputs.contains(&"k"), "{c}");
+        let skipped = c["output"]["not_compared"].to_string();
+        for place in ["inv_freq", "position_selector"] {
+            assert!(skipped.contains(place), "{place}: {c}");
+        }
+    }
+    assert!(passed >= 4, "{passed} passed: {all}");
+}
+
+/// Each case's ops: `--describe` lines carry them (and `--cases` reads the
+/// lines back), `--list --ops all` prints them, and `--ops LIST` selects
+/// the must-equal cases whose every op is in the list.
+#[test]
+fn describe_and_list_give_each_cases_ops_and_ops_selects_what_a_candidate_serves() {
+    let out = conformance(&["--describe", "--filter", TWO]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let lines = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!lines.trim().is_empty());
+    for line in lines.lines() {
+        let d: Json = serde_json::from_str(line).unwrap();
+        assert_eq!(d["ops"], serde_json::json!(["rope2d_apply"]), "{line}");
+    }
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &lines).unwrap();
+    let back = conformance(&["--cases", file.path().to_str().unwrap(), "--list"]);
+    assert_eq!(back.status.code(), Some(0), "{}", text(&back));
+    let out = conformance(&["--list", "--ops", "all", "--filter", "position/"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let listed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(listed.lines().all(|l| l.contains(" ops: ")), "{listed}");
+    assert!(listed.contains(" ops: mrope_prefill"), "{listed}");
+    let out = conformance(&["--list", "--ops", "rope2d_apply,mrope_apply"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let served = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        served.contains("position/rope2d/") && served.contains("position/mrope/accepted/"),
+        "{served}"
+    );
+    for l in served.lines() {
+        let ops = l.split(" ops: ").nth(1).unwrap_or("");
+        assert!(
+            ops.split(',')
+                .all(|op| op == "rope2d_apply" || op == "mrope_apply"),
+            "{l}"
+        );
+    }
+    let out = conformance(&["--list", "--ops", "no_such_op"]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(
+        text(&out).contains("`no_such_op` is no op"),
+        "{}",
+        text(&out)
+    );
+}
+
+/// A refusal the candidate's hello declares (op and a condition its
+/// message contains) is a finding row where the reference computes,
+/// listed in report.md; a raise its policy does not cover stays an ERROR.
+#[test]
+fn a_declared_refusal_is_a_finding_row_and_an_undeclared_one_an_error() {
+    let (out, report, dir) = run_candidate(&bad("refuses-by-policy"), TWO, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let found = cases(&report);
+    assert_eq!(found.len(), listed(TWO));
+    for c in found {
+        assert_eq!(c["verdict"], "finding", "{c}");
+        assert_eq!(c["error_kind"], "policy", "{c}");
+        let m = c["message"].as_str().unwrap();
+        assert!(
+            m.contains("the candidate refuses by policy")
+                && m.contains("\"no 2-D RoPE on this engine\" on op `rope2d_apply`"),
+            "{m}"
+        );
+    }
+    let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+    let heading = format!("## Refused by the candidate's policy ({})", listed(TWO));
+    assert!(md.contains(&heading), "{md}");
+    let (rows, _, _) = rows("refuses-off-policy", &[]);
+    for (verdict, message) in &rows {
+        assert_eq!(verdict, "error", "{message}");
+        assert!(
+            message.contains("the candidate raised where the reference computed"),
+            "{message}"
         );
     }
 }

@@ -77,6 +77,13 @@ pub struct Difference {
     /// Largest distance in units in the last place over all differing
     /// elements (for integers: the largest absolute difference).
     pub max_ulp: u64,
+    /// Float outputs: the largest difference over all differing finite
+    /// elements in units in the last place *at the output's scale* (the
+    /// spacing of the dtype at the reference's largest magnitude), so a
+    /// one-ulp difference near zero does not read as thousands of ulp.
+    /// `None` for integers, an all-zero or non-finite reference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_ulp_at_scale: Option<f64>,
 }
 
 /// The outcome of comparing an implementation output with the reference.
@@ -162,6 +169,7 @@ pub fn compare(actual: &HostTensor, expected: &HostTensor) -> Comparison {
         }
     }
     let i = first.expect("byte buffers differ, so some element differs");
+    let max_ulp_at_scale = ulp_at_scale(actual, expected);
     let element = |t: &HostTensor| ElementValue {
         value: t.value(i),
         bits: format!("0x{:0width$x}", t.bits(i), width = dtype.size() * 2),
@@ -173,7 +181,34 @@ pub fn compare(actual: &HostTensor, expected: &HostTensor) -> Comparison {
         actual: element(actual),
         expected: element(expected),
         max_ulp,
+        max_ulp_at_scale,
     })
+}
+
+/// [`Difference::max_ulp_at_scale`]: the largest |actual − expected| over
+/// finite differing elements, in the dtype's spacing at the reference's
+/// largest finite magnitude.
+fn ulp_at_scale(actual: &HostTensor, expected: &HostTensor) -> Option<f64> {
+    let mantissa = match actual.dtype {
+        DType::Bfloat16 => 7,
+        DType::Float16 => 10,
+        DType::Float32 => 23,
+        _ => return None,
+    };
+    let scale = (0..expected.len())
+        .map(|i| expected.value(i).abs())
+        .filter(|v| v.is_finite())
+        .fold(0.0_f64, f64::max);
+    if scale == 0.0 {
+        return None;
+    }
+    let spacing = 2f64.powi(scale.log2().floor() as i32 - mantissa);
+    (0..actual.len())
+        .filter(|&i| actual.bits(i) != expected.bits(i))
+        .map(|i| (actual.value(i) - expected.value(i)).abs())
+        .filter(|d| d.is_finite())
+        .fold(None, |m: Option<f64>, d| Some(m.map_or(d, |m| m.max(d))))
+        .map(|d| d / spacing)
 }
 
 /// Row-major flat index to a multi-dimensional index.
@@ -224,6 +259,34 @@ mod tests {
             .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
             .collect();
         HostTensor::new(DType::Bfloat16, shape.to_vec(), bytes).unwrap()
+    }
+
+    /// Issue 42: a one-ulp difference near zero is thousands of ulp of
+    /// its own value but well under one ulp at the output's scale.
+    #[test]
+    fn the_ulp_at_the_outputs_scale_is_reported_beside_the_ulp() {
+        let tiny = half::bf16::from_bits(half::bf16::from_f32(1e-3).to_bits() + 1).to_f32();
+        let a = bf16(&[1e-3, 64.0], &[2]);
+        let b = bf16(&[tiny, 64.0], &[2]);
+        let Comparison::Differs(d) = compare(&a, &b) else {
+            panic!()
+        };
+        assert_eq!(d.max_ulp, 1);
+        let at_scale = d.max_ulp_at_scale.unwrap();
+        assert!(at_scale > 0.0 && at_scale < 0.01, "{at_scale}");
+        let a = bf16(&[0.0, 128.0], &[2]);
+        let b = bf16(&[-0.0, 64.0], &[2]);
+        let Comparison::Differs(d) = compare(&a, &b) else {
+            panic!()
+        };
+        // 64 apart at scale 64 (spacing 0.5): 128 ulp at scale.
+        assert_eq!(d.max_ulp_at_scale, Some(128.0));
+        let ints = HostTensor::new(DType::Int32, vec![1], 1i32.to_le_bytes().to_vec()).unwrap();
+        let other = HostTensor::new(DType::Int32, vec![1], 2i32.to_le_bytes().to_vec()).unwrap();
+        let Comparison::Differs(d) = compare(&ints, &other) else {
+            panic!()
+        };
+        assert_eq!(d.max_ulp_at_scale, None);
     }
 
     /// Issue 40, class 14: a NaN first difference serialised as `null`,

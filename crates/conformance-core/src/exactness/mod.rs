@@ -412,20 +412,29 @@ impl ExactCheck {
     }
     /// One line for a report row: the class, the worst ratio and element.
     pub fn line(&self, output: &str) -> String {
+        self.line_as(output, "port")
+    }
+    /// [`ExactCheck::line`], the checked side called `side` (the word
+    /// for what stood for the port in this run).
+    pub fn line_as(&self, output: &str, side: &str) -> String {
         let (who, s) = match self.class {
-            ExactClass::PortOutside => ("port", &self.port),
+            ExactClass::PortOutside => (side, &self.port),
             _ => ("reference", &self.reference),
         };
         let tail = match self.class {
             ExactClass::Within => String::new(),
             ExactClass::ReferenceOutside if self.bit_equal => {
-                " (the port is bit-equal to it: the same fact)".into()
+                format!(" (the {side} is bit-equal to it: the same fact)")
             }
             ExactClass::ReferenceOutside => format!(
-                " (port: {} of {} outside)",
+                " ({side}: {} of {} outside)",
                 self.port.outside, self.port.total
             ),
-            ExactClass::PortOutside => " (a port bug: its FAIL shows it too)".into(),
+            ExactClass::PortOutside => format!(" (a {side} bug: its FAIL shows it too)"),
+        };
+        let word = match self.class {
+            ExactClass::PortOutside => format!("{side} outside bound"),
+            c => c.word().to_owned(),
         };
         // A NaN definition (a NaN input) is met by NaN only.
         let nan = if s.worst_exact.is_nan() {
@@ -438,7 +447,7 @@ impl ExactCheck {
         if let Some(n) = s.computed_len {
             return format!(
                 "{output}: {} [{} model {}]: {who} has {n} elements where the definition has {}: no element compared{tail}",
-                self.class.word(),
+                word,
                 self.op,
                 self.model,
                 s.total,
@@ -446,7 +455,7 @@ impl ExactCheck {
         }
         format!(
             "{output}: {} [{} model {}]: {who} {} of {} outside, worst at flat index [{}] = {} vs exact {} (bound {:.3e}, {:.3}x){nan}{tail}",
-            self.class.word(),
+            word,
             self.op,
             self.model,
             s.outside,

@@ -69,6 +69,9 @@ pub struct Client {
     ops: BTreeMap<String, u64>,
     /// The name it gave in its hello.
     pub name: String,
+    /// The refusals its hello declared: `(op, condition)`, a raise on
+    /// that op whose message contains the condition is one of them.
+    refusals: Vec<(String, String)>,
     timeout: Duration,
     /// Killed and reaped: its pid may belong to another process now.
     dead: bool,
@@ -116,6 +119,7 @@ impl Client {
             next_id: 0,
             ops: BTreeMap::new(),
             name: String::new(),
+            refusals: Vec::new(),
             timeout: config.timeout,
             dead: false,
         };
@@ -153,6 +157,33 @@ impl Client {
             };
             client.ops.insert(name.clone(), v);
         }
+        // Optional: refusals by design, `[{"op": ..., "condition": ...}]`.
+        match answer.get("refusals") {
+            None | Some(Json::Null) => {}
+            Some(Json::Array(items)) => {
+                for item in items {
+                    let op = item.get("op").and_then(Json::as_str);
+                    let condition = item.get("condition").and_then(Json::as_str);
+                    match (op, condition) {
+                        (Some(op), Some(c)) if super::ops::by_name(op).is_some() && !c.is_empty() => {
+                            client.refusals.push((op.to_owned(), clip(c)));
+                        }
+                        _ => {
+                            return Err(client.fail(&format!(
+                                "hello: each of `refusals` is {{\"op\": <an op of docs/ops.md>, \"condition\": <non-empty text its message contains>}}, not {}",
+                                clip(&item.to_string())
+                            )))
+                        }
+                    }
+                }
+            }
+            Some(other) => {
+                return Err(client.fail(&format!(
+                    "hello: `refusals` must be a list, not {}",
+                    clip(&other.to_string())
+                )))
+            }
+        }
         // Clipped: the name goes into messages, and so into reports.
         client.name = clip(
             answer
@@ -161,6 +192,15 @@ impl Client {
                 .unwrap_or("candidate"),
         );
         Ok(client)
+    }
+
+    /// The refusal its hello declared that a raise on `op` with `message`
+    /// is (the first whose condition the message contains).
+    pub fn refusal(&self, op: &str, message: &str) -> Option<&str> {
+        self.refusals
+            .iter()
+            .find(|(o, c)| o == op && message.contains(c.as_str()))
+            .map(|(_, c)| c.as_str())
     }
 
     /// Whether the candidate said it implements `op` at its version.

@@ -21,6 +21,7 @@ pub mod client;
 #[cfg(target_os = "linux")]
 pub mod launcher;
 pub mod ops;
+pub mod signatures;
 pub mod tape;
 pub mod wire;
 
@@ -54,8 +55,14 @@ impl Candidate {
         }
     }
 
-    /// Sends glue function `glue`'s call to the candidate.
-    fn call(&self, case: &str, glue: &str, args: &[(&str, Arg)]) -> Result<Reply, CallError> {
+    /// Sends glue function `glue`'s call to the candidate; with a raise,
+    /// the refusal of its hello it matches, if any.
+    fn call(
+        &self,
+        case: &str,
+        glue: &str,
+        args: &[(&str, Arg)],
+    ) -> Result<(Reply, Option<String>), CallError> {
         let op = ops::by_glue(glue).ok_or_else(|| {
             CallError::Failed(format!(
                 "harness: reference call `{glue}` is in no op of the vocabulary (candidate/ops.rs)"
@@ -67,12 +74,42 @@ impl Candidate {
             *slot = Some(client::Client::start(&self.config).map_err(CallError::Failed)?);
         }
         let client = slot.as_mut().expect("started above");
+        if let Err(why) = client.supports(op) {
+            return Err(CallError::Unsupported(lacking(client, case, why)));
+        }
         let reply = client.call(case, op, args);
+        let policy = match &reply {
+            Ok(Reply::Raised(m)) => client.refusal(op.name, m).map(str::to_owned),
+            _ => None,
+        };
         if client.is_dead() {
             *slot = None;
         }
-        reply
+        reply.map(|r| (r, policy))
     }
+}
+
+/// Why a case is skipped when the candidate lacks op `why` names: with
+/// every op of the case (docs/ops.json) it lacks, so one skip row says
+/// all it would have to serve.
+fn lacking(client: &client::Client, case: &str, why: String) -> String {
+    let Some(ops) = signatures::documented()
+        .ok()
+        .and_then(|d| d.cases.get(case).cloned())
+    else {
+        return why;
+    };
+    let missing: Vec<String> = ops
+        .iter()
+        .filter_map(|name| ops::by_name(name))
+        .filter(|op| op.sent() && client.supports(op).is_err())
+        .map(|op| format!("`{}` v{}", op.name, op.version))
+        .collect();
+    format!(
+        "{why}; the case calls {} op(s) it lacks: {}",
+        missing.len(),
+        missing.join(", ")
+    )
 }
 
 impl Substitute for Candidate {
@@ -90,11 +127,18 @@ impl Substitute for Candidate {
         reference: Option<&Value>,
     ) -> Result<Answer, SubstituteError> {
         match Candidate::call(self, case, function, args) {
-            Ok(reply) => {
-                tape::record(reference, &reply);
-                Ok(match reply {
-                    Reply::Raised(m) => Answer::Raised(m),
-                    Reply::Value(_) => Answer::Computed,
+            Ok((reply, policy)) => {
+                let op = ops::by_glue(function).map_or(function, |op| op.name);
+                tape::record(op, reference, &reply);
+                Ok(match (reply, policy) {
+                    // Where the reference computed: a declared refusal.
+                    (Reply::Raised(m), Some(policy)) if reference.is_some() => {
+                        Answer::RefusedByPolicy(format!(
+                            "declared refusal \"{policy}\" on op `{op}`: {m}"
+                        ))
+                    }
+                    (Reply::Raised(m), _) => Answer::Raised(m),
+                    (Reply::Value(_), _) => Answer::Computed,
                 })
             }
             Err(CallError::Unsupported(why)) => Err(SubstituteError::Unsupported(why)),
@@ -109,6 +153,12 @@ impl Substitute for Candidate {
     }
     fn last_raised(&self) -> Option<bool> {
         tape::last_raised()
+    }
+    fn place_of(&self, origin: &str) -> Option<String> {
+        tape::place_of(origin)
+    }
+    fn omitted_internal(&self, origin: &str) -> Option<String> {
+        tape::omitted_internal(origin)
     }
 }
 

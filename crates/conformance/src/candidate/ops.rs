@@ -82,7 +82,7 @@ const SECTION: Input = i(
 );
 const PATH: Input = i(
     "path",
-    "str: the reference path the case expects (`pure-mlx` or `metal-kernel`); informational",
+    "str: the reference path the case expects, in mlx-vlm's own names (`pure-mlx` or `metal-kernel`); informational, specific to that implementation",
 );
 const CONFIG: Input = i("config_text", "str: a `config.json`'s text");
 const Q: Input = i("q", "array float [B, Hq, L, head_dim]");
@@ -91,8 +91,14 @@ const IDS: Input = i(
     "input_ids",
     "array int [B, L]: token ids (image/video pad tokens mark vision spans)",
 );
-const IMAGE_GRID: Input = i("image_grid_thw", "array int [n, 3] or None");
-const VIDEO_GRID: Input = i("video_grid_thw", "array int [n, 3] or None");
+const IMAGE_GRID: Input = i(
+    "image_grid_thw",
+    "a JSON list of n `[t, h, w]` int lists, or None",
+);
+const VIDEO_GRID: Input = i(
+    "video_grid_thw",
+    "a JSON list of n `[t, h, w]` int lists, or None",
+);
 const QW: &str = "array uint32: packed affine codes";
 const QS: &str = "array float: scales";
 const QB: &str = "array float: biases";
@@ -306,7 +312,7 @@ pub const OPS: &[Op] = &[
         glue: "config_gemma4_vision",
         reference: "mlx_vlm.models.gemma4 VisionConfig.from_dict (mlx-vlm 0.7.6)",
         inputs: &[CONFIG],
-        outputs: "dict: `fields` int64, `rope_theta` float, and the rest the vision attention reads",
+        outputs: "dict: `fields` int64 (the integer fields the vision attention reads), `floats` (a JSON list of its float fields, `rope_theta` among them)",
     },
     Op {
         name: "gemma4_config_rope2d",
@@ -420,7 +426,7 @@ pub const OPS: &[Op] = &[
         glue: "position_rope_index",
         reference: "mlx_vlm.models.qwen3_5.language.LanguageModel.get_rope_index (mlx-vlm 0.7.6)",
         inputs: &[i("attention_mask", "array int [B, L]"), IDS, IMAGE_GRID, VIDEO_GRID],
-        outputs: "dict: `position_ids` [3, B, L], `rope_deltas` [B, 1]",
+        outputs: "dict: `position_ids` [3, B, L], or [B, L] for a text-only prompt (int32; int64 for a left-padded batch), `rope_deltas` [B, 1]",
     },
     Op {
         name: "rope_decode_positions",
@@ -482,7 +488,7 @@ pub const OPS: &[Op] = &[
         glue: "position_mrope_decode",
         reference: "mlx_vlm.models.qwen3_5 get_rope_index, LanguageModel.__call__'s decode positions and MRoPERotaryEmbedding.apply_rotary (mlx-vlm 0.7.6)",
         inputs: &[Q, K, IDS, IMAGE_GRID, VIDEO_GRID, i("cache_offset", "int"), HEAD_DIM, PRF, THETA, SECTION, PATH],
-        outputs: "dict: `q`, `k`, `position_ids`, `path`",
+        outputs: "dict: `q`, `k`, `position_ids` (the prompt's), `decode_position_ids` (the step's), `rope_deltas`, `inv_freq`, `position_selector`, `path` (mlx-vlm's path name)",
     },
     Op {
         name: "mrope_prefill",
@@ -490,7 +496,7 @@ pub const OPS: &[Op] = &[
         glue: "position_mrope_prompt",
         reference: "mlx_vlm.models.qwen3_5 get_rope_index then MRoPERotaryEmbedding.apply_rotary (mlx-vlm 0.7.6)",
         inputs: &[Q, K, IDS, IMAGE_GRID, VIDEO_GRID, HEAD_DIM, PRF, THETA, SECTION, PATH],
-        outputs: "dict: `q`, `k`, `position_ids`, `path`",
+        outputs: "dict: `q`, `k`, `position_ids`, `rope_deltas`, `inv_freq`, `position_selector`, `path` (mlx-vlm's path name)",
     },
     Op {
         name: "mrope_text_vs_rope",
@@ -525,18 +531,62 @@ pub fn by_name(name: &str) -> Option<&'static Op> {
     OPS.iter().find(|op| op.name == name)
 }
 
+/// Compared result places that are intermediates of the reference's
+/// implementation, not the layer's result (by op; paths as in
+/// docs/ops.json): a candidate may leave them out (the case then compares
+/// the rest and its row says what it did not compare). mRoPE's `path`
+/// (mlx-vlm's own names of its code paths) is returned, never compared.
+pub const INTERNAL: &[(&str, &[&str])] = &[
+    ("mrope_apply", &["inv_freq", "position_selector"]),
+    ("mrope_prefill", &["inv_freq", "position_selector"]),
+    ("mrope_decode_step", &["inv_freq", "position_selector"]),
+];
+
+impl Op {
+    /// The result places of this op that are internal ([`INTERNAL`]).
+    pub fn internal(&self) -> &'static [&'static str] {
+        INTERNAL
+            .iter()
+            .find(|(name, _)| *name == self.name)
+            .map_or(&[], |(_, paths)| paths)
+    }
+}
+
+fn cell(s: &str) -> String {
+    s.replace('|', "\\|")
+}
+
+fn join<T: ToString>(items: impl IntoIterator<Item = T>) -> String {
+    let v: Vec<String> = items.into_iter().map(|t| t.to_string()).collect();
+    v.join(", ")
+}
+
 /// `docs/ops.md`: the vocabulary as a document (generated; never edited
-/// by hand).
+/// by hand): each op's meaning from [`OPS`], and what the cases send and
+/// compare from `docs/ops.json` ([`super::signatures`]).
 pub fn markdown() -> String {
+    let documented = super::signatures::documented().unwrap_or_default();
+    let sigs = &documented.ops;
     let mut s = String::new();
     s += "# The op vocabulary\n\n";
-    s += "<!-- Generated from crates/conformance/src/candidate/ops.rs by `cargo xtask ops-doc`; a test fails when it is stale. -->\n\n";
+    s += "<!-- Generated by `cargo xtask ops-doc` from crates/conformance/src/candidate/ops.rs (meanings) and docs/ops.json (what a whole export's cases send and compare); a test fails when it is stale, and `--verify-export` fails when an export sends or compares anything docs/ops.json does not list. -->\n\n";
     s += "Every reference call a must-equal case makes is one of these ops. A candidate \
 (`conformance --candidate CMD`, README \"Checking your own port\") receives exactly the \
 arguments the reference received, under these names, and must return what the reference \
 returned: the same tree, with arrays of the same dtype, shape and bits. Exported vectors \
 (`cargo xtask export`) name their calls by op and version. Arrays travel as safetensors; \
 the tree encoding is in the README's protocol section.\n\n";
+    s += "Each op's tables are generated from what the cases actually send and compare \
+(the export of every must-equal case, CPU, deep tier): each argument's JSON type, \
+dtype and rank as sent (`x/*` is any item of list `x`), and each place of the result \
+(by its key in the result tree; `value` is the whole result, `a/0` item 0 of `a`) with \
+what cases compare there. A compared place is *observable* (the layer's result) or \
+*internal* (an intermediate of the reference's implementation: a candidate may leave \
+it out, and the row then says it was not compared); a place marked *returned* is in \
+the reference's result but no case compares it (a candidate may leave it out). The \
+shape rule and meaning are written by hand. A refusal case (where the reference \
+raises) compares only whether the call raised (its output `refused`), at no result \
+place.\n\n";
     s += "| op | version | reference |\n| --- | --- | --- |\n";
     for op in OPS {
         s += &format!(
@@ -550,15 +600,85 @@ the tree encoding is in the README's protocol section.\n\n";
             "Version {}. Reference: {}. Glue: `reference_glue.{}`.\n\n",
             op.version, op.reference, op.glue
         );
-        s += "| input | what |\n| --- | --- |\n";
-        for input in op.inputs {
+        let sig = sigs.get(op.name);
+        let cases = documented
+            .cases
+            .values()
+            .filter(|ops| ops.iter().any(|o| o == op.name))
+            .count();
+        if cases > 0 {
+            let families: Vec<String> = documented
+                .families
+                .iter()
+                .filter(|(_, ops)| ops.contains(op.name))
+                .map(|(f, _)| format!("`{f}`"))
+                .collect();
             s += &format!(
-                "| `{}` | {} |\n",
-                input.name,
-                input.what.replace('|', "\\|")
+                "Called by {cases} must-equal case(s), of {} (`--list --ops all` names each case's ops).\n\n",
+                families.join(", ")
             );
         }
-        s += &format!("\nOutputs: {}.\n", op.outputs);
+        s += "| argument | JSON | dtype | rank | shape rule, meaning |\n| --- | --- | --- | --- | --- |\n";
+        let mut rows: Vec<(String, String)> = op
+            .inputs
+            .iter()
+            .map(|i| (i.name.to_owned(), cell(i.what)))
+            .collect();
+        if let Some(sig) = sig {
+            for path in sig.inputs.keys() {
+                if !rows.iter().any(|(n, _)| n == path) {
+                    let at = rows
+                        .iter()
+                        .rposition(|(n, _)| path.starts_with(&format!("{n}/")))
+                        .map_or(rows.len(), |i| i + 1);
+                    rows.insert(at, (path.clone(), "an item of the list".into()));
+                }
+            }
+        }
+        for (name, what) in rows {
+            let seen = sig.and_then(|g| g.inputs.get(&name));
+            s += &format!(
+                "| `{name}` | {} | {} | {} | {what} |\n",
+                seen.map_or("(not sent by any case)".into(), |x| join(&x.kinds)),
+                seen.map_or(String::new(), |x| join(&x.dtypes)),
+                seen.map_or(String::new(), |x| join(&x.ranks)),
+            );
+        }
+        if let Some(sig) = sig {
+            s += "\n| result place | JSON | dtype | rank | compared | as |\n| --- | --- | --- | --- | --- | --- |\n";
+            for (path, x) in &sig.outputs {
+                let container = x.kinds.iter().all(|k| k == "dict" || k == "list");
+                if container && x.compared_as.is_empty() {
+                    continue;
+                }
+                // A place inside a compared list or dict is compared with it.
+                let within = sig
+                    .outputs
+                    .iter()
+                    .find(|(p, o)| !o.compared_as.is_empty() && path.starts_with(&format!("{p}/")));
+                let inside;
+                let compared = if let (true, Some((p, _))) = (x.compared_as.is_empty(), within) {
+                    inside = format!("within `{p}`");
+                    inside.as_str()
+                } else if x.compared_as.is_empty() {
+                    "returned"
+                } else if op.internal().contains(&path.as_str()) {
+                    "**internal**"
+                } else {
+                    "observable"
+                };
+                s += &format!(
+                    "| `{path}` | {} | {} | {} | {compared} | {} |\n",
+                    join(&x.kinds),
+                    join(&x.dtypes),
+                    join(&x.ranks),
+                    join(x.compared_as.iter().map(|n| format!("`{n}`"))),
+                );
+            }
+        } else if op.sent() {
+            s += "\nNo must-equal case of the export calls it.\n";
+        }
+        s += &format!("\nResult: {}.\n", op.outputs);
         if !op.sent() {
             s += "\n**Setup op**: the reference runs it to set the case up; a candidate never receives it (it reads what the setup wrote, by path, in the next op).\n";
         }

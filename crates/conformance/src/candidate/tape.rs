@@ -25,6 +25,12 @@ struct Tape {
     by_reference: HashMap<String, Vec<Result<Value, String>>>,
     /// Whether the candidate raised on the last call (refusal cases).
     last_raised: Option<bool>,
+    /// Reference node hash -> the first place it was returned at
+    /// (`op `x`, result `y``), for report rows.
+    places: HashMap<String, String>,
+    /// Reference node hash -> its internal place ([`super::ops::INTERNAL`])
+    /// the candidate's result left out.
+    omitted: HashMap<String, String>,
 }
 
 thread_local! {
@@ -38,11 +44,25 @@ pub fn begin() {
 
 /// Records one call: the reference's result (or that it raised) and the
 /// candidate's reply.
-pub fn record(reference: Option<&Value>, candidate: &super::Reply) {
+pub fn record(op: &str, reference: Option<&Value>, candidate: &super::Reply) {
     TAPE.with(|t| {
         let mut tape = t.borrow_mut();
         tape.last_raised = Some(matches!(candidate, super::Reply::Raised(_)));
         let Some(reference) = reference else { return };
+        for (path, _, digest) in super::signatures::value_nodes(reference) {
+            tape.places
+                .entry(digest)
+                .or_insert_with(|| format!("op `{op}`, result `{path}`"));
+        }
+        if let (Value::Dict(r), super::Reply::Value(Value::Dict(c))) = (reference, candidate) {
+            let internal = super::ops::by_name(op).map_or(&[][..], super::ops::Op::internal);
+            for (k, v) in r {
+                if internal.contains(&k.as_str()) && !c.contains_key(k) {
+                    tape.omitted
+                        .insert(node_hash(v), format!("op `{op}`, result `{k}`"));
+                }
+            }
+        }
         let candidate = match candidate {
             super::Reply::Value(v) => Ok(v),
             super::Reply::Raised(m) => Err(format!("the candidate raised: {m}")),
@@ -51,37 +71,10 @@ pub fn record(reference: Option<&Value>, candidate: &super::Reply) {
     });
 }
 
-/// A content hash of a reference value: an array's is its digest
-/// ([`crate::case::digest_of`]), so an array is found by its own bits.
+/// A content hash of a reference value: [`crate::case::node_digest`]
+/// (an array's is its digest, so an array is found by its own bits).
 fn node_hash(v: &Value) -> String {
-    use sha2::{Digest, Sha256};
-    let mut h = Sha256::new();
-    match v {
-        Value::Tensor(t) => return crate::case::digest_of(t),
-        Value::Int(i) => h.update(format!("int:{i}")),
-        Value::Float(f) => h.update(format!("float:{}", f.to_bits())),
-        Value::Bool(b) => h.update(format!("bool:{b}")),
-        Value::Str(s) => {
-            h.update("str:");
-            h.update(s.as_bytes());
-        }
-        Value::None => h.update("none"),
-        Value::List(items) => {
-            h.update(format!("list:{}", items.len()));
-            for item in items {
-                h.update(node_hash(item));
-            }
-        }
-        Value::Dict(map) => {
-            h.update(format!("dict:{}", map.len()));
-            for (k, item) in map {
-                h.update(k.as_bytes());
-                h.update([0]);
-                h.update(node_hash(item));
-            }
-        }
-    }
-    format!("{:x}", h.finalize())
+    crate::case::node_digest(v)
 }
 
 /// Pairs every node of the reference's tree (arrays, and the lists, dicts
@@ -187,4 +180,24 @@ pub fn values_beside(v: &Value) -> Option<Vec<Result<Value, String>>> {
 /// Whether the candidate raised on this case's last call.
 pub fn last_raised() -> Option<bool> {
     TAPE.with(|t| t.borrow().last_raised)
+}
+
+/// Where reference node `origin` was returned in this case's calls.
+pub fn place_of(origin: &str) -> Option<String> {
+    TAPE.with(|t| t.borrow().places.get(origin).cloned())
+}
+
+/// Where reference node `origin` is, when every place it was returned at
+/// is an internal one the candidate left out (a twin at a compared place
+/// the candidate answered keeps it compared).
+pub fn omitted_internal(origin: &str) -> Option<String> {
+    TAPE.with(|t| {
+        let tape = t.borrow();
+        let place = tape.omitted.get(origin)?;
+        let answered = tape
+            .by_reference
+            .get(origin)
+            .is_some_and(|nodes| nodes.iter().any(Result::is_ok));
+        (!answered).then(|| place.clone())
+    })
 }

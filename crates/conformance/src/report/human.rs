@@ -4,7 +4,9 @@ use super::{first_diff, snapshot_note, verdict_word, Report, Row};
 use crate::snapshots::SetCommands;
 
 /// One line per case (plain output when not on a terminal).
-pub fn line(row: &Row, commands: &SetCommands) -> String {
+/// `side` names what stood for the port: `port`, or `candidate` in a
+/// `--candidate` run.
+pub fn line(row: &Row, commands: &SetCommands, side: &str) -> String {
     let (diff, ulp) = first_diff(&row.result);
     let path = row.result.output.as_ref().map_or("-", |o| o.path.as_str());
     let mut s = format!(
@@ -18,9 +20,22 @@ pub fn line(row: &Row, commands: &SetCommands) -> String {
     );
     let mut notes: Vec<String> = row.result.message.iter().cloned().collect();
     notes.extend(snapshot_note(&row.snapshot, commands));
+    if let Some(o) = row
+        .result
+        .output
+        .as_ref()
+        .filter(|o| !o.not_compared.is_empty())
+    {
+        let list: Vec<String> = o
+            .not_compared
+            .iter()
+            .map(|(name, why)| format!("{name} ({why})"))
+            .collect();
+        notes.push(format!("not compared: {}", list.join("; ")));
+    }
     // Under the row: every output outside the exact oracle's bound.
     for (_, output, e) in super::exact_outside(std::slice::from_ref(row)) {
-        notes.push(format!("exact oracle: {}", e.line(output)));
+        notes.push(format!("exact oracle: {}", e.line_as(output, side)));
     }
     for m in notes {
         s.push_str(&format!("\n        {}", m.replace('\n', "\n        ")));
@@ -45,6 +60,7 @@ pub fn notable(row: &Row) -> bool {
 
 /// The summary printed after the table.
 pub fn summary(report: &Report) -> String {
+    let side = report.environment.side();
     let s = &report.summary;
     let mut out = format!(
         "\n{} cases: {} passed, {} failed, {} findings, {} skipped, {} errors, {} snapshot drifts ({:.1} s)\n",
@@ -94,7 +110,7 @@ pub fn summary(report: &Report) -> String {
     // reference outside its bound computes the wrong thing.
     let x = &s.exact;
     out.push_str(&format!(
-        "exact oracle: {} outputs checked, {} within their bound ({} more within a bound too wide to tell zeros), {} with the REFERENCE OUTSIDE, {} with the port alone outside\n",
+        "exact oracle: {} outputs checked, {} within their bound ({} more within a bound too wide to tell zeros), {} with the REFERENCE OUTSIDE, {} with the {side} alone outside\n",
         x.outputs_checked,
         x.within,
         x.uninformative.len(),
@@ -102,7 +118,11 @@ pub fn summary(report: &Report) -> String {
         x.port_outside.len()
     ));
     for (row, output, e) in super::exact_outside(&report.cases) {
-        out.push_str(&format!("  !! {} {}\n", row.result.name, e.line(output)));
+        out.push_str(&format!(
+            "  !! {} {}\n",
+            row.result.name,
+            e.line_as(output, side)
+        ));
     }
     if let Some(p) = &s.proof {
         out.push_str(&format!(

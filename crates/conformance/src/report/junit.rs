@@ -81,7 +81,7 @@ pub fn render(report: &Report) -> String {
         status.set_message(format!(
             "{}{}",
             if pinned { "recorded: " } else { "" },
-            e.line(output)
+            e.line_as(output, report.environment.side())
         ));
         suites
             .entry("exact-oracle".into())

@@ -91,12 +91,13 @@ pub fn render(report: &Report) -> String {
     let x = &s.exact;
     let _ = writeln!(
         md,
-        "**Exact oracle**: {} outputs checked against float64 definitions, {} within their derived bound, {} within a bound too wide to tell zeros (uninformative), **{} with the reference outside**, {} with the port alone outside.\n",
+        "**Exact oracle**: {} outputs checked against float64 definitions, {} within their derived bound, {} within a bound too wide to tell zeros (uninformative), **{} with the reference outside**, {} with the {} alone outside.\n",
         x.outputs_checked,
         x.within,
         x.uninformative.len(),
         x.reference_outside.len(),
-        x.port_outside.len()
+        x.port_outside.len(),
+        report.environment.side()
     );
     if !x.uninformative.is_empty() {
         let _ = writeln!(md, "<details><summary>Uninformative exact checks ({}): the bound is wider than every value</summary>\n", x.uninformative.len());
@@ -119,8 +120,16 @@ pub fn render(report: &Report) -> String {
                 md,
                 "| `{}` | {output} | {}{} | {} {} | flat [{}] = {} vs exact {} ± {:.3e} ({} of {} outside) | {:.3} | {} |",
                 row.result.name,
-                e.class.word(),
-                if e.bit_equal { " (port bit-equal)" } else { "" },
+                if e.class == crate::exactness::ExactClass::PortOutside {
+                    format!("{} outside bound", report.environment.side())
+                } else {
+                    e.class.word().to_owned()
+                },
+                if e.bit_equal {
+                    format!(" ({} bit-equal)", report.environment.side())
+                } else {
+                    String::new()
+                },
                 e.op,
                 e.model,
                 side.worst_index,
@@ -252,10 +261,55 @@ pub fn render(report: &Report) -> String {
         for (row, port, reference) in refusals {
             let _ = writeln!(
                 md,
-                "- `{}` ({}): port: {port} · reference: {reference}",
+                "- `{}` ({}): {}: {port} · reference: {reference}",
                 row.result.name,
-                row.result.verdict.word()
+                row.result.verdict.word(),
+                report.environment.side()
             );
+        }
+    }
+    // Refusals the candidate declared in its hello (findings, not errors).
+    let refused: Vec<_> = report
+        .cases
+        .iter()
+        .filter(|r| r.result.error_kind == Some(crate::result::ErrorKind::Policy))
+        .collect();
+    if !refused.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Refused by the candidate's policy ({}): the candidate refuses by design where the reference computes\n",
+            refused.len()
+        );
+        for row in refused {
+            let _ = writeln!(
+                md,
+                "- `{}`: {}",
+                row.result.name,
+                row.result.message.as_deref().unwrap_or("")
+            );
+        }
+    }
+    // Internal intermediates a candidate left out (docs/ops.md).
+    let uncompared: Vec<_> = report
+        .cases
+        .iter()
+        .filter_map(|r| {
+            let o = r.result.output.as_ref()?;
+            (!o.not_compared.is_empty()).then_some((r, &o.not_compared))
+        })
+        .collect();
+    if !uncompared.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Not compared ({}): internal outputs the candidate left out\n",
+            uncompared.len()
+        );
+        for (row, places) in uncompared {
+            let list: Vec<String> = places
+                .iter()
+                .map(|(name, why)| format!("`{name}` ({why})"))
+                .collect();
+            let _ = writeln!(md, "- `{}`: {}", row.result.name, list.join("; "));
         }
     }
     if let Some(vs) = &report.vs_cpu {

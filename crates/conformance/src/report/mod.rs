@@ -79,6 +79,18 @@ pub struct Environment {
     pub testing_hook: Option<String>,
 }
 
+impl Environment {
+    /// What stood for the port in this run's rows: `candidate` under
+    /// `--candidate`, else `port`.
+    pub fn side(&self) -> &'static str {
+        if self.candidate.is_some() {
+            "candidate"
+        } else {
+            "port"
+        }
+    }
+}
+
 /// One case in the report.
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {

@@ -178,6 +178,54 @@ pub fn default_hooks() -> &'static Hooks {
     })
 }
 
+/// A FAIL row's message: its first differing output, where it is (with
+/// a candidate: which op's result, at which place), its first differing
+/// element, and how many other outputs differ.
+fn fail_message(output: &crate::case::CaseOutput, hooks: &Hooks) -> Option<String> {
+    let mut differing = output.outputs.iter().filter(|o| !o.comparison.is_equal());
+    let first = differing.next()?;
+    let others: Vec<&str> = differing.map(|o| o.name.as_str()).collect();
+    let who = if hooks.substitute.is_some() {
+        "candidate"
+    } else {
+        "port"
+    };
+    let place = hooks
+        .substitute
+        .as_ref()
+        .and_then(|s| {
+            let origin = output
+                .origins
+                .iter()
+                .find(|(n, _)| *n == first.name)?
+                .1
+                .as_deref()?;
+            s.place_of(origin)
+        })
+        .map(|p| format!(" ({p})"))
+        .unwrap_or_default();
+    let what = match &first.comparison {
+        oracle::Comparison::Differs(d) => {
+            let line = d.line("elements differ", &format!("{who} "), "vs reference");
+            match d.max_ulp_at_scale {
+                Some(u) => format!("{line} ({u:.3} ulp at the output's scale)"),
+                None => line,
+            }
+        }
+        other => format!("{who}'s {}", other.summary()),
+    };
+    let more = if others.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; {} more output(s) differ: {}",
+            others.len(),
+            others.join(", ")
+        )
+    };
+    Some(format!("output `{}`{place}: {what}{more}", first.name))
+}
+
 /// Runs one case in this process (applicability, timing, panics as
 /// harness errors, the verdict); the explorer's entry point.
 pub fn run_case(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
@@ -245,7 +293,16 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions, hooks: &Hooks) ->
                 Expect::MustEqual => Verdict::Fail,
                 Expect::Finding => Verdict::Finding,
             };
+            if result.verdict == Verdict::Fail {
+                result.message = fail_message(&output, hooks);
+            }
             result.output = Some(output);
+        }
+        // A refusal the candidate declared: a finding row, listed.
+        Ok(Err(e @ crate::case::CaseError::Refused(_))) => {
+            result.verdict = Verdict::Finding;
+            result.message = Some(e.to_string());
+            result.error_kind = Some(e.kind());
         }
         Ok(Err(e @ crate::case::CaseError::Unsupported(_))) => {
             result.verdict = Verdict::Skip;

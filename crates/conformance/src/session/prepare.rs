@@ -224,7 +224,15 @@ fn gate_mode(cli: &Cli) -> Result<Mode, Exit> {
 #[allow(clippy::type_complexity)]
 fn select(
     cli: &Cli,
-) -> Result<(Vec<Case>, usize, std::collections::BTreeSet<String>, Registry), Exit> {
+) -> Result<
+    (
+        Vec<Case>,
+        usize,
+        std::collections::BTreeSet<String>,
+        Registry,
+    ),
+    Exit,
+> {
     let mut registry = Registry::new();
     if let Some(n) = cli.explore_samples {
         if !cli.no_snapshots {
@@ -248,7 +256,10 @@ fn select(
             "two cases are named `{dup}`; case names must be unique"
         )));
     }
-    let selected = runner::select(&cases, cli.filter.as_deref()).map_err(fail)?;
+    let mut selected = runner::select(&cases, cli.filter.as_deref()).map_err(fail)?;
+    if let Some(allowed) = &cli.ops {
+        selected = by_ops(selected, allowed)?;
+    }
     if cli.describe {
         let chosen: std::collections::BTreeSet<&str> =
             selected.iter().map(|c| c.name.as_str()).collect();
@@ -268,11 +279,28 @@ fn select(
                 without.join(", ")
             )));
         }
+        // Each line also says which ops the case calls (docs/ops.json;
+        // `--cases` reads the line back without them).
+        let documented = conformance::candidate::signatures::documented().map_err(fail)?;
+        let family: std::collections::BTreeMap<&str, &str> = selected
+            .iter()
+            .map(|c| (c.name.as_str(), c.family))
+            .collect();
         for d in described
             .iter()
             .filter(|d| chosen.contains(d.name.as_str()))
         {
-            match serde_json::to_string(d) {
+            let mut line = serde_json::to_value(d).unwrap_or_default();
+            if let (Some(o), Some((ops, of_family))) = (
+                line.as_object_mut(),
+                documented.ops_of(&d.name, family.get(d.name.as_str()).copied().unwrap_or("")),
+            ) {
+                o.insert("ops".into(), serde_json::json!(ops));
+                if of_family {
+                    o.insert("ops_of_family".into(), serde_json::json!(true));
+                }
+            }
+            match serde_json::to_string(&line) {
                 Ok(line) => outln!("{line}"),
                 Err(e) => return Err(fail(format!("--describe `{}`: {e}", d.name))),
             }
@@ -280,9 +308,20 @@ fn select(
         return Err(Exit(std::process::ExitCode::SUCCESS));
     }
     if cli.list {
+        let documented = cli
+            .ops
+            .is_some()
+            .then(conformance::candidate::signatures::documented)
+            .transpose()
+            .map_err(fail)?;
         for c in selected {
+            let ops = documented
+                .as_ref()
+                .and_then(|d| d.ops_of(&c.name, c.family))
+                .map(|(ops, _)| format!(" ops: {}", ops.join(",")))
+                .unwrap_or_default();
             outln!(
-                "{:<64} {:<11} {}",
+                "{:<64} {:<11} {}{ops}",
                 c.name,
                 format!("{:?}", c.expect),
                 c.reference
@@ -310,6 +349,52 @@ fn select(
         registered,
         registry,
     ))
+}
+
+/// `--ops LIST`: the must-equal cases whose every op (docs/ops.json) is
+/// in `allowed` (comma-separated op names; `all`: every op, to list the
+/// ops). A case whose ops are not documented is left out, and so are
+/// findings (a candidate run skips them).
+fn by_ops<'a>(selected: Vec<&'a Case>, allowed: &str) -> Result<Vec<&'a Case>, Exit> {
+    use conformance::candidate::ops;
+    let allowed: Vec<&str> = allowed
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    if let Some(bad) = allowed
+        .iter()
+        .find(|a| **a != "all" && ops::by_name(a).is_none())
+    {
+        return Err(fail(format!(
+            "--ops: `{bad}` is no op of the vocabulary (docs/ops.md)"
+        )));
+    }
+    let documented = conformance::candidate::signatures::documented().map_err(fail)?;
+    let serves = |op: &String| allowed.contains(&"all") || allowed.contains(&op.as_str());
+    let chosen: Vec<&Case> = selected
+        .into_iter()
+        .filter(|c| {
+            c.expect == conformance::case::Expect::MustEqual
+                && documented
+                    .ops_of(&c.name, c.family)
+                    .is_some_and(|(ops, _)| {
+                        ops.iter().all(|op| serves(op) || !candidate_receives(op))
+                    })
+        })
+        .collect();
+    if chosen.is_empty() {
+        return Err(fail(format!(
+            "--ops {}: no selected must-equal case calls only these ops (`--list --ops all` lists each case's ops)",
+            allowed.join(",")
+        )));
+    }
+    Ok(chosen)
+}
+
+/// Whether a candidate receives `op` (setup ops it never does).
+fn candidate_receives(op: &str) -> bool {
+    conformance::candidate::ops::by_name(op).is_none_or(|o| o.sent())
 }
 
 /// `--device` (default: gpu when available, else cpu) and the backend it

@@ -89,7 +89,11 @@ impl Session {
                 {
                     outln!(
                         "{}",
-                        report::human::line(row, &self.environment.set_commands)
+                        report::human::line(
+                            row,
+                            &self.environment.set_commands,
+                            self.environment.side()
+                        )
                     );
                 }
                 out!("{}", report::human::summary(&report));

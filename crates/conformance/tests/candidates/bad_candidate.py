@@ -54,7 +54,11 @@ for line in sys.stdin:
     if request["type"] == "hello":
         ops = {} if MODE in ("unsupported", "long-name") else {"rope2d_apply": 1}
         name = "n" * (1 << 20) if MODE == "long-name" else f"bad-{MODE}"
-        say({"type": "hello", "protocol": 1, "name": name, "ops": ops})
+        hello = {"type": "hello", "protocol": 1, "name": name, "ops": ops}
+        if MODE in ("refuses-by-policy", "refuses-off-policy"):
+            hello["refusals"] = [{"op": "rope2d_apply",
+                                  "condition": "no 2-D RoPE on this engine"}]
+        say(hello)
         continue
     if MODE == "orphans":
         child = subprocess.Popen(["sleep", "300"])
@@ -106,6 +110,14 @@ for line in sys.stdin:
         sys.stderr.flush()
         say({"type": "error", "id": request["id"], "kind": "raised",
              "message": "ValueError: noisy " + "y" * (1 << 20)})
+        continue
+    if MODE == "refuses-by-policy":
+        say({"type": "error", "id": request["id"], "kind": "raised",
+             "message": "NotImplementedError: no 2-D RoPE on this engine"})
+        continue
+    if MODE == "refuses-off-policy":
+        say({"type": "error", "id": request["id"], "kind": "raised",
+             "message": "ValueError: something else"})
         continue
     if MODE == "raises":
         say({"type": "error", "id": request["id"], "kind": "raised",
