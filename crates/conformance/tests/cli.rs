@@ -517,3 +517,43 @@ fn outside_ci_a_missing_set_is_one_line_and_the_verdicts_decide_the_exit() {
     assert!(stdout.contains("1 passed, 0 findings, 0 failed"), "{all}");
     let _ = std::fs::remove_dir_all(&out_dir);
 }
+
+/// `--exact-faults` (issue 41): faults planted into the reference side of
+/// a small selection are scored. On the CPU at seed 0, a dropped K tail of
+/// `affine-4b-gs64/f16/M1` is flagged, and its output rounded through
+/// bf16 (an f16 output's bound is wider than one bf16 rounding there) is
+/// listed as an escape with its error/bound ratio below 1. The verdicts
+/// are unchanged (the case passes).
+#[test]
+fn exact_faults_flag_a_planted_fault_and_list_an_escape() {
+    let out_dir = scratch("exact-faults");
+    let out = conformance(&[
+        "--device",
+        "cpu",
+        "--filter",
+        "quantized/linear/affine-4b-gs64/f16/M1",
+        "--no-snapshots",
+        "--exact-faults",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    let report = conformance::schema::ReportFile::read(&out_dir.join("report.json")).unwrap();
+    let m = report.summary.mutation.expect("a mutation score");
+    assert_eq!(m.backend, "cpu");
+    let kind = |k: &str| m.by_kind.get(k).copied().unwrap_or_default();
+    let dropped = kind("k-tail-dropped");
+    assert!(dropped.planted >= 1 && dropped.flagged == dropped.planted, "{m:?}");
+    let escape = m
+        .escapes
+        .iter()
+        .find(|e| e.kind == "bf16-intermediate" && e.case.ends_with("/f16/M1"))
+        .unwrap_or_else(|| panic!("no bf16-intermediate escape listed: {m:?}"));
+    assert!(escape.max_ratio.is_some_and(|r| r < 1.0) && escape.changed > 0, "{escape:?}");
+    assert!(m.total.flagged < m.total.planted, "{m:?}");
+    let md = std::fs::read_to_string(out_dir.join("report.md")).unwrap();
+    assert!(md.contains("## Mutation score of the exact oracle (cpu)"), "{md}");
+    assert!(md.contains("| y | `bf16-intermediate` |"), "{md}");
+    let _ = std::fs::remove_dir_all(&out_dir);
+}

@@ -57,10 +57,7 @@ fn setup(mode: Mode, seed: u64) -> Setup {
         tensors,
         layer,
         y,
-        exact: ExactPair {
-            reference: e.clone(),
-            port: e,
-        },
+        exact: ExactPair::same(e),
     }
 }
 
@@ -125,10 +122,7 @@ fn a_broadcast_read_as_contiguous_is_caught() {
     let xb = HostTensor::new(DType::Bfloat16, vec![M, k], broadcast).unwrap();
     let e =
         std::sync::Arc::new(linear(&sent(&xb, &s.tensors), Model::Cpu, "weight", false).unwrap());
-    let exact = ExactPair {
-        reference: e.clone(),
-        port: e,
-    };
+    let exact = ExactPair::same(e);
     // The right result is within: the port on the materialised broadcast.
     let right = host(&s.layer.forward(&xb.to_array()).unwrap()).unwrap();
     assert_eq!(
@@ -176,4 +170,53 @@ fn one_rows_result_swapped_with_anothers_is_caught() {
     let (a, b) = swapped.bytes.split_at_mut(row);
     a.swap_with_slice(&mut b[..row]);
     caught(&swapped, &s.exact, "rows swapped");
+}
+
+/// The fault catalogue (`exactness::faults`, issue 41) on a real output:
+/// an input fault (the exact value of the faulty inputs, added to the
+/// real output) and an output fault are flagged; the unfaulty output's
+/// bits are never counted as a fault.
+#[test]
+fn the_fault_catalogue_flags_a_dropped_k_tail_and_a_neighbour_groups_scale() {
+    use crate::exactness::faults::{inject_all, FaultKind, Variant};
+    let s = setup(Mode::Affine, 8);
+    let inputs = sent(&s.x, &s.tensors);
+    let mut pair = s.exact.clone();
+    for kind in FaultKind::ALL {
+        if let Some(faulty) = kind.mutate(&inputs) {
+            let e = linear(&faulty, Model::Cpu, "weight", false).unwrap();
+            pair.variants.push(Variant {
+                kind,
+                value: e.value,
+            });
+        }
+    }
+    let checks = inject_all("y", &s.y, &pair);
+    let of = |k: FaultKind| {
+        checks
+            .iter()
+            .find(|c| c.kind == k)
+            .unwrap_or_else(|| panic!("{k:?} not injected: {checks:?}"))
+    };
+    for k in [
+        FaultKind::KTailDropped,
+        FaultKind::KTailDoubled,
+        FaultKind::GroupScaleFromNeighbour,
+        FaultKind::GroupBiasFromNeighbour,
+        FaultKind::LastNTileZero,
+        FaultKind::RowsSwapped,
+    ] {
+        let c = of(k);
+        assert!(c.flagged && c.changed > 0, "{c:?}");
+        assert!(c.max_ratio.is_some_and(|r| r > 1.0), "{c:?}");
+    }
+    // No KV, no positions, no experts, a bf16 output: not applicable.
+    for k in [
+        FaultKind::KvRowFromAnotherRow,
+        FaultKind::RopePositionOffByOne,
+        FaultKind::ExpertRowsSwapped,
+        FaultKind::Bf16Intermediate,
+    ] {
+        assert!(checks.iter().all(|c| c.kind != k), "{k:?}: {checks:?}");
+    }
 }
