@@ -520,10 +520,10 @@ fn outside_ci_a_missing_set_is_one_line_and_the_verdicts_decide_the_exit() {
 
 /// `--exact-faults` (issue 41): faults planted into the reference side of
 /// a small selection are scored. On the CPU at seed 0, a dropped K tail of
-/// `affine-4b-gs64/f16/M1` is flagged, and its output rounded through
-/// bf16 (an f16 output's bound is wider than one bf16 rounding there) is
-/// listed as an escape with its error/bound ratio below 1. The verdicts
-/// are unchanged (the case passes).
+/// `mxfp4-4b-gs32/f16/M1` is flagged, and its output rounded through
+/// bf16 (the fp modes' f16 worst-case bound is wider than one bf16
+/// rounding there) is listed as an escape with its error/bound ratio
+/// below 1. The verdicts are unchanged (the case passes).
 #[test]
 fn exact_faults_flag_a_planted_fault_and_list_an_escape() {
     let out_dir = scratch("exact-faults");
@@ -531,7 +531,7 @@ fn exact_faults_flag_a_planted_fault_and_list_an_escape() {
         "--device",
         "cpu",
         "--filter",
-        "quantized/linear/affine-4b-gs64/f16/M1",
+        "quantized/linear/mxfp4-4b-gs32/f16/M1",
         "--no-snapshots",
         "--exact-faults",
         "--out",
@@ -548,7 +548,7 @@ fn exact_faults_flag_a_planted_fault_and_list_an_escape() {
     let escape = m
         .escapes
         .iter()
-        .find(|e| e.kind == "bf16-intermediate" && e.case.ends_with("/f16/M1"))
+        .find(|e| e.kind == "bf16-intermediate" && e.case.ends_with("mxfp4-4b-gs32/f16/M1"))
         .unwrap_or_else(|| panic!("no bf16-intermediate escape listed: {m:?}"));
     assert!(escape.max_ratio.is_some_and(|r| r < 1.0) && escape.changed > 0, "{escape:?}");
     assert!(m.total.flagged < m.total.planted, "{m:?}");

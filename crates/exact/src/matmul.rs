@@ -18,6 +18,31 @@
 //! `gamma_{K+2}(u_f32)` of the sum of magnitudes, so it covers that path
 //! too (its one rounding to `T` is within the scalar path's last step).
 //!
+//! **Emulated** (x86-64, affine, issue 41). There the scalar loop's
+//! arithmetic is fully determined: the order (index order from an exact
+//! zero), every rounding point (each `*` and `+` computed in float32, IEEE
+//! round to nearest even, exact for two `T` operands' product, and stored
+//! back in `T` by MLX's `_MLX_BFloat16` / `_MLX_Float16` conversions, also
+//! to nearest even), and the inputs (the `T` values of x, scales, biases
+//! and codes the kernel reads). `emulate_affine` performs those same
+//! operations in Rust's `f32` and `half`, so its result `c` is the
+//! kernel's result, and the bound of the element is `|c − v|` (plus the
+//! float64 slack every bound has): the kernel's own legitimate rounding,
+//! no more. Derivation: if the kernel performs exactly these operations,
+//! its output is `c` bit for bit, and `|c − v| ≤ |c − v|`. It applies only
+//! where every input is exactly a `T` value the kernel reads (an
+//! activation computed with an error, as in the attention step's o_proj,
+//! keeps the worst case) and the sum stays finite; the fp modes and the
+//! arm64 SIMD path keep the worst-case bound below. Evidence that the
+//! model is exact: every affine output of the CPU suite lands at a ratio
+//! of 1 − 4e-10 to 0.994 of it (1 exactly would be `c`; the slack and a
+//! later bias rounding make the rest), and
+//! `the_emulated_cpu_affine_bound_holds_over_many_seeds_and_is_tight`
+//! (conformance-cases) checks 24 seeds × bf16, f16 × K 96, 512 against
+//! MLX's CPU kernel. Were MLX's loop to change (another order, a float32
+//! accumulator), its outputs would land outside: the exact oracle then
+//! reports the reference outside, never a wrong pass.
+//!
 //! **Gpu** (Metal `quantized.h` / `fp_quantized.h`, CUDA `qmm/*.cu`):
 //! weights dequantized into the activation dtype `T` (two roundings:
 //! `T(T(scale * q) + bias)`; exact for fp codes), products and partial
@@ -71,7 +96,31 @@ struct WeightRow {
     w_mag: Vec<f64>,
     /// fp modes, per group: the scale in `T`.
     group_scale: Vec<Tracked>,
+    /// Affine, where every scale and bias is a `T` value: the weight the
+    /// CPU's scalar loop computes, `T(T(scale * q) + bias)` with each
+    /// operation in float32 (the x86-64 emulation, module doc).
+    kernel_w: Option<Vec<f32>>,
 }
+
+/// One operation of MLX's CPU scalar loops in `T`: computed in float32
+/// (IEEE, to nearest even) and stored back in `T` (to nearest even: MLX's
+/// `_MLX_BFloat16` / `_MLX_Float16` conversions on x86-64).
+fn in_t(t: Float, x: f32) -> f32 {
+    match t {
+        Float::Bfloat16 => half::bf16::from_f32(x).to_f32(),
+        Float::Float16 => half::f16::from_f32(x).to_f32(),
+        Float::Float32 => x,
+    }
+}
+
+/// `v` as a `T` value, if it is one exactly.
+fn as_t(v: f64, t: Float) -> Option<f32> {
+    (crate::formats::round_to(v, t) == v && v.is_finite()).then_some(v as f32)
+}
+
+/// Whether this build emulates the CPU's affine scalar loop (x86-64:
+/// `simd::max_size` is 1, module doc); elsewhere the SIMD path runs.
+const EMULATES_CPU_AFFINE: bool = cfg!(target_arch = "x86_64");
 
 impl WeightRow {
     fn new(w: &QuantizedMatrix, n: usize, t: Float) -> Self {
@@ -108,10 +157,23 @@ impl WeightRow {
             .iter()
             .map(|&s| Tracked::exact(s).round(t))
             .collect();
+        let kernel_w = (affine && EMULATES_CPU_AFFINE)
+            .then(|| {
+                (0..w.cols)
+                    .map(|k| {
+                        let g = k / gs;
+                        let (s, b) = (as_t(row.scale[g], t)?, as_t(row.bias[g], t)?);
+                        let q = as_t(row.code[k], t)?;
+                        Some(in_t(t, in_t(t, s * q) + b))
+                    })
+                    .collect::<Option<Vec<f32>>>()
+            })
+            .flatten();
         WeightRow {
             w: w_row,
             w_mag,
             group_scale,
+            kernel_w,
         }
     }
 }
@@ -175,6 +237,17 @@ fn qmm_element(
             sum_any_order(&partials, f32_).round(t)
         }
     };
+    // x86-64, affine, inputs read exactly: the scalar loop's result is
+    // known (module doc, "Emulated"); its distance from the definition is
+    // the bound.
+    if let (Model::Cpu, Some(kw)) = (model, &row.kernel_w) {
+        if let Some(c) = emulate_affine(x, kw, t) {
+            return Tracked {
+                e: (f64::from(c) - out.v).abs(),
+                ..out
+            };
+        }
+    }
     match model {
         // The Cpu model also covers the float32 SIMD path (module doc).
         Model::Cpu => out.widen(gamma(w.cols + 2, f32_.u()) * magnitude),
@@ -184,6 +257,24 @@ fn qmm_element(
         }
         Model::Gpu => out,
     }
+}
+
+/// The x86-64 CPU's affine scalar loop (`_qmm_t` / `_qmm`), operation by
+/// operation: `sum = T(sum + T(x * w))` in index order from 0, `w` the
+/// kernel's weight ([`WeightRow`]'s `kernel_w`). `None` where an input is
+/// not exactly a `T` value the kernel would read (a computed activation
+/// with an error, a value `T` cannot hold).
+fn emulate_affine(x: &[Tracked], kw: &[f32], t: Float) -> Option<f32> {
+    let mut sum = 0.0f32;
+    for (xk, wk) in x.iter().zip(kw) {
+        if xk.e != 0.0 {
+            return None;
+        }
+        let xk = as_t(xk.v, t)?;
+        sum = in_t(t, sum + in_t(t, xk * wk));
+    }
+    // An overflow is left to the worst-case bound.
+    sum.is_finite().then_some(sum)
 }
 
 /// [`quantized_matmul`] on tracked activations (computed inputs: the
