@@ -221,20 +221,29 @@ fn the_fault_catalogue_flags_a_dropped_k_tail_and_a_neighbour_groups_scale() {
     }
 }
 
-/// The x86-64 CPU's affine bound (issue 41: the scalar loop emulated,
-/// `exact::matmul`'s module doc, "Emulated"): over 24 seeds, bf16 and f16,
-/// K of 96 and 512, every correct output (MLX's CPU kernel through the
-/// port) is within it, and the bound is that tight: the output rounded
-/// through bf16 (f16) or its last 32 of K dropped (bf16) is flagged,
-/// where the worst-case bound let them pass.
+/// The x86-64 CPU's quantized matmul bound (issue 41: the scalar loops
+/// emulated, `exact::matmul`'s module doc, "Emulated"): over 24 seeds,
+/// affine, mxfp4, mxfp8 and nvfp4, bf16 and f16, K of 96 and 512, every
+/// correct output (MLX's CPU kernel through the port) is within it, and
+/// the bound is that tight: the output rounded through bf16 (f16) or its
+/// last 32 of K dropped (bf16) is flagged, where the worst-case bound let
+/// them pass.
 #[cfg(target_arch = "x86_64")]
 #[test]
-fn the_emulated_cpu_affine_bound_holds_over_many_seeds_and_is_tight() {
+fn the_emulated_cpu_bound_holds_over_many_seeds_and_is_tight() {
     use crate::exactness::faults::{inject_all, FaultKind, Variant};
+    let specs = [
+        affine(4, 32),
+        mode_default(Mode::Mxfp4),
+        mode_default(Mode::Mxfp8),
+        mode_default(Mode::Nvfp4),
+    ];
     for seed in 0..24u64 {
-        for dtype in [DType::Bfloat16, DType::Float16] {
+        for (dtype, spec) in [DType::Bfloat16, DType::Float16]
+            .into_iter()
+            .flat_map(|d| specs.iter().map(move |s| (d, *s)))
+        {
             for k in [96usize, 512] {
-                let spec = affine(4, 32);
                 let mut inputs = Inputs::new(1000 + seed);
                 let x = activation(&mut inputs, dtype, &[M, k]);
                 let payload = quantized_weight(&mut inputs, spec, dtype, &[N, k]).unwrap();
@@ -245,7 +254,7 @@ fn the_emulated_cpu_affine_bound_holds_over_many_seeds_and_is_tight() {
                 let e = linear(&inputs, Model::Cpu, "weight", false).unwrap();
                 let mut pair = ExactPair::same(std::sync::Arc::new(e));
                 let c = ExactCheck::measure(&y, &y, &pair, true);
-                let at = format!("seed {seed} {} K {k}", dtype.name());
+                let at = format!("seed {seed} {} {spec:?} K {k}", dtype.name());
                 assert_eq!(c.class, ExactClass::Within, "{at}: {}", c.line("y"));
                 let faulty = FaultKind::KTailDropped.mutate(&inputs).unwrap();
                 pair.variants.push(Variant {
