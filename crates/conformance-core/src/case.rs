@@ -420,6 +420,12 @@ pub struct CaseOutput {
     /// finding's output whose bytes vary run to run: an unwritten buffer).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exact_only: Vec<(String, crate::exactness::ExactCheck)>,
+    /// When an interceptor injects faults (`Interceptor::injects_faults` in
+    /// hooks.rs): each applicable fault of the catalogue injected into a
+    /// copy of each compared output's reference side, measured against
+    /// the exact oracle. Never part of the verdict.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub faults: Vec<crate::exactness::faults::FaultCheck>,
     /// When an interceptor asks (`Interceptor::keeps_tensors` in hooks.rs):
     /// every compared or digested tensor, named `port/<output>` or
     /// `reference/<output>`, for its case end.
@@ -535,6 +541,15 @@ impl CaseOutput {
                 comparison.is_equal(),
             )
         });
+        if let Some(pair) = expected.exact() {
+            if crate::scope::current(|hooks| hooks.injects_faults()) {
+                self.faults.extend(crate::exactness::faults::inject_all(
+                    name,
+                    expected.tensor(),
+                    pair,
+                ));
+            }
+        }
         self.outputs.push(Output {
             name: name.into(),
             comparison,

@@ -49,6 +49,12 @@ pub trait Interceptor: Send + Sync {
     fn keeps_tensors(&self) -> bool {
         false
     }
+    /// Whether every must-equal output with an exact value also gets
+    /// each applicable fault of `exactness::faults` injected into a copy of
+    /// its reference side and measured (never changing the verdict).
+    fn injects_faults(&self) -> bool {
+        false
+    }
     /// The case ended with `result`; an interceptor may turn it into an
     /// error (a file it could not write).
     fn case_end(&self, _case: &Case, _result: &mut CaseResult) {}
@@ -98,6 +104,9 @@ impl CallHooks for Hooks {
     }
     fn keeps_tensors(&self) -> bool {
         self.interceptors.iter().any(|i| i.keeps_tensors())
+    }
+    fn injects_faults(&self) -> bool {
+        self.interceptors.iter().any(|i| i.injects_faults())
     }
     fn substitute(&self) -> Option<&dyn Substitute> {
         self.substitute.as_deref()

@@ -95,6 +95,11 @@ pub trait CallHooks {
     fn port_output(&self, family: &str, m: usize, n: usize, y: &mut HostTensor);
     /// Whether compared tensors are kept for the case's end.
     fn keeps_tensors(&self) -> bool;
+    /// Whether faults are injected into reference outputs and measured
+    /// against the exact oracle (`exactness::faults`).
+    fn injects_faults(&self) -> bool {
+        false
+    }
     /// The substitute standing in for the linked port, if any.
     fn substitute(&self) -> Option<&dyn Substitute>;
 }

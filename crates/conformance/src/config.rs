@@ -47,6 +47,8 @@ pub struct RunConfig {
     pub candidate: Option<crate::candidate::Config>,
     /// `--export DIR`.
     pub export: Option<PathBuf>,
+    /// `--exact-faults`: the exact oracle's mutation score.
+    pub exact_faults: bool,
     /// The registered cases (`--cases FILE`, `--explore-samples N`).
     pub registry: Registry,
 }
@@ -79,6 +81,9 @@ impl RunConfig {
         if let Some(dir) = &self.export {
             interceptors.push(Box::new(crate::export::Recorder::new(dir.clone())));
         }
+        if self.exact_faults {
+            interceptors.push(Box::new(crate::mutation::PlantFaults));
+        }
         Hooks {
             interceptors,
             substitute: self.candidate.clone().map(|config| {
@@ -98,6 +103,9 @@ impl RunConfig {
         ];
         if self.perturb {
             args.push("--perturb".into());
+        }
+        if self.exact_faults {
+            args.push("--exact-faults".into());
         }
         if let Some(dir) = &self.keep_outputs {
             args.push("--keep-outputs".into());

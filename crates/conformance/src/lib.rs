@@ -21,6 +21,7 @@ pub mod export;
 pub mod gate;
 pub mod kept;
 pub mod kernel_settings;
+pub mod mutation;
 pub mod outdir;
 pub mod poison;
 pub mod report;

@@ -92,6 +92,14 @@ struct Cli {
     /// must-equal output must then differ, unless declared derived.
     #[arg(long)]
     perturb: bool,
+    /// The exact oracle's mutation score: each applicable fault of the
+    /// catalogue (a dropped K tail, a neighbour group's scale, a KV row
+    /// from another request, ...) planted into a copy of every must-equal
+    /// output's reference side and measured against the exact bound;
+    /// report.md / report.json give the fraction flagged per family and
+    /// kind, and each escape. Verdicts are unchanged.
+    #[arg(long)]
+    exact_faults: bool,
     /// Which cases run: `default` every must-equal case and the findings
     /// of a single comparison over a short window (the run a user waits
     /// for); `deep` also the findings that sweep a range (the rows-regime
@@ -375,6 +383,7 @@ pub(crate) fn run_config(
                 backend: backend.as_str().into(),
             }),
         export,
+        exact_faults: cli.exact_faults,
         registry,
     }
 }

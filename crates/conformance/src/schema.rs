@@ -27,6 +27,16 @@ pub struct ReportFile {
     #[serde(default)]
     pub environment: serde_json::Value,
     pub cases: Vec<ReportCase>,
+    #[serde(default)]
+    pub summary: ReportSummary,
+}
+
+/// `report.json`'s `summary`, as far as a reader needs it.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ReportSummary {
+    /// `--exact-faults` runs: the exact oracle's mutation score.
+    #[serde(default)]
+    pub mutation: Option<crate::mutation::MutationScore>,
 }
 
 /// One row of `report.json`'s `cases`.

@@ -517,3 +517,45 @@ fn outside_ci_a_missing_set_is_one_line_and_the_verdicts_decide_the_exit() {
     assert!(stdout.contains("1 passed, 0 findings, 0 failed"), "{all}");
     let _ = std::fs::remove_dir_all(&out_dir);
 }
+
+/// `--exact-faults` (issue 41): faults planted into the reference side of
+/// a small selection are scored. On the CPU at seed 0, in the attention
+/// step over a cache of 1019 to 1029 keys, a dropped K tail of the hidden
+/// input is flagged in `keys`, and the same fault in `attn` (whose bound
+/// is still wider than every value there) is listed as an escape with its
+/// error/bound ratio below 1. The verdicts are unchanged (the case
+/// passes). About 5 s (the exact decode over a thousand keys, three
+/// times).
+#[test]
+fn exact_faults_flag_a_planted_fault_and_list_an_escape() {
+    let out_dir = scratch("exact-faults");
+    let out = conformance(&[
+        "--device",
+        "cpu",
+        "--filter",
+        "attention/decode/qwen35-gqa6-d256-h512/affine-4b-gs64/bf16/M1/cache1019-1029",
+        "--no-snapshots",
+        "--exact-faults",
+        "--out",
+        out_dir.to_str().unwrap(),
+    ]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    let report = conformance::schema::ReportFile::read(&out_dir.join("report.json")).unwrap();
+    let m = report.summary.mutation.expect("a mutation score");
+    assert_eq!(m.backend, "cpu");
+    let dropped = m.by_kind.get("k-tail-dropped").copied().unwrap_or_default();
+    assert!(dropped.flagged >= 1, "{m:?}");
+    let escape = m
+        .escapes
+        .iter()
+        .find(|e| e.kind == "k-tail-dropped" && e.output == "attn")
+        .unwrap_or_else(|| panic!("no k-tail-dropped escape in attn listed: {m:?}"));
+    assert!(escape.max_ratio.is_some_and(|r| r < 1.0) && escape.changed > 0, "{escape:?}");
+    assert!(m.escapes.iter().all(|e| e.output != "keys"), "{m:?}");
+    assert!(m.total.flagged < m.total.planted, "{m:?}");
+    let md = std::fs::read_to_string(out_dir.join("report.md")).unwrap();
+    assert!(md.contains("## Mutation score of the exact oracle (cpu)"), "{md}");
+    assert!(md.contains("| attn | `k-tail-dropped` |"), "{md}");
+    let _ = std::fs::remove_dir_all(&out_dir);
+}

@@ -197,6 +197,52 @@ pub struct Calls {
 pub struct ExactPair {
     pub reference: Arc<Exact>,
     pub port: Arc<Exact>,
+    /// Only when the hooks inject faults (`CallHooks::injects_faults`): the
+    /// reference's exact value under each input fault that applies
+    /// ([`faults::FaultKind::mutate`]).
+    pub variants: Vec<faults::Variant>,
+}
+
+impl ExactPair {
+    /// One exact value for both sides (no fault variants).
+    pub fn same(e: Arc<Exact>) -> Self {
+        ExactPair {
+            reference: e.clone(),
+            port: e,
+            variants: Vec::new(),
+        }
+    }
+}
+
+/// Whether the running case's hooks inject faults into reference outputs.
+fn injecting() -> bool {
+    crate::scope::current(|hooks| hooks.injects_faults())
+}
+
+/// The exact values (output `index` of `f`) of each input fault that
+/// applies to `sent` and that `f` can compute.
+fn variants_of(
+    sent: &Sent,
+    model: Model,
+    f: impl Fn(&Sent, Model) -> Result<Vec<Exact>, ExactError>,
+) -> Vec<Vec<faults::Variant>> {
+    let mut per_output: Vec<Vec<faults::Variant>> = Vec::new();
+    for kind in faults::FaultKind::ALL {
+        let Some(faulty) = kind.mutate(sent) else {
+            continue;
+        };
+        let Ok(exacts) = f(&faulty, model) else {
+            continue;
+        };
+        per_output.resize_with(per_output.len().max(exacts.len()), Vec::new);
+        for (i, e) in exacts.into_iter().enumerate() {
+            per_output[i].push(faults::Variant {
+                kind,
+                value: e.value,
+            });
+        }
+    }
+    per_output
 }
 
 impl Calls {
@@ -238,7 +284,18 @@ impl Calls {
             },
             None => reference.clone(),
         };
-        Ok(Some(ExactPair { reference, port }))
+        let variants = if injecting() {
+            variants_of(&self.reference, self.model, |s, m| Ok(vec![f(s, m)?]))
+                .pop()
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        Ok(Some(ExactPair {
+            reference,
+            port,
+            variants,
+        }))
     }
 }
 
@@ -269,10 +326,21 @@ impl Calls {
                 "`{function}`: the sides' exact outputs differ in number"
             )));
         }
+        let mut variants = if injecting() {
+            variants_of(&self.reference, self.model, &f)
+        } else {
+            Vec::new()
+        };
+        variants.resize_with(reference.len(), Vec::new);
         Ok(reference
             .into_iter()
             .zip(port)
-            .map(|(reference, port)| ExactPair { reference, port })
+            .zip(variants)
+            .map(|((reference, port), variants)| ExactPair {
+                reference,
+                port,
+                variants,
+            })
             .collect())
     }
 
@@ -504,4 +572,5 @@ mod line_tests {
     }
 }
 
+pub mod faults;
 pub mod quantized;

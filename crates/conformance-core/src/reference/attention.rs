@@ -289,6 +289,9 @@ fn exact_sdpa(s: &Sent, model: Model) -> Result<Exact, ExactError> {
     };
     let (qv, kv, vv) = (track(q), track(k), track(v));
     let scale = s.float("scale")?;
+    // A injected fault's causal window one key short (`exactness::faults`;
+    // no glue call has this argument).
+    let short = usize::from(s.int(crate::exactness::faults::MASK_SHIFT).is_ok());
     let mut out = Vec::with_capacity(q.len());
     for bi in 0..b {
         for hi in 0..h {
@@ -296,7 +299,7 @@ fn exact_sdpa(s: &Sent, model: Model) -> Result<Exact, ExactError> {
             let head = (bi * hkv + g) * l * d;
             for i in 0..m {
                 let row = ((bi * h + hi) * m + i) * d;
-                let n = l - m + i + 1;
+                let n = (l - m + i + 1 - short).max(1);
                 out.extend(exact::attention::sdpa_row(
                     &qv[row..row + d],
                     &kv[head..head + n * d],

@@ -482,6 +482,7 @@ pub fn quantized_global_scale(
     let exact = crate::exactness::ExactPair {
         reference: of([weight.tensor(), scales.tensor(), global_scale.tensor()])?,
         port: of(port_codes)?,
+        variants: Vec::new(),
     };
     let global_scale = global_scale.with_exact(calls.exact(F, |s, m| q::max_abs(s, m, 1))?);
     Ok(GlobalScaleOut {

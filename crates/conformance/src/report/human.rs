@@ -106,6 +106,16 @@ pub fn summary(report: &Report) -> String {
         .iter()
         .filter(|r| !matches!(verdict_word(r), "pass" | "finding" | "skip"))
         .count();
+    if let Some(m) = &s.mutation {
+        out.push_str(&format!(
+            "exact oracle's mutation score ({}): {} of {} planted faults flagged ({:.1}%), {} escapes (report.md lists them)\n",
+            m.backend,
+            m.total.flagged,
+            m.total.planted,
+            100.0 * m.total.fraction(),
+            m.escapes.len()
+        ));
+    }
     // The exact oracle, in its own block just above the closing lines: a
     // reference outside its bound computes the wrong thing.
     let x = &s.exact;

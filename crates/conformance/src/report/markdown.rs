@@ -106,6 +106,9 @@ pub fn render(report: &Report) -> String {
         }
         let _ = writeln!(md, "\n</details>\n");
     }
+    if let Some(m) = &s.mutation {
+        crate::mutation::markdown(m, &mut md);
+    }
     let outside = super::exact_outside(&report.cases);
     if !outside.is_empty() {
         let _ = writeln!(md, "## Outside the exact bound ({})\n", outside.len());

@@ -57,6 +57,9 @@ pub struct Environment {
     pub filter: Option<String>,
     /// A proof run (`--perturb`): must-equal cases are meant to fail.
     pub perturb: bool,
+    /// `--exact-faults`: faults planted on the reference side, measured.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exact_faults: bool,
     /// `--tier` of this run.
     pub tier: crate::case::Tier,
     /// Selected cases this tier does not run (deep-tier cases in a
@@ -139,6 +142,9 @@ pub struct Summary {
     pub exit_code: i32,
     /// The exact oracle over every output in its scope.
     pub exact: ExactSummary,
+    /// `--exact-faults` only: the exact oracle's mutation score.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mutation: Option<crate::mutation::MutationScore>,
     /// A proof run (`--perturb`) only: whether every must-equal output can
     /// fail. It decides the run's exit code.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -355,6 +361,9 @@ impl Report {
         }
         s.orphaned_snapshots = orphans.iter().map(|p| p.display().to_string()).collect();
         s.exact = ExactSummary::of(&rows);
+        if environment.exact_faults {
+            s.mutation = Some(crate::mutation::MutationScore::of(&rows, &environment.backend));
+        }
         // Precedence: a broken verdict first, then a run that could not
         // evaluate everything, then drift.
         if environment.perturb {
@@ -693,6 +702,7 @@ pub(crate) mod tests {
             seed: 0,
             filter: None,
             perturb: false,
+            exact_faults: false,
             snapshots_checked: true,
             poison: true,
             tier: crate::case::Tier::Default,

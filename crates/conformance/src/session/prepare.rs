@@ -148,6 +148,7 @@ impl Session {
             seed: cli.seed,
             filter: cli.filter.clone().filter(|f| !f.is_empty()),
             perturb: cli.perturb,
+            exact_faults: cli.exact_faults,
             tier: cli.tier,
             deep_only_not_run,
             snapshots_checked: cli.snapshots_checked(),

@@ -57,10 +57,7 @@ fn setup(mode: Mode, seed: u64) -> Setup {
         tensors,
         layer,
         y,
-        exact: ExactPair {
-            reference: e.clone(),
-            port: e,
-        },
+        exact: ExactPair::same(e),
     }
 }
 
@@ -125,10 +122,7 @@ fn a_broadcast_read_as_contiguous_is_caught() {
     let xb = HostTensor::new(DType::Bfloat16, vec![M, k], broadcast).unwrap();
     let e =
         std::sync::Arc::new(linear(&sent(&xb, &s.tensors), Model::Cpu, "weight", false).unwrap());
-    let exact = ExactPair {
-        reference: e.clone(),
-        port: e,
-    };
+    let exact = ExactPair::same(e);
     // The right result is within: the port on the materialised broadcast.
     let right = host(&s.layer.forward(&xb.to_array()).unwrap()).unwrap();
     assert_eq!(
@@ -176,4 +170,106 @@ fn one_rows_result_swapped_with_anothers_is_caught() {
     let (a, b) = swapped.bytes.split_at_mut(row);
     a.swap_with_slice(&mut b[..row]);
     caught(&swapped, &s.exact, "rows swapped");
+}
+
+/// The fault catalogue (`exactness::faults`, issue 41) on a real output:
+/// an input fault (the exact value of the faulty inputs, added to the
+/// real output) and an output fault are flagged; the unfaulty output's
+/// bits are never counted as a fault.
+#[test]
+fn the_fault_catalogue_flags_a_dropped_k_tail_and_a_neighbour_groups_scale() {
+    use crate::exactness::faults::{inject_all, FaultKind, Variant};
+    let s = setup(Mode::Affine, 8);
+    let inputs = sent(&s.x, &s.tensors);
+    let mut pair = s.exact.clone();
+    for kind in FaultKind::ALL {
+        if let Some(faulty) = kind.mutate(&inputs) {
+            let e = linear(&faulty, Model::Cpu, "weight", false).unwrap();
+            pair.variants.push(Variant {
+                kind,
+                value: e.value,
+            });
+        }
+    }
+    let checks = inject_all("y", &s.y, &pair);
+    let of = |k: FaultKind| {
+        checks
+            .iter()
+            .find(|c| c.kind == k)
+            .unwrap_or_else(|| panic!("{k:?} not injected: {checks:?}"))
+    };
+    for k in [
+        FaultKind::KTailDropped,
+        FaultKind::KTailDoubled,
+        FaultKind::GroupScaleFromNeighbour,
+        FaultKind::GroupBiasFromNeighbour,
+        FaultKind::LastNTileZero,
+        FaultKind::RowsSwapped,
+    ] {
+        let c = of(k);
+        assert!(c.flagged && c.changed > 0, "{c:?}");
+        assert!(c.max_ratio.is_some_and(|r| r > 1.0), "{c:?}");
+    }
+    // No KV, no positions, no experts, a bf16 output: not applicable.
+    for k in [
+        FaultKind::KvRowFromAnotherRow,
+        FaultKind::RopePositionOffByOne,
+        FaultKind::ExpertRowsSwapped,
+        FaultKind::Bf16Intermediate,
+    ] {
+        assert!(checks.iter().all(|c| c.kind != k), "{k:?}: {checks:?}");
+    }
+}
+
+/// The x86-64 CPU's quantized matmul bound (issue 41: the scalar loops
+/// emulated, `exact::matmul`'s module doc, "Emulated"): over 24 seeds,
+/// affine, mxfp4, mxfp8 and nvfp4, bf16 and f16, K of 96 and 512, every
+/// correct output (MLX's CPU kernel through the port) is within it, and
+/// the bound is that tight: the output rounded through bf16 (f16) or its
+/// last 32 of K dropped (bf16) is flagged, where the worst-case bound let
+/// them pass.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn the_emulated_cpu_bound_holds_over_many_seeds_and_is_tight() {
+    use crate::exactness::faults::{inject_all, FaultKind, Variant};
+    let specs = [
+        affine(4, 32),
+        mode_default(Mode::Mxfp4),
+        mode_default(Mode::Mxfp8),
+        mode_default(Mode::Nvfp4),
+    ];
+    for seed in 0..24u64 {
+        for (dtype, spec) in [DType::Bfloat16, DType::Float16]
+            .into_iter()
+            .flat_map(|d| specs.iter().map(move |s| (d, *s)))
+        {
+            for k in [96usize, 512] {
+                let mut inputs = Inputs::new(1000 + seed);
+                let x = activation(&mut inputs, dtype, &[M, k]);
+                let payload = quantized_weight(&mut inputs, spec, dtype, &[N, k]).unwrap();
+                let tensors = layer_tensors(&payload, None).unwrap();
+                let layer = QuantizedLinear::new(payload, None).unwrap();
+                let y = host(&layer.forward(&x.to_array()).unwrap()).unwrap();
+                let inputs = sent(&x, &tensors);
+                let e = linear(&inputs, Model::Cpu, "weight", false).unwrap();
+                let mut pair = ExactPair::same(std::sync::Arc::new(e));
+                let c = ExactCheck::measure(&y, &y, &pair, true);
+                let at = format!("seed {seed} {} {spec:?} K {k}", dtype.name());
+                assert_eq!(c.class, ExactClass::Within, "{at}: {}", c.line("y"));
+                let faulty = FaultKind::KTailDropped.mutate(&inputs).unwrap();
+                pair.variants.push(Variant {
+                    kind: FaultKind::KTailDropped,
+                    value: linear(&faulty, Model::Cpu, "weight", false).unwrap().value,
+                });
+                let checks = inject_all("y", &y, &pair);
+                let tight = if dtype == DType::Float16 {
+                    FaultKind::Bf16Intermediate
+                } else {
+                    FaultKind::KTailDropped
+                };
+                let f = checks.iter().find(|f| f.kind == tight).unwrap();
+                assert!(f.flagged, "{at}: {f:?}");
+            }
+        }
+    }
 }
