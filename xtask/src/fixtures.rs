@@ -53,8 +53,8 @@ pub fn run(root: &Path, backend: Option<Backend>, action: &Action) -> Result<i32
     // Snapshots are reviewed and recorded over the deep tier (every case)
     // unless `--tier` says otherwise.
     let tier: &[&str] = if !args
-            .iter()
-            .any(|a| a.to_string_lossy().starts_with("--tier"))
+        .iter()
+        .any(|a| a.to_string_lossy().starts_with("--tier"))
     {
         &["--tier", "deep"]
     } else {

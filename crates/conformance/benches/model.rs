@@ -91,7 +91,11 @@ fn bench(oracle: &Oracle, dir: &Path, floor_bps: f64, iterations: usize) {
         call(&model, &prompt, &mut cache);
         cache
     };
-    let rust_prefill = best(iterations, || model.make_cache(), |c| call(&model, &prompt, c));
+    let rust_prefill = best(
+        iterations,
+        || model.make_cache(),
+        |c| call(&model, &prompt, c),
+    );
     let first = Array::from_slice(&ids[..1], &[1, 1]);
     let rust_decode = best(iterations, prefilled, |c| call(&model, &first, c));
     let python = model_bench(oracle, dir, &prompt_host, &KS, iterations)

@@ -84,7 +84,10 @@ impl MutationScore {
             for f in &out.faults {
                 let kind = f.kind.name();
                 s.total.add(f.flagged);
-                s.by_family.entry(r.family.clone()).or_default().add(f.flagged);
+                s.by_family
+                    .entry(r.family.clone())
+                    .or_default()
+                    .add(f.flagged);
                 s.by_kind.entry(kind.to_owned()).or_default().add(f.flagged);
                 s.by_family_kind
                     .entry(format!("{} · {kind}", r.family))
@@ -109,7 +112,14 @@ impl MutationScore {
 /// `report.md`'s section.
 pub fn markdown(s: &MutationScore, md: &mut String) {
     use std::fmt::Write;
-    let pct = |x: &Score| format!("{:.1}% ({} of {})", 100.0 * x.fraction(), x.flagged, x.planted);
+    let pct = |x: &Score| {
+        format!(
+            "{:.1}% ({} of {})",
+            100.0 * x.fraction(),
+            x.flagged,
+            x.planted
+        )
+    };
     let _ = writeln!(
         md,
         "## Mutation score of the exact oracle ({})\n\nEach applicable fault of the catalogue (`exactness::faults`) planted into the reference side of every must-equal output with an exact value: **{}** flagged (outside the bound).\n",

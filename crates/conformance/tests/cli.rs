@@ -551,11 +551,17 @@ fn exact_faults_flag_a_planted_fault_and_list_an_escape() {
         .iter()
         .find(|e| e.kind == "k-tail-dropped" && e.output == "attn")
         .unwrap_or_else(|| panic!("no k-tail-dropped escape in attn listed: {m:?}"));
-    assert!(escape.max_ratio.is_some_and(|r| r < 1.0) && escape.changed > 0, "{escape:?}");
+    assert!(
+        escape.max_ratio.is_some_and(|r| r < 1.0) && escape.changed > 0,
+        "{escape:?}"
+    );
     assert!(m.escapes.iter().all(|e| e.output != "keys"), "{m:?}");
     assert!(m.total.flagged < m.total.planted, "{m:?}");
     let md = std::fs::read_to_string(out_dir.join("report.md")).unwrap();
-    assert!(md.contains("## Mutation score of the exact oracle (cpu)"), "{md}");
+    assert!(
+        md.contains("## Mutation score of the exact oracle (cpu)"),
+        "{md}"
+    );
     assert!(md.contains("| attn | `k-tail-dropped` |"), "{md}");
     let _ = std::fs::remove_dir_all(&out_dir);
 }

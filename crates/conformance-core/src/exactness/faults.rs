@@ -241,9 +241,7 @@ fn k_tail(sent: &Sent, factor: f64) -> Option<Sent> {
 
 /// The weight argument's name (`weight` or `w`).
 fn weight_name(sent: &Sent) -> Option<&'static str> {
-    ["weight", "w"]
-        .into_iter()
-        .find(|n| sent.tensor(n).is_ok())
+    ["weight", "w"].into_iter().find(|n| sent.tensor(n).is_ok())
 }
 
 /// The last group's column of `name` (`scales` or `biases`, [.., G])
@@ -299,9 +297,7 @@ fn experts_swapped(sent: &Sent) -> Option<Sent> {
 /// replaced by row 0's.
 fn kv_from_row0(sent: &Sent) -> Option<Sent> {
     let pairs = [("keys", "values"), ("k0", "v0")];
-    let (k, v) = pairs
-        .into_iter()
-        .find(|(k, _)| sent.tensor(k).is_ok())?;
+    let (k, v) = pairs.into_iter().find(|(k, _)| sent.tensor(k).is_ok())?;
     let mut out = sent.clone();
     for name in [k, v] {
         let t = sent.tensor(name).ok()?;
@@ -313,7 +309,10 @@ fn kv_from_row0(sent: &Sent) -> Option<Sent> {
         let mut bytes = t.bytes.clone();
         let (first, rest) = bytes.split_at_mut((b - 1) * block);
         rest.copy_from_slice(&first[..block]);
-        out = out.with(name, Arg::Tensor(HostTensor::new(t.dtype, t.shape.clone(), bytes).ok()?));
+        out = out.with(
+            name,
+            Arg::Tensor(HostTensor::new(t.dtype, t.shape.clone(), bytes).ok()?),
+        );
     }
     Some(out)
 }
@@ -387,7 +386,9 @@ pub fn inject_all(name: &str, y: &HostTensor, pair: &ExactPair) -> Vec<FaultChec
             None => kind.inject_output(exact.op, y),
         };
         let Some(injected) = injected else { continue };
-        let changed = (0..y.len()).filter(|&i| injected.bits(i) != y.bits(i)).count();
+        let changed = (0..y.len())
+            .filter(|&i| injected.bits(i) != y.bits(i))
+            .count();
         if changed == 0 {
             continue;
         }

@@ -86,7 +86,11 @@ pub fn generate_lm(
     ];
     let value = ctx.call(F, params)?;
     let mut r = Fields::of(F, value)?;
-    Ok((r.tensor("prefill")?, r.tensor("decode")?, r.tensor("tokens")?))
+    Ok((
+        r.tensor("prefill")?,
+        r.tensor("decode")?,
+        r.tensor("tokens")?,
+    ))
 }
 
 /// `model_generate_batch`: B requests of equal length at once (`prompt`
@@ -106,5 +110,9 @@ pub fn generate_batch(
     ];
     let value = ctx.call(F, params)?;
     let mut r = Fields::of(F, value)?;
-    Ok((r.tensor("prefill")?, r.tensor("decode")?, r.tensor("tokens")?))
+    Ok((
+        r.tensor("prefill")?,
+        r.tensor("decode")?,
+        r.tensor("tokens")?,
+    ))
 }

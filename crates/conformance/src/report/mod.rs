@@ -362,7 +362,10 @@ impl Report {
         s.orphaned_snapshots = orphans.iter().map(|p| p.display().to_string()).collect();
         s.exact = ExactSummary::of(&rows);
         if environment.exact_faults {
-            s.mutation = Some(crate::mutation::MutationScore::of(&rows, &environment.backend));
+            s.mutation = Some(crate::mutation::MutationScore::of(
+                &rows,
+                &environment.backend,
+            ));
         }
         // Precedence: a broken verdict first, then a run that could not
         // evaluate everything, then drift.

@@ -206,8 +206,8 @@ impl SparseMoe {
         let y = self.switch_mlp.forward_rows(x, &inds)?;
         let y = sum_axis(&y.multiply(&expand_dims(&scores, -1)?)?, -2, None)?;
         let shared = self.shared_expert.forward_rows(x)?;
-        let shared = mlx_rs::ops::sigmoid(&self.shared_expert_gate.forward_rows(x)?)?
-            .multiply(&shared)?;
+        let shared =
+            mlx_rs::ops::sigmoid(&self.shared_expert_gate.forward_rows(x)?)?.multiply(&shared)?;
         Ok(y.add(&shared)?)
     }
 

@@ -126,11 +126,16 @@ impl Embedding {
     pub fn as_linear_rows(&self, x: &Array) -> Result<Array, ModelError> {
         let rows = x.shape().get(1).copied().unwrap_or(1).max(1) as usize;
         let chunk = match self {
-            Embedding::Quantized(q) => RowsRegime::for_backend(
-                crate::backend::Backend::of_default_device()?,
-            )
-            .limit(RowsCall::QuantizedMatmul, q.payload().spec(), x.dtype(), q.dims())
-            .chunk(rows),
+            Embedding::Quantized(q) => {
+                RowsRegime::for_backend(crate::backend::Backend::of_default_device()?)
+                    .limit(
+                        RowsCall::QuantizedMatmul,
+                        q.payload().spec(),
+                        x.dtype(),
+                        q.dims(),
+                    )
+                    .chunk(rows)
+            }
             Embedding::Float(_) => 1,
         };
         in_chunks(x, chunk, |rows| self.as_linear(rows))
