@@ -87,7 +87,7 @@ use crate::{err, ExactError, Float, Model};
 
 /// Half an ulp of TF32 at 1 (10 explicit mantissa bits), the precision
 /// GPU float32 matmuls read their inputs at.
-const TF32_U: f64 = 1.0 / 2048.0;
+pub(crate) const TF32_U: f64 = 1.0 / 2048.0;
 
 /// Row `n` of `w` as one output element's loop reads it, in output dtype
 /// `t` under `model`: computed once per weight row, not once per output
@@ -460,7 +460,7 @@ pub fn matmul(
 
 /// A float32 operand read as TF32 (round to nearest at 10 mantissa bits;
 /// truncation would be within twice this, and is covered by the factor 2).
-fn tf32_round(x: Tracked) -> Tracked {
+pub(crate) fn tf32_round(x: Tracked) -> Tracked {
     x.widen(2.0 * TF32_U * (x.v.abs() + x.e))
 }
 
