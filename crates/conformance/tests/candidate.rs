@@ -196,6 +196,20 @@ fn a_crashing_candidate_is_an_error_row_per_case_and_is_restarted() {
 }
 
 #[test]
+fn a_candidate_on_another_libmlx_is_an_error_row_naming_both_digests() {
+    let (rows, out, _) = rows("other-libmlx", &[]);
+    for (verdict, message) in &rows {
+        assert_eq!(verdict, "error", "{}", text(&out));
+        assert!(
+            message.contains("the candidate loaded libmlx")
+                && message.contains("not the reference's build")
+                && message.matches("(sha256 ").count() == 2,
+            "{message}"
+        );
+    }
+}
+
+#[test]
 fn a_hanging_candidate_is_killed_at_the_timeout() {
     let (rows, out, took) = rows("hang", &["--candidate-timeout", "2"]);
     assert!(took < Duration::from_secs(60), "took {took:?}");
