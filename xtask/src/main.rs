@@ -17,6 +17,7 @@ mod console;
 mod book;
 mod bundle;
 mod conformance;
+mod cpp_candidate;
 mod env;
 mod fixtures;
 mod gate;
