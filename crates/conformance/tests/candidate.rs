@@ -269,6 +269,39 @@ fn a_nan_answer_fails_with_its_first_differing_element() {
     }
 }
 
+/// Issue 42: a candidate run's words never call the candidate "the port":
+/// an answer outside the exact oracle's bound (NaN) is "candidate outside
+/// bound" in the console, report.md and junit.xml (junit's test names said
+/// "port outside bound").
+#[test]
+fn a_candidate_outside_the_exact_bound_is_never_called_the_port() {
+    let (out, report, dir) = run_candidate(&bad("nan"), TWO, &[]);
+    let exact: Vec<&Json> = cases(&report)
+        .iter()
+        .filter_map(|c| c["output"]["outputs"][0]["exact"].as_object().map(|_| c))
+        .collect();
+    assert!(
+        !exact.is_empty(),
+        "the exact oracle checked no output: {}",
+        text(&out)
+    );
+    let junit = std::fs::read_to_string(dir.path().join("junit.xml")).unwrap();
+    let markdown = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+    assert!(junit.contains("candidate outside bound"), "{junit}");
+    assert!(markdown.contains("candidate outside bound"), "{markdown}");
+    for (what, words) in [
+        ("console", text(&out)),
+        ("junit.xml", junit),
+        ("report.md", markdown),
+    ] {
+        let said = words.to_lowercase();
+        assert!(
+            !said.contains(" port ") && !said.contains("port outside") && !said.contains("port's"),
+            "{what} says port: {words}"
+        );
+    }
+}
+
 /// Issue 40, class 15: a candidate returning the wrong kind of value was
 /// "harness error: compared no output"; the recorded reason is the row's.
 #[test]

@@ -426,6 +426,14 @@ impl ExactClass {
             ExactClass::PortOutside => "port outside bound",
         }
     }
+    /// [`ExactClass::word`], the checked side called `side` (`candidate`
+    /// in a candidate run).
+    pub fn word_as(self, side: &str) -> String {
+        match self {
+            ExactClass::PortOutside => format!("{side} outside bound"),
+            _ => self.word().to_owned(),
+        }
+    }
 }
 
 /// One output measured against the exact oracle.
