@@ -388,6 +388,12 @@ fn a_candidate_raising_where_the_reference_computes_is_the_ports_error() {
                 && !message.contains("port"),
             "{message}"
         );
+        // It names the op the author serves, not the glue function behind
+        // it (it said "op of `position_rope2d`").
+        assert!(
+            message.contains("op `rope2d_apply`") && !message.contains("position_rope2d"),
+            "{message}"
+        );
     }
 }
 
