@@ -200,6 +200,20 @@ def encode(value, key, arrays):
     return value
 
 
+def loaded_libmlx():
+    """The libmlx file this process mapped (Linux; None elsewhere): the
+    hello names it, and the runner refuses one that is not the pinned build."""
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.split(None, 5)[-1].strip()
+                if path.rsplit("/", 1)[-1].startswith("libmlx."):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
 def answer(out, message):
     out.write(json.dumps(message) + "\n")
     out.flush()
@@ -215,7 +229,8 @@ def main():
             mx.set_default_device(mx.cpu if request["backend"] == "cpu" else mx.gpu)
             name = "mlx-core-candidate" + ("-wrong" if WRONG else "")
             answer(out, {"type": "hello", "protocol": PROTOCOL, "name": name,
-                         "ops": {op: v for op, (v, _) in OPS.items()}})
+                         "ops": {op: v for op, (v, _) in OPS.items()},
+                         "libmlx": loaded_libmlx()})
             continue
         call_id = request["id"]
         version, fn = OPS.get(request["op"], (None, None))

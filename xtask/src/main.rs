@@ -17,9 +17,11 @@ mod console;
 mod book;
 mod bundle;
 mod conformance;
+mod cpp_candidate;
 mod env;
 mod fixtures;
 mod gate;
+mod libmlx;
 mod lock;
 mod macos;
 mod setup;
@@ -124,6 +126,15 @@ enum Command {
     /// and gate.md; exit 0 unchanged, 2 changed, 1 a must-equal case fails on the candidate, 3
     /// environment
     Gate(gate::Args),
+    /// The pinned libmlx (the reference environment's file) and its sha256; with FILE,
+    /// whether FILE is that build (exit 0) or another (exit 1): a candidate must load it
+    Libmlx {
+        /// The environment whose libmlx is pinned (default: this machine's default env)
+        #[arg(long, value_enum, value_name = "BACKEND")]
+        backend: Option<env::Backend>,
+        /// A libmlx file to compare with the pinned one (the one your candidate loads)
+        file: Option<PathBuf>,
+    },
     /// The book under docs/ (mdBook): write the generated reference pages (CLI, exit
     /// codes, environment; `--check` or CI=true: fail when one is stale), check every
     /// relative link and anchor, and build it into target/book
@@ -160,6 +171,7 @@ fn main() {
         Command::Bundle(args) => bundle::run(&root, &args),
         Command::Gate(args) => gate::run(&root, &args),
         Command::Book(args) => book::run(&root, &args),
+        Command::Libmlx { backend, file } => libmlx::run(&root, backend, file.as_deref()),
     };
     match result {
         Ok(code) => std::process::exit(code),

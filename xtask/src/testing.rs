@@ -70,7 +70,9 @@ pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
         return Ok(code);
     }
     if !extra.is_empty() {
-        println!("xtask test: protocol self-test skipped (runner arguments given)");
+        println!(
+            "xtask test: protocol self-test and C++ candidate skipped (runner arguments given)"
+        );
         return Ok(0);
     }
     // The candidate protocol's self-test (README "Checking your own port"):
@@ -98,7 +100,13 @@ pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
         .arg(&linked)
         .arg("--out")
         .arg(root.join("target/conformance-candidate"));
-    timed(&mut cmd, "the protocol self-test")
+    let code = timed(&mut cmd, "the protocol self-test")?;
+    if code != 0 {
+        return Ok(code);
+    }
+    // The second worked example, in C++ on the pinned libmlx: its ops
+    // pass and its wrong variant fails with the first differing element.
+    crate::cpp_candidate::run(root, &layout)
 }
 
 /// `target/conformance-vectors` (xtask's own fixed path) written by a

@@ -184,12 +184,14 @@ impl<'a> Ctx<'a> {
                 // arguments.
                 let sent = if self.perturb { &original } else { &kwargs };
                 match substitute.call(self.case, function, sent, value.as_ref().ok()) {
+                    // The substitute's message names its op (the glue
+                    // function's name would mean nothing to its author).
                     Ok(crate::scope::Answer::RefusedByPolicy(m)) if value.is_ok() => {
-                        return Err(CaseError::Refused(format!("(op of `{function}`) {m}")));
+                        return Err(CaseError::Refused(m));
                     }
                     Ok(crate::scope::Answer::Raised(m)) if value.is_ok() => {
                         return Err(CaseError::SubstituteRaised(format!(
-                            "the candidate raised where the reference computed (op of `{function}`): {m}"
+                            "the candidate raised where the reference computed: {m}"
                         )));
                     }
                     Ok(_) => {}

@@ -196,6 +196,20 @@ fn a_crashing_candidate_is_an_error_row_per_case_and_is_restarted() {
 }
 
 #[test]
+fn a_candidate_on_another_libmlx_is_an_error_row_naming_both_digests() {
+    let (rows, out, _) = rows("other-libmlx", &[]);
+    for (verdict, message) in &rows {
+        assert_eq!(verdict, "error", "{}", text(&out));
+        assert!(
+            message.contains("the candidate loaded libmlx")
+                && message.contains("not the reference's build")
+                && message.matches("(sha256 ").count() == 2,
+            "{message}"
+        );
+    }
+}
+
+#[test]
 fn a_hanging_candidate_is_killed_at_the_timeout() {
     let (rows, out, took) = rows("hang", &["--candidate-timeout", "2"]);
     assert!(took < Duration::from_secs(60), "took {took:?}");
@@ -252,6 +266,39 @@ fn a_nan_answer_fails_with_its_first_differing_element() {
             assert_eq!(comparison["outcome"], "differs", "{extra:?}: {c}");
             assert_eq!(comparison["actual"]["value"], "NaN", "{extra:?}: {c}");
         }
+    }
+}
+
+/// Issue 42: a candidate run's words never call the candidate "the port":
+/// an answer outside the exact oracle's bound (NaN) is "candidate outside
+/// bound" in the console, report.md and junit.xml (junit's test names said
+/// "port outside bound").
+#[test]
+fn a_candidate_outside_the_exact_bound_is_never_called_the_port() {
+    let (out, report, dir) = run_candidate(&bad("nan"), TWO, &[]);
+    let exact: Vec<&Json> = cases(&report)
+        .iter()
+        .filter_map(|c| c["output"]["outputs"][0]["exact"].as_object().map(|_| c))
+        .collect();
+    assert!(
+        !exact.is_empty(),
+        "the exact oracle checked no output: {}",
+        text(&out)
+    );
+    let junit = std::fs::read_to_string(dir.path().join("junit.xml")).unwrap();
+    let markdown = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+    assert!(junit.contains("candidate outside bound"), "{junit}");
+    assert!(markdown.contains("candidate outside bound"), "{markdown}");
+    for (what, words) in [
+        ("console", text(&out)),
+        ("junit.xml", junit),
+        ("report.md", markdown),
+    ] {
+        let said = words.to_lowercase();
+        assert!(
+            !said.contains(" port ") && !said.contains("port outside") && !said.contains("port's"),
+            "{what} says port: {words}"
+        );
     }
 }
 
@@ -339,6 +386,12 @@ fn a_candidate_raising_where_the_reference_computes_is_the_ports_error() {
             message.contains("the candidate raised where the reference computed")
                 && message.contains("refuses everything")
                 && !message.contains("port"),
+            "{message}"
+        );
+        // It names the op the author serves, not the glue function behind
+        // it (it said "op of `position_rope2d`").
+        assert!(
+            message.contains("op `rope2d_apply`") && !message.contains("position_rope2d"),
             "{message}"
         );
     }

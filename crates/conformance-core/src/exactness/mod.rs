@@ -426,6 +426,14 @@ impl ExactClass {
             ExactClass::PortOutside => "port outside bound",
         }
     }
+    /// [`ExactClass::word`], the checked side called `side` (the word for
+    /// what stood for the port in this run, as in [`ExactCheck::line_as`]).
+    pub fn word_as(self, side: &str) -> String {
+        match self {
+            ExactClass::PortOutside => format!("{side} outside bound"),
+            _ => self.word().to_owned(),
+        }
+    }
 }
 
 /// One output measured against the exact oracle.

@@ -1170,7 +1170,10 @@ fn main() {
             }
             let ops: serde_json::Map<String, Json> =
                 OPS.iter().map(|o| ((*o).to_owned(), json!(1))).collect();
-            json!({"type": "hello", "protocol": 1, "name": "conformance-port-candidate", "ops": ops})
+            // The libmlx this process mapped (the runner checks it is the
+            // reference's file, by sha256); none named when it cannot tell.
+            let libmlx = oracle::guards::check_single_libmlx().ok();
+            json!({"type": "hello", "protocol": 1, "name": "conformance-port-candidate", "ops": ops, "libmlx": libmlx})
         } else if OPS.contains(&request["op"].as_str().unwrap_or_default()) {
             serve(&request)
         } else {

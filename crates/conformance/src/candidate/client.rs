@@ -77,6 +77,31 @@ pub struct Client {
     dead: bool,
 }
 
+/// Why the libmlx file a candidate's hello names is not the one this
+/// process (the reference) runs, compared by sha256; `Ok` when it is.
+fn same_libmlx(candidate: &std::path::Path) -> Result<(), String> {
+    let reference = oracle::guards::check_single_libmlx().map_err(|e| e.to_string())?;
+    let digest = |path: &std::path::Path| -> Result<String, String> {
+        use sha2::{Digest, Sha256};
+        let bytes = std::fs::read(path).map_err(|e| {
+            format!(
+                "cannot read the libmlx file {} to check it: {e}",
+                clip(&path.display().to_string())
+            )
+        })?;
+        Ok(format!("{:x}", Sha256::digest(&bytes)))
+    };
+    let theirs = digest(candidate)?;
+    let ours = digest(std::path::Path::new(&reference))?;
+    if theirs == ours {
+        return Ok(());
+    }
+    Err(format!(
+        "the candidate loaded libmlx {} (sha256 {theirs}), not the reference's build {reference} (sha256 {ours}); a candidate must load the pinned libmlx, the same file by sha256 (docs: \"Checking your own port\")",
+        clip(&candidate.display().to_string())
+    ))
+}
+
 impl Client {
     /// Starts the candidate and exchanges hellos.
     pub fn start(config: &Config) -> Result<Client, String> {
@@ -180,6 +205,23 @@ impl Client {
             Some(other) => {
                 return Err(client.fail(&format!(
                     "hello: `refusals` must be a list, not {}",
+                    clip(&other.to_string())
+                )))
+            }
+        }
+        // Optional: the libmlx file the candidate loaded, which must be the
+        // reference's own build (the same file by sha256), or a difference
+        // could come from two MLX builds rather than the candidate's maths.
+        match answer.get("libmlx") {
+            None | Some(Json::Null) => {}
+            Some(Json::String(path)) => {
+                if let Err(e) = same_libmlx(std::path::Path::new(path)) {
+                    return Err(client.fail(&format!("hello: {e}")));
+                }
+            }
+            Some(other) => {
+                return Err(client.fail(&format!(
+                    "hello: `libmlx` is the path of the libmlx file the candidate loaded, not {}",
                     clip(&other.to_string())
                 )))
             }

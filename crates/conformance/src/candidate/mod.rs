@@ -137,7 +137,7 @@ impl Substitute for Candidate {
                             "declared refusal \"{policy}\" on op `{op}`: {m}"
                         ))
                     }
-                    (Reply::Raised(m), _) => Answer::Raised(m),
+                    (Reply::Raised(m), _) => Answer::Raised(format!("op `{op}`: {m}")),
                     (Reply::Value(_), _) => Answer::Computed,
                 })
             }

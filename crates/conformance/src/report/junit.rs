@@ -87,7 +87,11 @@ pub fn render(report: &Report) -> String {
             .entry("exact-oracle".into())
             .or_insert_with(|| TestSuite::new("exact-oracle"))
             .add_test_case(TestCase::new(
-                format!("{} {output}: {}", row.result.name, e.class.word()),
+                format!(
+                    "{} {output}: {}",
+                    row.result.name,
+                    e.class.word_as(report.environment.side())
+                ),
                 status,
             ));
     }

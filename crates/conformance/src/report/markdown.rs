@@ -123,11 +123,7 @@ pub fn render(report: &Report) -> String {
                 md,
                 "| `{}` | {output} | {}{} | {} {} | flat [{}] = {} vs exact {} ± {:.3e} ({} of {} outside) | {:.3} | {} |",
                 row.result.name,
-                if e.class == crate::exactness::ExactClass::PortOutside {
-                    format!("{} outside bound", report.environment.side())
-                } else {
-                    e.class.word().to_owned()
-                },
+                e.class.word_as(report.environment.side()),
                 if e.bit_equal {
                     format!(" ({} bit-equal)", report.environment.side())
                 } else {

@@ -22,6 +22,7 @@ row, never the run.
                  forever (its worker is killed at the case timeout)
     kill-launcher kills its launcher (SIGKILL), starts a detached child,
                  ignores SIGTERM and never answers
+    other-libmlx names another file than the pinned libmlx in its hello
 """
 
 import json
@@ -55,6 +56,8 @@ for line in sys.stdin:
         ops = {} if MODE in ("unsupported", "long-name") else {"rope2d_apply": 1}
         name = "n" * (1 << 20) if MODE == "long-name" else f"bad-{MODE}"
         hello = {"type": "hello", "protocol": 1, "name": name, "ops": ops}
+        if MODE == "other-libmlx":
+            hello["libmlx"] = sys.executable
         if MODE in ("refuses-by-policy", "refuses-off-policy"):
             hello["refusals"] = [{"op": "rope2d_apply",
                                   "condition": "no 2-D RoPE on this engine"}]
