@@ -53,6 +53,13 @@ use serde::Serialize;
 /// magnitudes summed): far below any kernel dtype's rounding.
 pub const F64_SLACK: f64 = 1.0 / (1u64 << 40) as f64;
 
+/// `2^e` exactly, as a constant (`powi` is a call on the exact oracle's
+/// hottest paths: every rounding asks for `u` and `eta`).
+const fn pow2(e: i32) -> f64 {
+    assert!(e > -1023 && e < 1024);
+    f64::from_bits(((1023 + e) as u64) << 52)
+}
+
 /// A floating-point format a kernel rounds to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -64,20 +71,22 @@ pub enum Float {
 
 impl Float {
     /// Unit roundoff: half an ulp of 1 (round to nearest even).
+    #[inline]
     pub fn u(self) -> f64 {
         match self {
-            Float::Bfloat16 => 2f64.powi(-8),
-            Float::Float16 => 2f64.powi(-11),
-            Float::Float32 => 2f64.powi(-24),
+            Float::Bfloat16 => pow2(-8),
+            Float::Float16 => pow2(-11),
+            Float::Float32 => pow2(-24),
         }
     }
     /// Half the smallest subnormal spacing (the absolute error of rounding
     /// near zero, underflow included).
+    #[inline]
     pub fn eta(self) -> f64 {
         match self {
-            Float::Bfloat16 => 2f64.powi(-134),
-            Float::Float16 => 2f64.powi(-25),
-            Float::Float32 => 2f64.powi(-150),
+            Float::Bfloat16 => pow2(-134),
+            Float::Float16 => pow2(-25),
+            Float::Float32 => pow2(-150),
         }
     }
     /// The largest finite value (beyond it a rounding overflows: no bound).

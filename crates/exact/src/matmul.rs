@@ -114,6 +114,7 @@ struct WeightRow {
 /// One operation of MLX's CPU scalar loops in `T`: computed in float32
 /// (IEEE, to nearest even) and stored back in `T` (to nearest even: MLX's
 /// `_MLX_BFloat16` / `_MLX_Float16` conversions on x86-64).
+#[inline]
 fn in_t(t: Float, x: f32) -> f32 {
     match t {
         Float::Bfloat16 => half::bf16::from_f32(x).to_f32(),
