@@ -840,6 +840,98 @@ fn nothing_a_candidate_starts_outlives_its_worker() {
     all_gone(&pids).unwrap();
 }
 
+/// The pid of the process whose command line holds every one of `words`.
+#[cfg(target_os = "linux")]
+fn pid_running(words: &[&str]) -> Option<i32> {
+    std::fs::read_dir("/proc").ok()?.filter_map(Result::ok).find_map(|e| {
+        let pid = e.file_name().to_str()?.parse::<i32>().ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        words.iter().all(|w| cmdline.contains(w)).then_some(pid)
+    })
+}
+
+/// The scratch directories left in `tmp`.
+fn scratch_dirs(tmp: &Path) -> Vec<String> {
+    std::fs::read_dir(tmp)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("conformance-candidate-"))
+        .collect()
+}
+
+/// Issue 40: a SIGKILL of both a candidate's launcher and its worker left
+/// the candidate's scratch directory (with its inputs) in $TMPDIR for
+/// good. Its name now records its owner, and the next candidate started
+/// removes the directories of owners that are gone.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_scratch_dir_left_by_a_killed_worker_and_launcher_is_reclaimed_by_the_next_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tmp_path = tmp.path().to_str().unwrap().to_owned();
+    let reports = tempfile::tempdir().unwrap();
+    let run = |candidate: &str| {
+        Command::new(env!("CARGO_BIN_EXE_conformance"))
+            .args(["--device", "cpu", "--jobs", "1", "--filter", TWO])
+            .args(["--candidate", candidate, "--candidate-timeout", "600"])
+            .arg("--out")
+            .arg(reports.path())
+            .env_remove("MLX_CONFORMANCE_DEVICE_FAMILY")
+            .env("CI", "true")
+            .env("TMPDIR", &tmp_path)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    // A candidate that never answers: its launcher is found by the
+    // scratch directory in its command line.
+    let mut first = run(&bad("hang"));
+    let started = Instant::now();
+    let launcher = loop {
+        if let Some(pid) = pid_running(&["--candidate-launcher", &tmp_path]) {
+            break pid;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no launcher started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{launcher}/stat")).unwrap();
+    let worker: i32 = stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    // Both stopped first, so that no parent's death lets them clean up,
+    // then the runner (no new worker starts) and both killed: nobody is
+    // left to remove the directory.
+    unsafe {
+        libc::kill(launcher, libc::SIGSTOP);
+        libc::kill(worker, libc::SIGSTOP);
+    }
+    let _ = first.kill();
+    let _ = first.wait();
+    unsafe {
+        libc::kill(worker, libc::SIGKILL);
+        libc::kill(launcher, libc::SIGKILL);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let left = scratch_dirs(tmp.path());
+    assert!(!left.is_empty(), "the kill left no scratch directory");
+    // A later run of a candidate (one that serves nothing: quick).
+    let mut second = run(&bad("unsupported"));
+    let status = second.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let now = scratch_dirs(tmp.path());
+    assert!(
+        left.iter().all(|d| !now.contains(d)),
+        "still there: {now:?} (left by the kill: {left:?})"
+    );
+}
+
 /// Issue 40, class 19: a missing `--same-verdicts-as` file was reported
 /// only after the whole run, and a FIFO there hung the run (ignoring
 /// SIGTERM). Both are refused before any case now.

@@ -80,8 +80,11 @@ pub struct Client {
 impl Client {
     /// Starts the candidate and exchanges hellos.
     pub fn start(config: &Config) -> Result<Client, String> {
+        // What a worker and launcher killed together left (issue 40): its
+        // owner is gone, so nobody else will remove it.
+        super::scratch::reclaim_stale(&std::env::temp_dir());
         let scratch = tempfile::Builder::new()
-            .prefix("conformance-candidate-")
+            .prefix(&super::scratch::own_prefix())
             .tempdir()
             .map_err(|e| format!("cannot make the candidate's scratch directory: {e}"))?;
         let mut child = launch(&config.command, scratch.path())

@@ -1,0 +1,154 @@
+//! The candidate's scratch directories, and the reclaiming of those whose
+//! owner died without removing them.
+//!
+//! A scratch directory is removed by its launcher when the candidate ends,
+//! and by the worker's `TempDir` when the client is dropped. When both are
+//! killed with SIGKILL (the OOM killer, `kill -9` of a process group) nobody
+//! removes it. So its name carries its owner, the worker:
+//! `conformance-candidate-<pid>-<start>-<random>`, where `<start>` is the
+//! worker's start time (`/proc/<pid>/stat` field 22, so a reused pid is not
+//! taken for the owner). Every new client first removes the directories of
+//! owners that are gone: in the same temporary directory, owned by this
+//! user, real directories (a link is never followed nor removed).
+
+use std::path::{Path, PathBuf};
+
+/// The name every scratch directory starts with.
+pub const PREFIX: &str = "conformance-candidate-";
+
+/// A process's start time since boot, in clock ticks (`/proc/<pid>/stat`
+/// field 22; the command name before it may hold spaces and parentheses).
+/// `None` when there is no such process (or no `/proc`).
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // `rest` starts at field 3 (state): field 22 is its 20th.
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// The prefix of this process's scratch directories (its pid and start
+/// time, then the random part `tempfile` adds).
+pub fn own_prefix() -> String {
+    let pid = std::process::id();
+    format!("{PREFIX}{pid}-{}-", start_time(pid).unwrap_or(0))
+}
+
+/// The owner `(pid, start time)` a scratch directory's name records, if it
+/// is one of ours.
+fn owner(name: &str) -> Option<(u32, u64)> {
+    let mut parts = name.strip_prefix(PREFIX)?.splitn(3, '-');
+    let pid = parts.next()?.parse().ok()?;
+    let start = parts.next()?.parse().ok()?;
+    parts.next()?;
+    Some((pid, start))
+}
+
+/// Whether the process that made a directory of this owner is still
+/// running (a zombie counts as gone: it removes nothing any more).
+fn alive((pid, start): (u32, u64)) -> bool {
+    if cfg!(target_os = "linux") {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                let rest = &s[s.rfind(')')? + 1..];
+                rest.split_whitespace().next().map(str::to_owned)
+            });
+        match state.as_deref() {
+            None | Some("Z") | Some("X") => false,
+            // Start time 0: a system without it recorded; the pid decides.
+            Some(_) => start == 0 || start_time(pid) == Some(start),
+        }
+    } else {
+        let Ok(pid) = i32::try_from(pid) else {
+            return false;
+        };
+        // SAFETY: signal 0 only checks that the process exists.
+        let exists = unsafe { libc::kill(pid, 0) == 0 };
+        exists || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    }
+}
+
+/// Removes the scratch directories in `tmp` whose owner is gone; returns
+/// the ones it removed. Never follows a link, never touches another
+/// user's directory, never fails (a directory it cannot remove stays for
+/// a later run).
+pub fn reclaim_stale(tmp: &Path) -> Vec<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return Vec::new();
+    };
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let mut removed = Vec::new();
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name();
+        let Some(owner) = name.to_str().and_then(owner) else {
+            continue;
+        };
+        let path = entry.path();
+        // symlink_metadata: a link named like ours is not ours.
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if !meta.is_dir() || meta.uid() != me || alive(owner) {
+            continue;
+        }
+        if std::fs::remove_dir_all(&path).is_ok() {
+            removed.push(path);
+        }
+    }
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_record_their_owner() {
+        assert_eq!(owner("conformance-candidate-12-345-abc"), Some((12, 345)));
+        assert_eq!(owner("conformance-candidate-12-345-a-b"), Some((12, 345)));
+        // The old, ownerless names and other files are not ours.
+        assert_eq!(owner("conformance-candidate-abc123"), None);
+        assert_eq!(owner("conformance-candidate-12-345"), None);
+        assert_eq!(owner("conformance-cases-12-345-x"), None);
+        let own = own_prefix();
+        let (pid, start) = owner(&format!("{own}xyz")).unwrap();
+        assert_eq!(pid, std::process::id());
+        assert!(alive((pid, start)));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn only_dead_owners_directories_are_removed_never_a_link() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("keep"), "x").unwrap();
+        // A process that has ended (reaped): its pid is gone.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        let dead_start = start_time(dead).unwrap_or(1);
+        child.wait().unwrap();
+        let me = std::process::id();
+        let my_start = start_time(me).unwrap();
+        let stale = tmp.path().join(format!("{PREFIX}{dead}-{dead_start}-aaa"));
+        // This process's pid with another start time: a reused pid.
+        let reused = tmp.path().join(format!("{PREFIX}{me}-{}-bbb", my_start + 1));
+        let live = tmp.path().join(format!("{PREFIX}{me}-{my_start}-ccc"));
+        for d in [&stale, &reused, &live] {
+            std::fs::create_dir(d).unwrap();
+            std::fs::write(d.join("0.in.safetensors"), "x").unwrap();
+        }
+        let link = tmp.path().join(format!("{PREFIX}{dead}-{dead_start}-ddd"));
+        std::os::unix::fs::symlink(outside.path(), &link).unwrap();
+        let mut removed = reclaim_stale(tmp.path());
+        removed.sort();
+        let mut expected = vec![stale.clone(), reused.clone()];
+        expected.sort();
+        assert_eq!(removed, expected);
+        assert!(!stale.exists() && !reused.exists());
+        assert!(live.join("0.in.safetensors").exists());
+        assert!(std::fs::symlink_metadata(&link).is_ok());
+        assert!(outside.path().join("keep").exists());
+    }
+}
