@@ -529,6 +529,45 @@ fn a_directory_in_a_report_files_place_or_an_empty_out_is_refused_before_any_cas
         .ends_with(".partial")));
 }
 
+/// Issue 40, round 4b: `--out DIR` removed (at the start of the run) and
+/// replaced a `report.md`, `report.json` or `junit.xml` that a user kept
+/// in DIR, though no run of this tool had written there. A directory
+/// holding one of those names without the reports' lock file (which every
+/// run that writes reports leaves) is refused before any case, and the
+/// file is left as it was; a directory an earlier run wrote is reused.
+#[test]
+fn report_files_no_run_wrote_are_never_removed_or_replaced() {
+    let dir = scratch("users-report");
+    let run = |out: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_conformance"))
+            .args(["--device", "cpu", "--filter", SMOKE, "--out"])
+            .arg(out)
+            .env("CI", "true")
+            .output()
+            .unwrap()
+    };
+    for name in ["report.md", "report.json", "junit.xml"] {
+        let users = dir.join(name.replace('.', "-"));
+        std::fs::create_dir_all(&users).unwrap();
+        std::fs::write(users.join(name), "my own notes\n").unwrap();
+        let out = run(&users);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(3), "{all}");
+        assert!(all.contains(name) && all.contains("--out"), "{all}");
+        assert!(!all.contains("pass "), "refused before any case ran: {all}");
+        assert_eq!(
+            std::fs::read_to_string(users.join(name)).unwrap(),
+            "my own notes\n"
+        );
+    }
+    // A directory this tool's run wrote is the tool's to replace.
+    let ours = dir.join("ours");
+    let first = run(&ours);
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first));
+    let again = run(&ours);
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again));
+}
+
 /// Workers die with their runner, even stopped ones after a SIGKILL of the
 /// runner (before: they stayed, stopped, re-parented to init).
 #[test]

@@ -501,6 +501,18 @@ pub fn check_writable(dir: &Path) -> Result<(), String> {
     if dir.exists() && !dir.is_dir() {
         return Err(fail("exists and is not a directory".into()));
     }
+    // The run removes and replaces these names: only where a run of this
+    // tool wrote reports before (every such run leaves the lock file), so
+    // a user's own `report.md` in a directory given as --out is never lost.
+    if std::fs::symlink_metadata(&lock).is_err() {
+        for f in ["report.json", "junit.xml", "report.md"] {
+            if std::fs::symlink_metadata(dir.join(f)).is_ok() {
+                return Err(fail(format!(
+                    "holds a {f} that no run of this tool wrote (there is no .conformance-reports.lock), so nothing was removed; give a new or empty directory, or move {f} away"
+                )));
+            }
+        }
+    }
     std::fs::create_dir_all(dir).map_err(|e| fail(format!("cannot be created ({e})")))?;
     let probe = dir.join(format!(".write-probe-{}", std::process::id()));
     std::fs::write(&probe, b"").map_err(|e| fail(format!("is not writable ({e})")))?;
