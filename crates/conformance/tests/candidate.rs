@@ -843,12 +843,47 @@ fn nothing_a_candidate_starts_outlives_its_worker() {
 /// The pid of the process whose command line holds every one of `words`.
 #[cfg(target_os = "linux")]
 fn pid_running(words: &[&str]) -> Option<i32> {
-    std::fs::read_dir("/proc").ok()?.filter_map(Result::ok).find_map(|e| {
-        let pid = e.file_name().to_str()?.parse::<i32>().ok()?;
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        words.iter().all(|w| cmdline.contains(w)).then_some(pid)
-    })
+    std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(Result::ok)
+        .find_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<i32>().ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            words.iter().all(|w| cmdline.contains(w)).then_some(pid)
+        })
+}
+
+/// Every process below `pid` (children, theirs, ...).
+#[cfg(target_os = "linux")]
+fn descendants(pid: i32) -> Vec<i32> {
+    let parents: Vec<(i32, i32)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let p = e.ok()?.file_name().to_str()?.parse::<i32>().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+            let ppid = stat[stat.rfind(')')? + 1..]
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((p, ppid))
+        })
+        .collect();
+    let mut found = vec![pid];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(
+            parents
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    found.remove(0);
+    found
 }
 
 /// The scratch directories left in `tmp`.
@@ -862,8 +897,10 @@ fn scratch_dirs(tmp: &Path) -> Vec<String> {
 
 /// Issue 40: a SIGKILL of both a candidate's launcher and its worker left
 /// the candidate's scratch directory (with its inputs) in $TMPDIR for
-/// good. Its name now records its owner, and the next candidate started
-/// removes the directories of owners that are gone.
+/// good, and the candidate's own processes (`sh -c` forks the program,
+/// which has no parent-death signal) running under init. The directory's
+/// name and the candidate's environment now record their owner, and the
+/// next candidate started removes and ends what owners that are gone left.
 #[cfg(target_os = "linux")]
 #[test]
 fn a_scratch_dir_left_by_a_killed_worker_and_launcher_is_reclaimed_by_the_next_run() {
@@ -895,6 +932,27 @@ fn a_scratch_dir_left_by_a_killed_worker_and_launcher_is_reclaimed_by_the_next_r
         assert!(
             started.elapsed() < Duration::from_secs(120),
             "no launcher started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // The candidate itself (the Python program below `sh -c`), once it
+    // has a call (its inputs are in the scratch directory): it hangs in
+    // the call, where it would have ended at the end of its stdin.
+    let candidate = loop {
+        let called = scratch_dirs(tmp.path()).iter().any(|d| {
+            std::fs::read_dir(tmp.path().join(d)).is_ok_and(|mut e| {
+                e.any(|f| {
+                    f.is_ok_and(|f| f.file_name().to_string_lossy().ends_with(".in.safetensors"))
+                })
+            })
+        });
+        let below = descendants(launcher);
+        if called && below.len() >= 2 {
+            break below;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the candidate did not start"
         );
         std::thread::sleep(Duration::from_millis(50));
     };
@@ -930,6 +988,10 @@ fn a_scratch_dir_left_by_a_killed_worker_and_launcher_is_reclaimed_by_the_next_r
         left.iter().all(|d| !now.contains(d)),
         "still there: {now:?} (left by the kill: {left:?})"
     );
+    let pids = tmp.path().join("candidate.pids");
+    let list: String = candidate.iter().map(|p| format!("{p}\n")).collect();
+    std::fs::write(&pids, list).unwrap();
+    all_gone(&pids).unwrap();
 }
 
 /// Issue 40, class 19: a missing `--same-verdicts-as` file was reported

@@ -80,8 +80,10 @@ pub struct Client {
 impl Client {
     /// Starts the candidate and exchanges hellos.
     pub fn start(config: &Config) -> Result<Client, String> {
-        // What a worker and launcher killed together left (issue 40): its
-        // owner is gone, so nobody else will remove it.
+        // What a worker and launcher killed together left (issue 40): the
+        // candidate's processes and its scratch directory. Their owner is
+        // gone, so nobody else will end or remove them.
+        super::scratch::kill_orphans();
         super::scratch::reclaim_stale(&std::env::temp_dir());
         let scratch = tempfile::Builder::new()
             .prefix(&super::scratch::own_prefix())
@@ -447,7 +449,9 @@ fn launch(command: &str, scratch: &std::path::Path) -> Command {
     }
     let _ = scratch;
     let mut c = Command::new("sh");
-    c.arg("-c").arg(command);
+    c.arg("-c")
+        .arg(command)
+        .env(super::scratch::OWNER_ENV, super::scratch::own_owner());
     c
 }
 

@@ -9,7 +9,8 @@
 //! worker's start time (`/proc/<pid>/stat` field 22, so a reused pid is not
 //! taken for the owner). Every new client first removes the directories of
 //! owners that are gone: in the same temporary directory, owned by this
-//! user, real directories (a link is never followed nor removed).
+//! user, real directories (a link is never followed nor removed). It also
+//! ends the processes such a candidate left ([`kill_orphans`]).
 
 use std::path::{Path, PathBuf};
 
@@ -26,11 +27,30 @@ pub fn start_time(pid: u32) -> Option<u64> {
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// The environment variable every candidate is started with: its owner
+/// (the worker) as `<pid>-<start>`. Whatever the candidate starts inherits
+/// it, so the processes of a candidate whose worker and launcher were
+/// killed with SIGKILL (re-parented to init, nobody left to end them) are
+/// found and ended by the next candidate run ([`kill_orphans`]).
+pub const OWNER_ENV: &str = "MLX_CONFORMANCE_CANDIDATE_OWNER";
+
+/// This process as an owner: `<pid>-<start>`.
+pub fn own_owner() -> String {
+    let pid = std::process::id();
+    format!("{pid}-{}", start_time(pid).unwrap_or(0))
+}
+
 /// The prefix of this process's scratch directories (its pid and start
 /// time, then the random part `tempfile` adds).
 pub fn own_prefix() -> String {
     let pid = std::process::id();
     format!("{PREFIX}{pid}-{}-", start_time(pid).unwrap_or(0))
+}
+
+/// The owner `(pid, start time)` an [`OWNER_ENV`] value records.
+fn parse_owner(value: &str) -> Option<(u32, u64)> {
+    let (pid, start) = value.split_once('-')?;
+    Some((pid.parse().ok()?, start.parse().ok()?))
 }
 
 /// The owner `(pid, start time)` a scratch directory's name records, if it
@@ -100,9 +120,70 @@ pub fn reclaim_stale(tmp: &Path) -> Vec<PathBuf> {
     removed
 }
 
+/// Kills (SIGKILL) this user's processes whose environment names a
+/// candidate owner that is gone: what a candidate started, left running
+/// when its worker and launcher were killed with SIGKILL. Returns their
+/// pids. A process that cleared its environment is not found (only a pid
+/// namespace would hold such a one). Linux only (`/proc`).
+pub fn kill_orphans() -> Vec<i32> {
+    use std::os::unix::fs::MetadataExt;
+    let mut killed = Vec::new();
+    if !cfg!(target_os = "linux") {
+        return killed;
+    }
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return killed;
+    };
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    let own = std::process::id();
+    let needle = format!("{OWNER_ENV}=");
+    for entry in dir.filter_map(Result::ok) {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == own || !entry.metadata().is_ok_and(|m| m.uid() == me) {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            continue;
+        };
+        let owner = environ
+            .split(|b| *b == 0)
+            .filter_map(|v| std::str::from_utf8(v).ok()?.strip_prefix(needle.as_str()))
+            .find_map(parse_owner);
+        if let Some(owner) = owner {
+            // Never this process's own owner (a run started by a candidate).
+            if owner.0 != own && !alive(owner) {
+                // SAFETY: a signal to a process of this user that a dead
+                // candidate owner started.
+                if unsafe { libc::kill(pid as i32, libc::SIGKILL) } == 0 {
+                    killed.push(pid as i32);
+                }
+            }
+        }
+    }
+    killed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owner_values_parse() {
+        assert_eq!(parse_owner("12-345"), Some((12, 345)));
+        assert_eq!(parse_owner("12"), None);
+        assert_eq!(parse_owner("x-1"), None);
+        assert_eq!(
+            parse_owner(&own_owner()).map(|o| o.0),
+            Some(std::process::id())
+        );
+    }
 
     #[test]
     fn names_record_their_owner() {
@@ -133,7 +214,9 @@ mod tests {
         let my_start = start_time(me).unwrap();
         let stale = tmp.path().join(format!("{PREFIX}{dead}-{dead_start}-aaa"));
         // This process's pid with another start time: a reused pid.
-        let reused = tmp.path().join(format!("{PREFIX}{me}-{}-bbb", my_start + 1));
+        let reused = tmp
+            .path()
+            .join(format!("{PREFIX}{me}-{}-bbb", my_start + 1));
         let live = tmp.path().join(format!("{PREFIX}{me}-{my_start}-ccc"));
         for d in [&stale, &reused, &live] {
             std::fs::create_dir(d).unwrap();
