@@ -136,7 +136,12 @@ struct Cli {
     /// shell command that starts it, spoken to through the candidate
     /// protocol (README "Checking your own port"; ops in docs/ops.md).
     /// Findings are skipped (they measure the reference).
-    #[arg(long, value_name = "CMD", conflicts_with_all = ["in_process", "explore_samples"])]
+    #[arg(
+        long,
+        value_name = "CMD",
+        value_parser = non_blank_command,
+        conflicts_with_all = ["in_process", "explore_samples"]
+    )]
     candidate: Option<String>,
     /// Seconds the candidate may take to answer one call (its start
     /// included) before the case is an ERROR and the candidate is killed.
@@ -385,6 +390,16 @@ pub(crate) fn run_config(
         export,
         exact_faults: cli.exact_faults,
         registry,
+    }
+}
+
+/// `--candidate CMD`: a command, not blank (a blank one would start
+/// nothing and make every case an ERROR).
+fn non_blank_command(text: &str) -> Result<String, String> {
+    if text.trim().is_empty() {
+        Err("the command is empty; give the shell command that starts your candidate".into())
+    } else {
+        Ok(text.to_owned())
     }
 }
 

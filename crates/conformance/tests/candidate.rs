@@ -994,6 +994,50 @@ fn a_scratch_dir_left_by_a_killed_worker_and_launcher_is_reclaimed_by_the_next_r
     all_gone(&pids).unwrap();
 }
 
+/// Issue 40, round 4b: a candidate that never completes its hello (it
+/// hangs, or its command is not found) was started again for every case,
+/// each waiting out `--candidate-timeout` (default 60 s: hours for the
+/// default suite); `--candidate ""` ran every case as an ERROR saying the
+/// candidate "exited without answering". Now a worker stops starting a
+/// candidate whose last two starts failed (each later case is an ERROR
+/// at once, quoting the failure), and an empty command is refused before
+/// any case.
+#[test]
+fn a_candidate_that_never_starts_is_not_started_again_for_every_case() {
+    let dir = tempfile::tempdir().unwrap();
+    let starts = dir.path().join("starts");
+    let cmd = format!("echo start >> '{}'; exec sleep 100", starts.display());
+    let filter = "position/rope2d/2d/hd64";
+    let n = listed(filter);
+    assert!(n > 2, "{filter} lists {n} cases");
+    let (out, report, _d) =
+        run_candidate(&cmd, filter, &["--jobs", "1", "--candidate-timeout", "1"]);
+    let rows = cases(&report);
+    assert_eq!(rows.len(), n, "{}", text(&out));
+    for c in rows {
+        assert_eq!(c["verdict"], "error", "{c}");
+    }
+    let started = std::fs::read_to_string(&starts).unwrap().lines().count();
+    assert_eq!(
+        started,
+        2,
+        "starts: {started} for {n} cases: {}",
+        text(&out)
+    );
+    let last = rows[n - 1]["message"].as_str().unwrap();
+    assert!(
+        last.contains("not started again") && last.contains("no answer within 1 s"),
+        "{last}"
+    );
+    for empty in ["", "  "] {
+        let out = conformance(&["--device", "cpu", "--filter", filter, "--candidate", empty]);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(3), "{all}");
+        assert!(all.contains("--candidate"), "{all}");
+        assert!(!all.contains("ERROR "), "refused before any case: {all}");
+    }
+}
+
 /// Issue 40, class 19: a missing `--same-verdicts-as` file was reported
 /// only after the whole run, and a FIFO there hung the run (ignoring
 /// SIGTERM). Both are refused before any case now.

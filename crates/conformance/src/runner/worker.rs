@@ -503,8 +503,13 @@ fn run_in_worker(case: &Case, command: &WorkerCommand, worker: &mut Option<Worke
             // A case that errored may have left native state broken (MLX's
             // CUDA backend keeps a failed launch's error set, and every
             // later CUDA call in the process fails): the next case gets a
-            // fresh worker.
-            if result.verdict == Verdict::Error {
+            // fresh worker. Not after a candidate's error: that is the
+            // candidate's process, and the worker keeps what it knows of
+            // it (a candidate that never starts is not started for every
+            // case, candidate/mod.rs).
+            if result.verdict == Verdict::Error
+                && result.error_kind != Some(super::ErrorKind::Substitute)
+            {
                 *worker = None;
             }
             result
