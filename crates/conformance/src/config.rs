@@ -120,7 +120,12 @@ impl RunConfig {
             args.push("--export".into());
             args.push(dir.as_os_str().to_owned());
         }
-        if let Some(file) = self.registry.worker_cases_file() {
+        if self.registry.has_cases_file() {
+            // What a runner killed with SIGKILL left (its owner is gone).
+            crate::scratch::reclaim_stale(&std::env::temp_dir());
+        }
+        let prefix = crate::scratch::own_prefix(crate::scratch::CASES);
+        if let Some(file) = self.registry.worker_cases_file(&prefix) {
             let file = file.map_err(std::io::Error::other)?;
             args.extend(["--cases".into(), file.as_os_str().to_owned()]);
         }

@@ -568,6 +568,65 @@ fn report_files_no_run_wrote_are_never_removed_or_replaced() {
     assert_eq!(again.status.code(), Some(0), "{}", text(&again));
 }
 
+/// Issue 40, round 4b: a runner of a `--cases` run killed with SIGKILL
+/// left the workers' private copy (`$TMPDIR/conformance-cases-*`) for
+/// good. Its name now records its owner, and the next `--cases` run
+/// removes the copies of owners that are gone.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_cases_copy_left_by_a_killed_runner_is_reclaimed_by_the_next_run() {
+    let root = scratch("cases-copy");
+    let tmp = root.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let described = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args(["--describe", "--filter", SMOKE])
+        .output()
+        .unwrap();
+    assert_eq!(described.status.code(), Some(0), "{}", text(&described));
+    let file = root.join("cases.jsonl");
+    std::fs::write(&file, &described.stdout).unwrap();
+    let run = || {
+        Command::new(env!("CARGO_BIN_EXE_conformance"))
+            .args(["--device", "cpu", "--no-snapshots", "--cases"])
+            .arg(&file)
+            .arg("--out")
+            .arg(root.join("out"))
+            .env("TMPDIR", &tmp)
+            .env("CI", "true")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let copies = || -> Vec<String> {
+        std::fs::read_dir(&tmp)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("conformance-cases-"))
+            .collect()
+    };
+    let mut first = run();
+    let started = std::time::Instant::now();
+    while copies().is_empty() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "no copy made"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let left = copies();
+    assert!(!left.is_empty(), "the kill left no copy");
+    let status = run().wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let now = copies();
+    assert!(
+        left.iter().all(|d| !now.contains(d)),
+        "still there: {now:?} (left by the kill: {left:?})"
+    );
+}
+
 /// Workers die with their runner, even stopped ones after a SIGKILL of the
 /// runner (before: they stayed, stopped, re-parented to init).
 #[test]

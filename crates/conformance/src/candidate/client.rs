@@ -83,10 +83,10 @@ impl Client {
         // What a worker and launcher killed together left (issue 40): the
         // candidate's processes and its scratch directory. Their owner is
         // gone, so nobody else will end or remove them.
-        super::scratch::kill_orphans();
-        super::scratch::reclaim_stale(&std::env::temp_dir());
+        crate::scratch::kill_orphans();
+        crate::scratch::reclaim_stale(&std::env::temp_dir());
         let scratch = tempfile::Builder::new()
-            .prefix(&super::scratch::own_prefix())
+            .prefix(&crate::scratch::own_prefix(crate::scratch::CANDIDATE))
             .tempdir()
             .map_err(|e| format!("cannot make the candidate's scratch directory: {e}"))?;
         let mut child = launch(&config.command, scratch.path())
@@ -451,7 +451,7 @@ fn launch(command: &str, scratch: &std::path::Path) -> Command {
     let mut c = Command::new("sh");
     c.arg("-c")
         .arg(command)
-        .env(super::scratch::OWNER_ENV, super::scratch::own_owner());
+        .env(crate::scratch::OWNER_ENV, crate::scratch::own_owner());
     c
 }
 

@@ -126,13 +126,13 @@ pub fn main(args: &[OsString]) -> i32 {
     let worker = unsafe { libc::getppid() } as u32;
     let owner = format!(
         "{worker}-{}",
-        super::scratch::start_time(worker).unwrap_or(0)
+        crate::scratch::start_time(worker).unwrap_or(0)
     );
     let mut command = std::process::Command::new(program);
     command
         .args(rest)
         .env_remove(PARENT_ENV)
-        .env(super::scratch::OWNER_ENV, owner)
+        .env(crate::scratch::OWNER_ENV, owner)
         .process_group(0);
     // SAFETY: prctl and getppid are async-signal-safe; this process has
     // one thread and no MLX initialised, so fork() is safe here.

@@ -14,8 +14,6 @@
 //!
 //! - [`wire`]: the value encoding (JSON tree + safetensors).
 //! - [`client`]: the process, its hello, calls, timeouts, failures.
-//! - [`scratch`]: the scratch directories, and reclaiming those of
-//!   owners killed before they could remove them.
 //! - [`tape`]: a case's candidate results, looked up by the reference
 //!   array they stand beside.
 
@@ -23,7 +21,6 @@ pub mod client;
 #[cfg(target_os = "linux")]
 pub mod launcher;
 pub mod ops;
-pub mod scratch;
 pub mod signatures;
 pub mod tape;
 pub mod wire;

@@ -1,21 +1,26 @@
-//! The candidate's scratch directories, and the reclaiming of those whose
-//! owner died without removing them.
+//! The tool's private temporary directories (a candidate's scratch
+//! directory, the workers' copy of `--cases`), and the reclaiming of those
+//! whose owner died without removing them.
 //!
-//! A scratch directory is removed by its launcher when the candidate ends,
-//! and by the worker's `TempDir` when the client is dropped. When both are
-//! killed with SIGKILL (the OOM killer, `kill -9` of a process group) nobody
-//! removes it. So its name carries its owner, the worker:
-//! `conformance-candidate-<pid>-<start>-<random>`, where `<start>` is the
-//! worker's start time (`/proc/<pid>/stat` field 22, so a reused pid is not
-//! taken for the owner). Every new client first removes the directories of
-//! owners that are gone: in the same temporary directory, owned by this
-//! user, real directories (a link is never followed nor removed). It also
-//! ends the processes such a candidate left ([`kill_orphans`]).
+//! Each is removed by its owner when it ends (the candidate's launcher and
+//! its worker's `TempDir`; the runner's registry). When the owner is killed
+//! with SIGKILL (the OOM killer, `kill -9` of a process tree) nobody removes
+//! it. So its name carries its owner: `<kind><pid>-<start>-<random>`, where
+//! `<start>` is the owner's start time (`/proc/<pid>/stat` field 22, so a
+//! reused pid is not taken for the owner). Every new candidate and every
+//! `--cases` run first removes the directories of owners that are gone: in
+//! the same temporary directory, owned by this user, real directories (a
+//! link is never followed nor removed). A candidate's processes that such
+//! a kill left running are ended too ([`kill_orphans`]).
 
 use std::path::{Path, PathBuf};
 
-/// The name every scratch directory starts with.
-pub const PREFIX: &str = "conformance-candidate-";
+/// The name a candidate's scratch directory starts with.
+pub const CANDIDATE: &str = "conformance-candidate-";
+/// The name the workers' copy of `--cases` starts with.
+pub const CASES: &str = "conformance-cases-";
+/// Every kind of directory [`reclaim_stale`] reclaims.
+const KINDS: [&str; 2] = [CANDIDATE, CASES];
 
 /// A process's start time since boot, in clock ticks (`/proc/<pid>/stat`
 /// field 22; the command name before it may hold spaces and parentheses).
@@ -40,11 +45,11 @@ pub fn own_owner() -> String {
     format!("{pid}-{}", start_time(pid).unwrap_or(0))
 }
 
-/// The prefix of this process's scratch directories (its pid and start
-/// time, then the random part `tempfile` adds).
-pub fn own_prefix() -> String {
-    let pid = std::process::id();
-    format!("{PREFIX}{pid}-{}-", start_time(pid).unwrap_or(0))
+/// The prefix of this process's directories of `kind` ([`CANDIDATE`],
+/// [`CASES`]): its pid and start time, then the random part `tempfile`
+/// adds.
+pub fn own_prefix(kind: &str) -> String {
+    format!("{kind}{}-", own_owner())
 }
 
 /// The owner `(pid, start time)` an [`OWNER_ENV`] value records.
@@ -56,7 +61,8 @@ fn parse_owner(value: &str) -> Option<(u32, u64)> {
 /// The owner `(pid, start time)` a scratch directory's name records, if it
 /// is one of ours.
 fn owner(name: &str) -> Option<(u32, u64)> {
-    let mut parts = name.strip_prefix(PREFIX)?.splitn(3, '-');
+    let rest = KINDS.iter().find_map(|k| name.strip_prefix(k))?;
+    let mut parts = rest.splitn(3, '-');
     let pid = parts.next()?.parse().ok()?;
     let start = parts.next()?.parse().ok()?;
     parts.next()?;
@@ -88,7 +94,7 @@ fn alive((pid, start): (u32, u64)) -> bool {
     }
 }
 
-/// Removes the scratch directories in `tmp` whose owner is gone; returns
+/// Removes the directories of every kind in `tmp` whose owner is gone; returns
 /// the ones it removed. Never follows a link, never touches another
 /// user's directory, never fails (a directory it cannot remove stays for
 /// a later run).
@@ -192,8 +198,10 @@ mod tests {
         // The old, ownerless names and other files are not ours.
         assert_eq!(owner("conformance-candidate-abc123"), None);
         assert_eq!(owner("conformance-candidate-12-345"), None);
-        assert_eq!(owner("conformance-cases-12-345-x"), None);
-        let own = own_prefix();
+        assert_eq!(owner("conformance-cases-12-345-x"), Some((12, 345)));
+        assert_eq!(owner("conformance-cases-AbC123"), None);
+        assert_eq!(owner("conformance-other-12-345-x"), None);
+        let own = own_prefix(CANDIDATE);
         let (pid, start) = owner(&format!("{own}xyz")).unwrap();
         assert_eq!(pid, std::process::id());
         assert!(alive((pid, start)));
@@ -212,24 +220,29 @@ mod tests {
         child.wait().unwrap();
         let me = std::process::id();
         let my_start = start_time(me).unwrap();
-        let stale = tmp.path().join(format!("{PREFIX}{dead}-{dead_start}-aaa"));
+        let stale = tmp
+            .path()
+            .join(format!("{CANDIDATE}{dead}-{dead_start}-aaa"));
+        let stale_cases = tmp.path().join(format!("{CASES}{dead}-{dead_start}-eee"));
         // This process's pid with another start time: a reused pid.
         let reused = tmp
             .path()
-            .join(format!("{PREFIX}{me}-{}-bbb", my_start + 1));
-        let live = tmp.path().join(format!("{PREFIX}{me}-{my_start}-ccc"));
-        for d in [&stale, &reused, &live] {
+            .join(format!("{CANDIDATE}{me}-{}-bbb", my_start + 1));
+        let live = tmp.path().join(format!("{CASES}{me}-{my_start}-ccc"));
+        for d in [&stale, &stale_cases, &reused, &live] {
             std::fs::create_dir(d).unwrap();
             std::fs::write(d.join("0.in.safetensors"), "x").unwrap();
         }
-        let link = tmp.path().join(format!("{PREFIX}{dead}-{dead_start}-ddd"));
+        let link = tmp
+            .path()
+            .join(format!("{CANDIDATE}{dead}-{dead_start}-ddd"));
         std::os::unix::fs::symlink(outside.path(), &link).unwrap();
         let mut removed = reclaim_stale(tmp.path());
         removed.sort();
-        let mut expected = vec![stale.clone(), reused.clone()];
+        let mut expected = vec![stale.clone(), stale_cases.clone(), reused.clone()];
         expected.sort();
         assert_eq!(removed, expected);
-        assert!(!stale.exists() && !reused.exists());
+        assert!(!stale.exists() && !stale_cases.exists() && !reused.exists());
         assert!(live.join("0.in.safetensors").exists());
         assert!(std::fs::symlink_metadata(&link).is_ok());
         assert!(outside.path().join("keep").exists());
