@@ -291,6 +291,33 @@ fn a_noisy_candidate_is_relayed_and_its_huge_message_clipped() {
     }
 }
 
+/// Issue 40, round 4b: a candidate's message (and its stderr) reached the
+/// terminal and report.md with its control characters raw: escape
+/// sequences that set the terminal's title, clear the screen or colour
+/// what follows, and NULs. They are now written escaped (`\u{1b}`).
+#[test]
+fn a_candidates_control_characters_reach_no_terminal_or_report_raw() {
+    let (out, report, dir) = run_candidate(&bad("control-chars"), TWO, &[]);
+    let rows = cases(&report);
+    assert_eq!(rows.len(), listed(TWO), "{}", text(&out));
+    for c in rows {
+        assert_eq!(c["verdict"], "error", "{c}");
+        let m = c["message"].as_str().unwrap();
+        assert!(m.contains("red") && m.contains("\\u{1b}"), "{m}");
+    }
+    let printed = [&out.stdout[..], &out.stderr[..]].concat();
+    let md = std::fs::read(dir.path().join("report.md")).unwrap();
+    for (what, bytes) in [("output", &printed), ("report.md", &md)] {
+        assert!(
+            !bytes
+                .iter()
+                .any(|b| *b == 0x1b || *b == 0 || *b == 0x07 || *b == 0x08),
+            "{what} holds a raw control character: {}",
+            String::from_utf8_lossy(bytes).escape_debug()
+        );
+    }
+}
+
 /// Issue 40, class 13 (names): a candidate's name goes into every row
 /// message; a 1 MiB one is clipped, saying how much was dropped.
 #[test]

@@ -107,7 +107,7 @@ impl Client {
         // never closed early (the candidate would die of SIGPIPE).
         std::thread::spawn(move || {
             crate::child::for_each_line(stderr, |line| {
-                errln!("candidate: {line}");
+                errln!("candidate: {}", crate::child::printable(&line));
                 let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
                 if tail.len() == STDERR_TAIL {
                     tail.pop_front();

@@ -20,6 +20,8 @@ row, never the run.
     close-stdout closes its stdout and keeps running
     busy         ignores SIGTERM, starts a detached grandchild and computes
                  forever (its worker is killed at the case timeout)
+    control-chars writes terminal control sequences to stderr and raises
+                 with a message full of them
     kill-launcher kills its launcher (SIGKILL), starts a detached child,
                  ignores SIGTERM and never answers
 """
@@ -118,6 +120,12 @@ for line in sys.stdin:
     if MODE == "refuses-off-policy":
         say({"type": "error", "id": request["id"], "kind": "raised",
              "message": "ValueError: something else"})
+        continue
+    if MODE == "control-chars":
+        sys.stderr.write("stderr \x1b]0;title\x07\x1b[2J\n")
+        sys.stderr.flush()
+        say({"type": "error", "id": request["id"], "kind": "raised",
+             "message": "ValueError: \x1b]0;title\x07 \x00\x08\x1b[31mred\x1b[0m"})
         continue
     if MODE == "raises":
         say({"type": "error", "id": request["id"], "kind": "raised",
