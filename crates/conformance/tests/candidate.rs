@@ -1100,6 +1100,46 @@ fn same_verdicts_as_is_checked_before_any_case() {
             text(&out)
         );
     }
+    // Round 4b: a report of another seed or a --perturb run was compared
+    // as if it were this run's ("4 same"); now refused before any case.
+    for (extra, why) in [
+        (["--seed", "7"], "seed 7"),
+        (["--perturb", "--no-snapshots"], "--perturb"),
+    ] {
+        let linked = dir
+            .path()
+            .join(format!("linked-{}", extra[0].trim_start_matches('-')));
+        let mut args = vec![
+            "--device",
+            "cpu",
+            "--filter",
+            TWO,
+            "--out",
+            linked.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let first = conformance(&args);
+        assert!(linked.join("report.json").exists(), "{}", text(&first));
+        let out = conformance(&[
+            "--device",
+            "cpu",
+            "--filter",
+            TWO,
+            "--candidate",
+            &candidate,
+            "--same-verdicts-as",
+            linked.join("report.json").to_str().unwrap(),
+            "--out",
+            dir.path().join("out").to_str().unwrap(),
+        ]);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(3), "{all}");
+        assert!(
+            all.contains("--same-verdicts-as") && all.contains(why),
+            "{all}"
+        );
+        assert!(!all.contains("passed"), "no case ran: {all}");
+    }
 }
 
 /// docs/ops.md is generated from what the cases send and compare
