@@ -1309,4 +1309,12 @@ fn a_declared_refusal_is_a_finding_row_and_an_undeclared_one_an_error() {
             "{message}"
         );
     }
+    // Round 4b: a blank condition (contained in every message with a
+    // space) turned every raise into a finding, exit 0; it is refused at
+    // the hello like an empty one.
+    let (blank, out, _) = self::rows("refuses-blank-policy", &[]);
+    for (verdict, message) in &blank {
+        assert_eq!(verdict, "error", "{message}: {}", text(&out));
+        assert!(message.contains("`refusals`"), "{message}");
+    }
 }

@@ -170,12 +170,12 @@ impl Client {
                     let op = item.get("op").and_then(Json::as_str);
                     let condition = item.get("condition").and_then(Json::as_str);
                     match (op, condition) {
-                        (Some(op), Some(c)) if super::ops::by_name(op).is_some() && !c.is_empty() => {
+                        (Some(op), Some(c)) if super::ops::by_name(op).is_some() && !c.trim().is_empty() => {
                             client.refusals.push((op.to_owned(), clip(c)));
                         }
                         _ => {
                             return Err(client.fail(&format!(
-                                "hello: each of `refusals` is {{\"op\": <an op of docs/ops.md>, \"condition\": <non-empty text its message contains>}}, not {}",
+                                "hello: each of `refusals` is {{\"op\": <an op of docs/ops.md>, \"condition\": <text, not blank, its message contains>}}, not {}",
                                 clip(&item.to_string())
                             )))
                         }
