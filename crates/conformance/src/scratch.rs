@@ -36,7 +36,8 @@ pub fn start_time(pid: u32) -> Option<u64> {
 /// (the worker) as `<pid>-<start>`. Whatever the candidate starts inherits
 /// it, so the processes of a candidate whose worker and launcher were
 /// killed with SIGKILL (re-parented to init, nobody left to end them) are
-/// found and ended by the next candidate run ([`kill_orphans`]).
+/// found and ended by the next candidate run ([`reclaim_stale`], when it
+/// finds that owner's scratch directory left too).
 pub const OWNER_ENV: &str = "MLX_CONFORMANCE_CANDIDATE_OWNER";
 
 /// This process as an owner: `<pid>-<start>`.
@@ -94,10 +95,12 @@ fn alive((pid, start): (u32, u64)) -> bool {
     }
 }
 
-/// Removes the directories of every kind in `tmp` whose owner is gone; returns
-/// the ones it removed. Never follows a link, never touches another
-/// user's directory, never fails (a directory it cannot remove stays for
-/// a later run).
+/// Reclaims what owners that are gone left in `tmp`: first ends the
+/// processes their candidates left running ([`kill_orphans`], only for the
+/// owners of a candidate directory found here), then removes the
+/// directories of every kind; returns the directories removed. Never
+/// follows a link, never touches another user's directory or process,
+/// never fails (a directory it cannot remove stays for a later run).
 pub fn reclaim_stale(tmp: &Path) -> Vec<PathBuf> {
     use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir(tmp) else {
@@ -105,7 +108,7 @@ pub fn reclaim_stale(tmp: &Path) -> Vec<PathBuf> {
     };
     // SAFETY: geteuid has no preconditions.
     let me = unsafe { libc::geteuid() };
-    let mut removed = Vec::new();
+    let mut stale = Vec::new();
     for entry in entries.filter_map(Result::ok) {
         let name = entry.file_name();
         let Some(owner) = name.to_str().and_then(owner) else {
@@ -116,22 +119,30 @@ pub fn reclaim_stale(tmp: &Path) -> Vec<PathBuf> {
         let Ok(meta) = std::fs::symlink_metadata(&path) else {
             continue;
         };
-        if !meta.is_dir() || meta.uid() != me || alive(owner) {
-            continue;
-        }
-        if std::fs::remove_dir_all(&path).is_ok() {
-            removed.push(path);
+        if meta.is_dir() && meta.uid() == me && !alive(owner) {
+            let candidate = name.to_str().is_some_and(|n| n.starts_with(CANDIDATE));
+            stale.push((path, owner, candidate));
         }
     }
-    removed
+    let owners: Vec<(u32, u64)> = stale.iter().filter(|s| s.2).map(|s| s.1).collect();
+    if !owners.is_empty() {
+        kill_orphans(&owners);
+    }
+    stale
+        .into_iter()
+        .filter(|(path, _, _)| std::fs::remove_dir_all(path).is_ok())
+        .map(|(path, _, _)| path)
+        .collect()
 }
 
-/// Kills (SIGKILL) this user's processes whose environment names a
-/// candidate owner that is gone: what a candidate started, left running
-/// when its worker and launcher were killed with SIGKILL. Returns their
+/// Kills (SIGKILL) this user's processes whose environment names one of
+/// `owners` (candidate owners that are gone and left their scratch
+/// directory): what a candidate started, left running when its worker and
+/// launcher were killed with SIGKILL. Only those owners: a stray
+/// [`OWNER_ENV`] in a user's shell names no such directory. Returns their
 /// pids. A process that cleared its environment is not found (only a pid
 /// namespace would hold such a one). Linux only (`/proc`).
-pub fn kill_orphans() -> Vec<i32> {
+fn kill_orphans(owners: &[(u32, u64)]) -> Vec<i32> {
     use std::os::unix::fs::MetadataExt;
     let mut killed = Vec::new();
     if !cfg!(target_os = "linux") {
@@ -162,14 +173,11 @@ pub fn kill_orphans() -> Vec<i32> {
             .split(|b| *b == 0)
             .filter_map(|v| std::str::from_utf8(v).ok()?.strip_prefix(needle.as_str()))
             .find_map(parse_owner);
-        if let Some(owner) = owner {
-            // Never this process's own owner (a run started by a candidate).
-            if owner.0 != own && !alive(owner) {
-                // SAFETY: a signal to a process of this user that a dead
-                // candidate owner started.
-                if unsafe { libc::kill(pid as i32, libc::SIGKILL) } == 0 {
-                    killed.push(pid as i32);
-                }
+        if owner.is_some_and(|o| owners.contains(&o)) {
+            // SAFETY: a signal to a process of this user that a candidate
+            // of a dead owner started.
+            if unsafe { libc::kill(pid as i32, libc::SIGKILL) } == 0 {
+                killed.push(pid as i32);
             }
         }
     }
@@ -205,6 +213,47 @@ mod tests {
         let (pid, start) = owner(&format!("{own}xyz")).unwrap();
         assert_eq!(pid, std::process::id());
         assert!(alive((pid, start)));
+    }
+
+    /// Only the processes of an owner whose scratch directory was left are
+    /// ended: a stray owner variable (a user's shell) names none.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn orphans_are_ended_only_for_an_owner_that_left_a_directory() {
+        let tmp = tempfile::tempdir().unwrap();
+        let gone = |tag: u64| {
+            let mut c = std::process::Command::new("true").spawn().unwrap();
+            let pid = c.id();
+            c.wait().unwrap();
+            (pid, 1_000_000 + tag)
+        };
+        let (left, stray) = (gone(1), gone(2));
+        std::fs::create_dir(
+            tmp.path()
+                .join(format!("{CANDIDATE}{}-{}-x", left.0, left.1)),
+        )
+        .unwrap();
+        let start = |owner: (u32, u64)| {
+            std::process::Command::new("sleep")
+                .arg("30")
+                .env(OWNER_ENV, format!("{}-{}", owner.0, owner.1))
+                .spawn()
+                .unwrap()
+        };
+        let (mut orphan, mut bystander) = (start(left), start(stray));
+        reclaim_stale(tmp.path());
+        let status = orphan.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL),
+            "{status:?}"
+        );
+        assert!(
+            bystander.try_wait().unwrap().is_none(),
+            "a bystander killed"
+        );
+        bystander.kill().unwrap();
+        bystander.wait().unwrap();
     }
 
     #[cfg(target_os = "linux")]

@@ -83,7 +83,6 @@ impl Client {
         // What a worker and launcher killed together left (issue 40): the
         // candidate's processes and its scratch directory. Their owner is
         // gone, so nobody else will end or remove them.
-        crate::scratch::kill_orphans();
         crate::scratch::reclaim_stale(&std::env::temp_dir());
         let scratch = tempfile::Builder::new()
             .prefix(&crate::scratch::own_prefix(crate::scratch::CANDIDATE))
