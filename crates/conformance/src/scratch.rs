@@ -125,8 +125,12 @@ pub fn reclaim_stale(tmp: &Path) -> Vec<PathBuf> {
         }
     }
     let owners: Vec<(u32, u64)> = stale.iter().filter(|s| s.2).map(|s| s.1).collect();
-    if !owners.is_empty() {
-        kill_orphans(&owners);
+    // Passes until one kills nothing (bounded): what an orphan started
+    // while it was being killed is found by the next pass.
+    for _ in 0..5 {
+        if owners.is_empty() || kill_orphans(&owners).is_empty() {
+            break;
+        }
     }
     stale
         .into_iter()
@@ -241,6 +245,18 @@ mod tests {
                 .unwrap()
         };
         let (mut orphan, mut bystander) = (start(left), start(stray));
+        // A process just started may not show its environment yet (the
+        // kernel sets it up after its parent returns from the spawn).
+        for pid in [orphan.id(), bystander.id()] {
+            let started = std::time::Instant::now();
+            while !std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|e| {
+                e.windows(OWNER_ENV.len())
+                    .any(|w| w == OWNER_ENV.as_bytes())
+            }) {
+                assert!(started.elapsed() < std::time::Duration::from_secs(10));
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
         reclaim_stale(tmp.path());
         let status = orphan.wait().unwrap();
         assert_eq!(
