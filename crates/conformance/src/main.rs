@@ -149,6 +149,7 @@ struct Cli {
         long,
         value_name = "SECONDS",
         default_value_t = 60,
+        value_parser = at_least_a_second,
         requires = "candidate"
     )]
     candidate_timeout: u64,
@@ -352,7 +353,7 @@ impl Cli {
         }
     }
 
-    /// `--candidate-timeout` (at least a second).
+    /// `--candidate-timeout` (at least a second: its parser refuses 0).
     fn candidate_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_secs(self.candidate_timeout.max(1))
     }
@@ -390,6 +391,17 @@ pub(crate) fn run_config(
         export,
         exact_faults: cli.exact_faults,
         registry,
+    }
+}
+
+/// `--candidate-timeout`: a whole number of seconds, at least 1 (0 is no
+/// "no limit" here, as it is for `--case-timeout`: a candidate that never
+/// answers must end its call).
+fn at_least_a_second(text: &str) -> Result<u64, String> {
+    match text.parse::<u64>() {
+        Ok(0) => Err("it must be at least 1 (seconds; there is no unlimited candidate timeout: --case-timeout bounds the whole case)".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
     }
 }
 

@@ -1056,6 +1056,25 @@ fn a_candidate_that_never_starts_is_not_started_again_for_every_case() {
         last.contains("not started again") && last.contains("no answer within 1 s"),
         "{last}"
     );
+    // Round 4b: `--candidate-timeout 0` silently meant 1 s (where
+    // `--case-timeout 0` means no limit): every slower answer an ERROR.
+    let out = conformance(&[
+        "--device",
+        "cpu",
+        "--filter",
+        filter,
+        "--candidate",
+        &cmd,
+        "--candidate-timeout",
+        "0",
+    ]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{all}");
+    assert!(
+        all.contains("--candidate-timeout") && all.contains("at least 1"),
+        "{all}"
+    );
+    assert!(!all.contains("ERROR "), "refused before any case: {all}");
     for empty in ["", "  "] {
         let out = conformance(&["--device", "cpu", "--filter", filter, "--candidate", empty]);
         let all = text(&out);
