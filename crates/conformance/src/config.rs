@@ -67,6 +67,29 @@ pub fn environment_interceptors() -> Vec<Box<dyn Interceptor>> {
     interceptors
 }
 
+/// The testing hooks set in the environment, each with what it does, for
+/// the warning and every report (`None` when none is): a leftover one
+/// never passes for a real FAIL or a real crash. Whatever a value says
+/// (even one that does nothing) is named.
+pub fn testing_hooks() -> Option<String> {
+    let hooks: Vec<String> = [
+        (
+            crate::explore::plant::PLANT_ENV,
+            "port bits flipped on purpose; FAIL rows of its region are planted",
+        ),
+        (
+            crate::runner::worker::FAULT_ENV,
+            "the worker of a case it names is sent that signal on purpose; its rows are planted crashes",
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(name, what)| {
+        std::env::var_os(name).map(|v| format!("{name}={} ({what})", v.to_string_lossy()))
+    })
+    .collect();
+    (!hooks.is_empty()).then(|| hooks.join("; "))
+}
+
 impl RunConfig {
     /// The run's hooks, in the order they act: poisoning (before and after
     /// each reference call, at each case's start), a planted fault, kept

@@ -627,6 +627,46 @@ fn a_cases_copy_left_by_a_killed_runner_is_reclaimed_by_the_next_run() {
     );
 }
 
+/// Issue 40, round 4b: a leftover `MLX_CONFORMANCE_FAULT` (the testing
+/// hook that crashes or stops the worker of the cases it names) made a
+/// case an ERROR "killed by SIGSEGV" with no word of the hook anywhere:
+/// a phantom crash of the port. Like `MLX_CONFORMANCE_PLANT` (class 18),
+/// it is now warned about, named in every report, and in the row.
+#[test]
+fn a_leftover_fault_hook_is_named_in_the_row_and_every_report() {
+    let dir = scratch("fault-hook");
+    let out = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args(["--device", "cpu", "--filter", SMOKE, "--jobs", "1", "--out"])
+        .arg(&dir)
+        .env("CI", "true")
+        .env("MLX_CONFORMANCE_FAULT", format!("SIGSEGV@{SMOKE}"))
+        .output()
+        .unwrap();
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{all}");
+    assert!(
+        all.contains("warning: testing hook set: MLX_CONFORMANCE_FAULT="),
+        "{all}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    let hook = report["environment"]["testing_hook"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(hook.contains("MLX_CONFORMANCE_FAULT=SIGSEGV@"), "{hook:?}");
+    let rows = report["cases"].as_array().unwrap();
+    assert!(!rows.is_empty());
+    for row in rows {
+        let m = row["message"].as_str().unwrap();
+        assert!(
+            m.contains("SIGSEGV") && m.contains("MLX_CONFORMANCE_FAULT"),
+            "{m}"
+        );
+    }
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("MLX_CONFORMANCE_FAULT"), "{md}");
+}
+
 /// Workers die with their runner, even stopped ones after a SIGKILL of the
 /// runner (before: they stayed, stopped, re-parented to init).
 #[test]

@@ -75,9 +75,11 @@ pub struct Environment {
     /// `--candidate`: the command whose outputs stood for the port's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub candidate: Option<String>,
-    /// A testing hook found in the environment (`MLX_CONFORMANCE_PLANT=…`,
-    /// which flips port bits on purpose): named in every report, so a
-    /// leftover one never passes for a real FAIL.
+    /// The testing hooks found in the environment (`MLX_CONFORMANCE_PLANT=…`,
+    /// which flips port bits on purpose; `MLX_CONFORMANCE_FAULT=…`, which
+    /// crashes or stops workers on purpose), each with what it does: named
+    /// in every report, so a leftover one never passes for a real FAIL or
+    /// a real crash ([`crate::config::testing_hooks`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub testing_hook: Option<String>,
 }
