@@ -163,7 +163,8 @@ struct Cli {
     /// Also write golden vectors: every must-equal case's reference calls
     /// (inputs, the reference's outputs) as safetensors, and
     /// DIR/manifest.json (`cargo xtask export`).
-    #[arg(long, value_name = "DIR")]
+    // Not of a --perturb run: its reference results are not the goldens.
+    #[arg(long, value_name = "DIR", conflicts_with = "perturb")]
     export: Option<PathBuf>,
     /// Re-read an export (DIR/manifest.json and its files): every file's
     /// and every output's sha256 as the manifest says; exit 0, 1 with

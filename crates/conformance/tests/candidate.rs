@@ -867,6 +867,35 @@ fn nothing_a_candidate_starts_outlives_its_worker() {
     all_gone(&pids).unwrap();
 }
 
+/// Issue 40, round 4b: `--export DIR --perturb` wrote the perturbed
+/// reference's results as golden vectors, in a manifest that looked like
+/// any other and verified (even against the unperturbed run's report).
+/// The combination is refused before any case; nothing is written.
+#[test]
+fn an_export_of_a_perturbed_run_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let export = dir.path().join("vectors");
+    let out = conformance(&[
+        "--device",
+        "cpu",
+        "--filter",
+        TWO,
+        "--perturb",
+        "--no-snapshots",
+        "--export",
+        export.to_str().unwrap(),
+        "--out",
+        dir.path().join("out").to_str().unwrap(),
+    ]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{all}");
+    assert!(
+        all.contains("--export") && all.contains("--perturb"),
+        "{all}"
+    );
+    assert!(!export.join("manifest.json").exists(), "{all}");
+}
+
 /// The pid of the process whose command line holds every one of `words`.
 #[cfg(target_os = "linux")]
 fn pid_running(words: &[&str]) -> Option<i32> {
