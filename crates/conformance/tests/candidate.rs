@@ -894,6 +894,40 @@ fn an_export_of_a_perturbed_run_is_refused() {
         "{all}"
     );
     assert!(!export.join("manifest.json").exists(), "{all}");
+    // Nor does an export verify against a --perturb run's report (before:
+    // "every must-equal case of the report is in it", exit 0).
+    let reports = dir.path().join("perturbed");
+    let perturbed = conformance(&[
+        "--device",
+        "cpu",
+        "--filter",
+        TWO,
+        "--perturb",
+        "--no-snapshots",
+        "--out",
+        reports.to_str().unwrap(),
+    ]);
+    assert!(reports.join("report.json").exists(), "{}", text(&perturbed));
+    let made = conformance(&[
+        "--device",
+        "cpu",
+        "--filter",
+        TWO,
+        "--export",
+        export.to_str().unwrap(),
+        "--out",
+        dir.path().join("out").to_str().unwrap(),
+    ]);
+    assert_eq!(made.status.code(), Some(0), "{}", text(&made));
+    let verified = conformance(&[
+        "--verify-export",
+        export.to_str().unwrap(),
+        "--verify-against",
+        reports.join("report.json").to_str().unwrap(),
+    ]);
+    let all = text(&verified);
+    assert_eq!(verified.status.code(), Some(1), "{all}");
+    assert!(all.contains("--perturb"), "{all}");
 }
 
 /// The pid of the process whose command line holds every one of `words`.
