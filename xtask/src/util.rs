@@ -264,6 +264,11 @@ pub fn clear_reports(root: &Path, args: &[OsString]) {
         return;
     }
     let dir = reports_dir(root, args);
+    // Only where a run wrote reports (each leaves this lock file): a
+    // user's own report.md in the --out they gave is not the last run's.
+    if std::fs::symlink_metadata(dir.join(".conformance-reports.lock")).is_err() {
+        return;
+    }
     for f in ["report.json", "junit.xml", "report.md"] {
         let _ = std::fs::remove_file(dir.join(f));
     }
@@ -298,14 +303,23 @@ mod reports_dir_tests {
     fn only_the_runs_own_out_directory_is_cleared() {
         let root = std::env::temp_dir().join(format!("xtask-out-{}", std::process::id()));
         let (metal, cpu) = (root.join("a"), root.join("b"));
-        for d in [&metal, &cpu] {
+        let users = root.join("c");
+        for d in [&metal, &cpu, &users] {
             std::fs::create_dir_all(d).unwrap();
             std::fs::write(d.join("report.md"), "x").unwrap();
+        }
+        // Runs wrote a and b (each leaves the reports' lock file).
+        for d in [&metal, &cpu] {
+            std::fs::write(d.join(".conformance-reports.lock"), "").unwrap();
         }
         let args: Vec<OsString> = vec!["--out".into(), cpu.clone().into_os_string()];
         assert_eq!(reports_dir(&root, &args), cpu);
         clear_reports(&root, &args);
         assert!(!cpu.join("report.md").exists());
+        // A user's own report.md where no run wrote reports is not ours
+        // (before: removed when the run's setup failed).
+        clear_reports(&root, &["--out".into(), users.clone().into_os_string()]);
+        assert!(users.join("report.md").exists(), "a user's file survives");
         assert!(
             metal.join("report.md").exists(),
             "another run's report survives"

@@ -27,10 +27,10 @@ const OLD_SEALING_MARK: &str = ".snap.sealing-";
 /// and the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
-    #[error("{path} is a symbolic link; snapshots never follow links (one could make an accept write outside fixtures/snapshots/). Fix: replace it with a real {what}")]
+    #[error("{path} is a symbolic link; this tool never follows one where it reads or writes (a link could carry a write outside its directory, or a read to a device). Fix: replace it with a real {what}")]
     Link { path: PathBuf, what: &'static str },
     #[error(
-        "{path} is a {found}, not a {what}. Fix: move it away (the snapshot gate owns this name)"
+        "{path} is a {found}, not a {what}. Fix: move it away (this tool reads or writes a {what} at this path)"
     )]
     NotA {
         path: PathBuf,
@@ -43,7 +43,7 @@ pub enum StoreError {
         resolved: PathBuf,
         root: PathBuf,
     },
-    #[error("{path} is {len} bytes, more than {cap} bytes this reader takes; it is not what it should be. Fix: restore it (a snapshot from git)")]
+    #[error("{path} is {len} bytes, more than {cap} bytes this reader takes; it is not what it should be. Fix: restore it (a snapshot from git; other files by running again what wrote them)")]
     TooLarge { path: PathBuf, len: u64, cap: u64 },
     #[error("{rel} names a file outside {root} (an absolute path, a `..`, or a symbolic link on the way); only files inside it are read")]
     Escapes { root: PathBuf, rel: String },

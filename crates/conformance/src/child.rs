@@ -77,11 +77,32 @@ pub fn read_lines(
     rx
 }
 
-/// `s` clipped to at most `max` bytes (at a character boundary), with a
-/// note of how many bytes were dropped.
+/// `s` with its control characters other than newline and tab escaped
+/// (`\u{1b}`): text from a child (a candidate's message, name or stderr)
+/// never moves the terminal's cursor, sets its title or hides what
+/// follows, in the terminal or in a report.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    let escaped = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !s.chars().any(escaped) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 16);
+    for c in s.chars() {
+        if escaped(c) {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// `s` [`printable`], clipped to at most `max` bytes (at a character
+/// boundary), with a note of how many bytes were dropped.
 pub fn clip(s: &str, max: usize) -> String {
+    let s = printable(s);
     if s.len() <= max {
-        return s.to_owned();
+        return s.into_owned();
     }
     let mut end = max;
     while !s.is_char_boundary(end) {
@@ -93,6 +114,15 @@ pub fn clip(s: &str, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_are_escaped_newlines_and_tabs_kept() {
+        assert_eq!(printable("a\tb\nc"), "a\tb\nc");
+        assert_eq!(printable("\x1b[31mred\x07\0"), "\\u{1b}[31mred\\u{7}\\u{0}");
+        assert_eq!(printable("\r\u{9b}"), "\\u{d}\\u{9b}");
+        // Escaped before clipping: what is kept is escaped too.
+        assert!(clip(&"\x1b".repeat(100), 20).starts_with("\\u{1b}\\u{1b}"));
+    }
 
     /// Issue 40, classes 11 and 12: stderr with no newline was buffered
     /// whole, and one line that is not UTF-8 closed the relay.

@@ -67,6 +67,29 @@ pub fn environment_interceptors() -> Vec<Box<dyn Interceptor>> {
     interceptors
 }
 
+/// The testing hooks set in the environment, each with what it does, for
+/// the warning and every report (`None` when none is): a leftover one
+/// never passes for a real FAIL or a real crash. Whatever a value says
+/// (even one that does nothing) is named.
+pub fn testing_hooks() -> Option<String> {
+    let hooks: Vec<String> = [
+        (
+            crate::explore::plant::PLANT_ENV,
+            "port bits flipped on purpose; FAIL rows of its region are planted",
+        ),
+        (
+            crate::runner::worker::FAULT_ENV,
+            "the worker of a case it names is sent that signal on purpose; its rows are planted crashes",
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(name, what)| {
+        std::env::var_os(name).map(|v| format!("{name}={} ({what})", v.to_string_lossy()))
+    })
+    .collect();
+    (!hooks.is_empty()).then(|| hooks.join("; "))
+}
+
 impl RunConfig {
     /// The run's hooks, in the order they act: poisoning (before and after
     /// each reference call, at each case's start), a planted fault, kept
@@ -120,7 +143,12 @@ impl RunConfig {
             args.push("--export".into());
             args.push(dir.as_os_str().to_owned());
         }
-        if let Some(file) = self.registry.worker_cases_file() {
+        if self.registry.has_cases_file() {
+            // What a runner killed with SIGKILL left (its owner is gone).
+            crate::scratch::reclaim_stale(&std::env::temp_dir());
+        }
+        let prefix = crate::scratch::own_prefix(crate::scratch::CASES);
+        if let Some(file) = self.registry.worker_cases_file(&prefix) {
             let file = file.map_err(std::io::Error::other)?;
             args.extend(["--cases".into(), file.as_os_str().to_owned()]);
         }

@@ -523,6 +523,13 @@ pub fn verify(root: &Path, report: Option<&Path>) -> Result<Verified, VerifyErro
                 seed.map_or("none".to_owned(), |s| s.to_string())
             ));
         }
+        // An export is never of a --perturb run (the runner refuses the
+        // pair): a perturbed report's reference is not the export's.
+        if report.environment["perturb"].as_bool() == Some(true) {
+            problems.push(
+                "the report is of a --perturb run (a perturbed reference), an export never is: they are not one run's".to_owned(),
+            );
+        }
         for key in ["backend", "mlx_version", "lock_sha256"] {
             let (ours, theirs) = (&manifest.environment[key], &report.environment[key]);
             if ours != theirs {

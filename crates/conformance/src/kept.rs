@@ -93,7 +93,8 @@ pub fn write_file(
 /// Reads a case's tensors (`None` when the file does not exist).
 pub fn read(dir: &Path, case: &str) -> Result<Option<Vec<(String, HostTensor)>>, String> {
     let path = file(dir, case);
-    match std::fs::metadata(&path) {
+    // symlink_metadata: a dangling link is there (and refused), not missing.
+    match std::fs::symlink_metadata(&path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         _ => read_file(&path).map(Some),
     }
@@ -101,8 +102,15 @@ pub fn read(dir: &Path, case: &str) -> Result<Option<Vec<(String, HostTensor)>>,
 
 /// Reads every tensor of a safetensors file, in the file's order; the
 /// error names the file and the tensor.
+///
+/// Read as a snapshot is ([`crate::snapshots::store::read_limited`]): a
+/// link, a FIFO or a device there is an error, never followed, blocked on
+/// or read without end; so is a file over the candidate protocol's cap.
 pub fn read_file(path: &Path) -> Result<Vec<(String, HostTensor)>, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let bytes =
+        crate::snapshots::store::read_limited(path, crate::candidate::wire::MAX_TENSORS_BYTES)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("{}: no such file", path.display()))?;
     parse(&bytes, path)
 }
 

@@ -27,6 +27,7 @@ pub mod poison;
 pub mod report;
 pub mod runner;
 pub mod schema;
+pub mod scratch;
 pub mod snapshots;
 
 // The core and the cases, at the paths they had before the split.

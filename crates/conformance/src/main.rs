@@ -136,7 +136,12 @@ struct Cli {
     /// shell command that starts it, spoken to through the candidate
     /// protocol (README "Checking your own port"; ops in docs/ops.md).
     /// Findings are skipped (they measure the reference).
-    #[arg(long, value_name = "CMD", conflicts_with_all = ["in_process", "explore_samples"])]
+    #[arg(
+        long,
+        value_name = "CMD",
+        value_parser = non_blank_command,
+        conflicts_with_all = ["in_process", "explore_samples"]
+    )]
     candidate: Option<String>,
     /// Seconds the candidate may take to answer one call (its start
     /// included) before the case is an ERROR and the candidate is killed.
@@ -144,6 +149,7 @@ struct Cli {
         long,
         value_name = "SECONDS",
         default_value_t = 60,
+        value_parser = at_least_a_second,
         requires = "candidate"
     )]
     candidate_timeout: u64,
@@ -157,7 +163,8 @@ struct Cli {
     /// Also write golden vectors: every must-equal case's reference calls
     /// (inputs, the reference's outputs) as safetensors, and
     /// DIR/manifest.json (`cargo xtask export`).
-    #[arg(long, value_name = "DIR")]
+    // Not of a --perturb run: its reference results are not the goldens.
+    #[arg(long, value_name = "DIR", conflicts_with = "perturb")]
     export: Option<PathBuf>,
     /// Re-read an export (DIR/manifest.json and its files): every file's
     /// and every output's sha256 as the manifest says; exit 0, 1 with
@@ -347,7 +354,7 @@ impl Cli {
         }
     }
 
-    /// `--candidate-timeout` (at least a second).
+    /// `--candidate-timeout` (at least a second: its parser refuses 0).
     fn candidate_timeout(&self) -> std::time::Duration {
         std::time::Duration::from_secs(self.candidate_timeout.max(1))
     }
@@ -385,6 +392,27 @@ pub(crate) fn run_config(
         export,
         exact_faults: cli.exact_faults,
         registry,
+    }
+}
+
+/// `--candidate-timeout`: a whole number of seconds, at least 1 (0 is no
+/// "no limit" here, as it is for `--case-timeout`: a candidate that never
+/// answers must end its call).
+fn at_least_a_second(text: &str) -> Result<u64, String> {
+    match text.parse::<u64>() {
+        Ok(0) => Err("it must be at least 1 (seconds; there is no unlimited candidate timeout: --case-timeout bounds the whole case)".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// `--candidate CMD`: a command, not blank (a blank one would start
+/// nothing and make every case an ERROR).
+fn non_blank_command(text: &str) -> Result<String, String> {
+    if text.trim().is_empty() {
+        Err("the command is empty; give the shell command that starts your candidate".into())
+    } else {
+        Ok(text.to_owned())
     }
 }
 

@@ -338,6 +338,33 @@ fn a_noisy_candidate_is_relayed_and_its_huge_message_clipped() {
     }
 }
 
+/// Issue 40, round 4b: a candidate's message (and its stderr) reached the
+/// terminal and report.md with its control characters raw: escape
+/// sequences that set the terminal's title, clear the screen or colour
+/// what follows, and NULs. They are now written escaped (`\u{1b}`).
+#[test]
+fn a_candidates_control_characters_reach_no_terminal_or_report_raw() {
+    let (out, report, dir) = run_candidate(&bad("control-chars"), TWO, &[]);
+    let rows = cases(&report);
+    assert_eq!(rows.len(), listed(TWO), "{}", text(&out));
+    for c in rows {
+        assert_eq!(c["verdict"], "error", "{c}");
+        let m = c["message"].as_str().unwrap();
+        assert!(m.contains("red") && m.contains("\\u{1b}"), "{m}");
+    }
+    let printed = [&out.stdout[..], &out.stderr[..]].concat();
+    let md = std::fs::read(dir.path().join("report.md")).unwrap();
+    for (what, bytes) in [("output", &printed), ("report.md", &md)] {
+        assert!(
+            !bytes
+                .iter()
+                .any(|b| *b == 0x1b || *b == 0 || *b == 0x07 || *b == 0x08),
+            "{what} holds a raw control character: {}",
+            String::from_utf8_lossy(bytes).escape_debug()
+        );
+    }
+}
+
 /// Issue 40, class 13 (names): a candidate's name goes into every row
 /// message; a 1 MiB one is clipped, saying how much was dropped.
 #[test]
@@ -893,6 +920,286 @@ fn nothing_a_candidate_starts_outlives_its_worker() {
     all_gone(&pids).unwrap();
 }
 
+/// Issue 40, round 4b: `--export DIR --perturb` wrote the perturbed
+/// reference's results as golden vectors, in a manifest that looked like
+/// any other and verified (even against the unperturbed run's report).
+/// The combination is refused before any case; nothing is written.
+#[test]
+fn an_export_of_a_perturbed_run_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let export = dir.path().join("vectors");
+    let out = conformance(&[
+        "--device",
+        "cpu",
+        "--filter",
+        TWO,
+        "--perturb",
+        "--no-snapshots",
+        "--export",
+        export.to_str().unwrap(),
+        "--out",
+        dir.path().join("out").to_str().unwrap(),
+    ]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{all}");
+    assert!(
+        all.contains("--export") && all.contains("--perturb"),
+        "{all}"
+    );
+    assert!(!export.join("manifest.json").exists(), "{all}");
+    // Nor does an export verify against a --perturb run's report (before:
+    // "every must-equal case of the report is in it", exit 0).
+    let reports = dir.path().join("perturbed");
+    let perturbed = conformance(&[
+        "--device",
+        "cpu",
+        "--filter",
+        TWO,
+        "--perturb",
+        "--no-snapshots",
+        "--out",
+        reports.to_str().unwrap(),
+    ]);
+    assert!(reports.join("report.json").exists(), "{}", text(&perturbed));
+    let made = conformance(&[
+        "--device",
+        "cpu",
+        "--filter",
+        TWO,
+        "--export",
+        export.to_str().unwrap(),
+        "--out",
+        dir.path().join("out").to_str().unwrap(),
+    ]);
+    assert_eq!(made.status.code(), Some(0), "{}", text(&made));
+    let verified = conformance(&[
+        "--verify-export",
+        export.to_str().unwrap(),
+        "--verify-against",
+        reports.join("report.json").to_str().unwrap(),
+    ]);
+    let all = text(&verified);
+    assert_eq!(verified.status.code(), Some(1), "{all}");
+    assert!(all.contains("--perturb"), "{all}");
+}
+
+/// The pid of the process whose command line holds every one of `words`.
+#[cfg(target_os = "linux")]
+fn pid_running(words: &[&str]) -> Option<i32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .filter_map(Result::ok)
+        .find_map(|e| {
+            let pid = e.file_name().to_str()?.parse::<i32>().ok()?;
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            words.iter().all(|w| cmdline.contains(w)).then_some(pid)
+        })
+}
+
+/// Every process below `pid` (children, theirs, ...).
+#[cfg(target_os = "linux")]
+fn descendants(pid: i32) -> Vec<i32> {
+    let parents: Vec<(i32, i32)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| {
+            let p = e.ok()?.file_name().to_str()?.parse::<i32>().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+            let ppid = stat[stat.rfind(')')? + 1..]
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            Some((p, ppid))
+        })
+        .collect();
+    let mut found = vec![pid];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(
+            parents
+                .iter()
+                .filter(|(_, pp)| *pp == parent)
+                .map(|(p, _)| *p),
+        );
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+/// The scratch directories left in `tmp`.
+fn scratch_dirs(tmp: &Path) -> Vec<String> {
+    std::fs::read_dir(tmp)
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with("conformance-candidate-"))
+        .collect()
+}
+
+/// Issue 40: a SIGKILL of both a candidate's launcher and its worker left
+/// the candidate's scratch directory (with its inputs) in $TMPDIR for
+/// good, and the candidate's own processes (`sh -c` forks the program,
+/// which has no parent-death signal) running under init. The directory's
+/// name and the candidate's environment now record their owner, and the
+/// next candidate started removes and ends what owners that are gone left.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_scratch_dir_left_by_a_killed_worker_and_launcher_is_reclaimed_by_the_next_run() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tmp_path = tmp.path().to_str().unwrap().to_owned();
+    let reports = tempfile::tempdir().unwrap();
+    let run = |candidate: &str| {
+        Command::new(env!("CARGO_BIN_EXE_conformance"))
+            .args(["--device", "cpu", "--jobs", "1", "--filter", TWO])
+            .args(["--candidate", candidate, "--candidate-timeout", "600"])
+            .arg("--out")
+            .arg(reports.path())
+            .env_remove("MLX_CONFORMANCE_DEVICE_FAMILY")
+            .env("CI", "true")
+            .env("TMPDIR", &tmp_path)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    // A candidate that never answers: its launcher is found by the
+    // scratch directory in its command line.
+    let mut first = run(&bad("hang"));
+    let started = Instant::now();
+    let launcher = loop {
+        if let Some(pid) = pid_running(&["--candidate-launcher", &tmp_path]) {
+            break pid;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no launcher started"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    // The candidate itself (the Python program below `sh -c`), once it
+    // has a call (its inputs are in the scratch directory): it hangs in
+    // the call, where it would have ended at the end of its stdin.
+    let candidate = loop {
+        let called = scratch_dirs(tmp.path()).iter().any(|d| {
+            std::fs::read_dir(tmp.path().join(d)).is_ok_and(|mut e| {
+                e.any(|f| {
+                    f.is_ok_and(|f| f.file_name().to_string_lossy().ends_with(".in.safetensors"))
+                })
+            })
+        });
+        let below = descendants(launcher);
+        if called && below.len() >= 2 {
+            break below;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the candidate did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stat = std::fs::read_to_string(format!("/proc/{launcher}/stat")).unwrap();
+    let worker: i32 = stat[stat.rfind(')').unwrap() + 1..]
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    // Both stopped first, so that no parent's death lets them clean up,
+    // then the runner (no new worker starts) and both killed: nobody is
+    // left to remove the directory.
+    unsafe {
+        libc::kill(launcher, libc::SIGSTOP);
+        libc::kill(worker, libc::SIGSTOP);
+    }
+    let _ = first.kill();
+    let _ = first.wait();
+    unsafe {
+        libc::kill(worker, libc::SIGKILL);
+        libc::kill(launcher, libc::SIGKILL);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let left = scratch_dirs(tmp.path());
+    assert!(!left.is_empty(), "the kill left no scratch directory");
+    // A later run of a candidate (one that serves nothing: quick).
+    let mut second = run(&bad("unsupported"));
+    let status = second.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let now = scratch_dirs(tmp.path());
+    assert!(
+        left.iter().all(|d| !now.contains(d)),
+        "still there: {now:?} (left by the kill: {left:?})"
+    );
+    let pids = tmp.path().join("candidate.pids");
+    let list: String = candidate.iter().map(|p| format!("{p}\n")).collect();
+    std::fs::write(&pids, list).unwrap();
+    all_gone(&pids).unwrap();
+}
+
+/// Issue 40, round 4b: a candidate that never completes its hello (it
+/// hangs, or its command is not found) was started again for every case,
+/// each waiting out `--candidate-timeout` (default 60 s: hours for the
+/// default suite); `--candidate ""` ran every case as an ERROR saying the
+/// candidate "exited without answering". Now a worker stops starting a
+/// candidate whose last two starts failed (each later case is an ERROR
+/// at once, quoting the failure), and an empty command is refused before
+/// any case.
+#[test]
+fn a_candidate_that_never_starts_is_not_started_again_for_every_case() {
+    let dir = tempfile::tempdir().unwrap();
+    let starts = dir.path().join("starts");
+    let cmd = format!("echo start >> '{}'; exec sleep 100", starts.display());
+    let filter = "position/rope2d/2d/hd64";
+    let n = listed(filter);
+    assert!(n > 2, "{filter} lists {n} cases");
+    let (out, report, _d) =
+        run_candidate(&cmd, filter, &["--jobs", "1", "--candidate-timeout", "1"]);
+    let rows = cases(&report);
+    assert_eq!(rows.len(), n, "{}", text(&out));
+    for c in rows {
+        assert_eq!(c["verdict"], "error", "{c}");
+    }
+    let started = std::fs::read_to_string(&starts).unwrap().lines().count();
+    assert_eq!(
+        started,
+        2,
+        "starts: {started} for {n} cases: {}",
+        text(&out)
+    );
+    let last = rows[n - 1]["message"].as_str().unwrap();
+    assert!(
+        last.contains("not started again") && last.contains("no answer within 1 s"),
+        "{last}"
+    );
+    // Round 4b: `--candidate-timeout 0` silently meant 1 s (where
+    // `--case-timeout 0` means no limit): every slower answer an ERROR.
+    let out = conformance(&[
+        "--device",
+        "cpu",
+        "--filter",
+        filter,
+        "--candidate",
+        &cmd,
+        "--candidate-timeout",
+        "0",
+    ]);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{all}");
+    assert!(
+        all.contains("--candidate-timeout") && all.contains("at least 1"),
+        "{all}"
+    );
+    assert!(!all.contains("ERROR "), "refused before any case: {all}");
+    for empty in ["", "  "] {
+        let out = conformance(&["--device", "cpu", "--filter", filter, "--candidate", empty]);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(3), "{all}");
+        assert!(all.contains("--candidate"), "{all}");
+        assert!(!all.contains("ERROR "), "refused before any case: {all}");
+    }
+}
+
 /// Issue 40, class 19: a missing `--same-verdicts-as` file was reported
 /// only after the whole run, and a FIFO there hung the run (ignoring
 /// SIGTERM). Both are refused before any case now.
@@ -927,6 +1234,46 @@ fn same_verdicts_as_is_checked_before_any_case() {
             "no case ran: {}",
             text(&out)
         );
+    }
+    // Round 4b: a report of another seed or a --perturb run was compared
+    // as if it were this run's ("4 same"); now refused before any case.
+    for (extra, why) in [
+        (["--seed", "7"], "seed 7"),
+        (["--perturb", "--no-snapshots"], "--perturb"),
+    ] {
+        let linked = dir
+            .path()
+            .join(format!("linked-{}", extra[0].trim_start_matches('-')));
+        let mut args = vec![
+            "--device",
+            "cpu",
+            "--filter",
+            TWO,
+            "--out",
+            linked.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let first = conformance(&args);
+        assert!(linked.join("report.json").exists(), "{}", text(&first));
+        let out = conformance(&[
+            "--device",
+            "cpu",
+            "--filter",
+            TWO,
+            "--candidate",
+            &candidate,
+            "--same-verdicts-as",
+            linked.join("report.json").to_str().unwrap(),
+            "--out",
+            dir.path().join("out").to_str().unwrap(),
+        ]);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(3), "{all}");
+        assert!(
+            all.contains("--same-verdicts-as") && all.contains(why),
+            "{all}"
+        );
+        assert!(!all.contains("passed"), "no case ran: {all}");
     }
 }
 
@@ -1096,5 +1443,13 @@ fn a_declared_refusal_is_a_finding_row_and_an_undeclared_one_an_error() {
             message.contains("the candidate raised where the reference computed"),
             "{message}"
         );
+    }
+    // Round 4b: a blank condition (contained in every message with a
+    // space) turned every raise into a finding, exit 0; it is refused at
+    // the hello like an empty one.
+    let (blank, out, _) = self::rows("refuses-blank-policy", &[]);
+    for (verdict, message) in &blank {
+        assert_eq!(verdict, "error", "{message}: {}", text(&out));
+        assert!(message.contains("`refusals`"), "{message}");
     }
 }

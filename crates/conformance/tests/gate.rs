@@ -175,3 +175,58 @@ fn other_inputs_exit_2_and_a_crashed_case_or_an_environment_error_exit_3() {
         "{g:#}"
     );
 }
+
+/// Issue 40, round 4b: a kept output linked to `/dev/zero` (or a FIFO in
+/// its place) made the gate read without end (or block forever). Kept
+/// outputs are now read as snapshots are: no link followed, no FIFO or
+/// device opened for reading, a size cap; the case is an error naming the
+/// file and the gate ends.
+#[cfg(unix)]
+#[test]
+fn a_kept_output_that_is_a_link_or_a_fifo_is_an_error_not_a_hang() {
+    use std::os::unix::ffi::OsStrExt;
+    let (a, b) = (temp("hostile-a"), temp("hostile-b"));
+    run(&a, false);
+    run(&b, false);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(b.join("outputs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert!(files.len() >= 2, "{files:?}");
+    std::fs::remove_file(&files[0]).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", &files[0]).unwrap();
+    std::fs::remove_file(&files[1]).unwrap();
+    let c = std::ffi::CString::new(files[1].as_os_str().as_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let out = temp("hostile-gate");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_conformance-gate"))
+        .arg("hostile")
+        .arg(&a)
+        .arg(&b)
+        .arg("--out")
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the gate hung on a kept output linked to /dev/zero or a FIFO");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(3));
+    let gate = std::fs::read_to_string(out.join("gate.json")).unwrap();
+    for f in &files[..2] {
+        let name = f.file_name().unwrap().to_str().unwrap();
+        assert!(gate.contains(name), "{name} not named: {gate}");
+    }
+}

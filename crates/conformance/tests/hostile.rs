@@ -529,6 +529,144 @@ fn a_directory_in_a_report_files_place_or_an_empty_out_is_refused_before_any_cas
         .ends_with(".partial")));
 }
 
+/// Issue 40, round 4b: `--out DIR` removed (at the start of the run) and
+/// replaced a `report.md`, `report.json` or `junit.xml` that a user kept
+/// in DIR, though no run of this tool had written there. A directory
+/// holding one of those names without the reports' lock file (which every
+/// run that writes reports leaves) is refused before any case, and the
+/// file is left as it was; a directory an earlier run wrote is reused.
+#[test]
+fn report_files_no_run_wrote_are_never_removed_or_replaced() {
+    let dir = scratch("users-report");
+    let run = |out: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_conformance"))
+            .args(["--device", "cpu", "--filter", SMOKE, "--out"])
+            .arg(out)
+            .env("CI", "true")
+            .output()
+            .unwrap()
+    };
+    for name in ["report.md", "report.json", "junit.xml"] {
+        let users = dir.join(name.replace('.', "-"));
+        std::fs::create_dir_all(&users).unwrap();
+        std::fs::write(users.join(name), "my own notes\n").unwrap();
+        let out = run(&users);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(3), "{all}");
+        assert!(all.contains(name) && all.contains("--out"), "{all}");
+        assert!(!all.contains("pass "), "refused before any case ran: {all}");
+        assert_eq!(
+            std::fs::read_to_string(users.join(name)).unwrap(),
+            "my own notes\n"
+        );
+    }
+    // A directory this tool's run wrote is the tool's to replace.
+    let ours = dir.join("ours");
+    let first = run(&ours);
+    assert_eq!(first.status.code(), Some(0), "{}", text(&first));
+    let again = run(&ours);
+    assert_eq!(again.status.code(), Some(0), "{}", text(&again));
+}
+
+/// Issue 40, round 4b: a runner of a `--cases` run killed with SIGKILL
+/// left the workers' private copy (`$TMPDIR/conformance-cases-*`) for
+/// good. Its name now records its owner, and the next `--cases` run
+/// removes the copies of owners that are gone.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_cases_copy_left_by_a_killed_runner_is_reclaimed_by_the_next_run() {
+    let root = scratch("cases-copy");
+    let tmp = root.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let described = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args(["--describe", "--filter", SMOKE])
+        .output()
+        .unwrap();
+    assert_eq!(described.status.code(), Some(0), "{}", text(&described));
+    let file = root.join("cases.jsonl");
+    std::fs::write(&file, &described.stdout).unwrap();
+    let run = || {
+        Command::new(env!("CARGO_BIN_EXE_conformance"))
+            .args(["--device", "cpu", "--no-snapshots", "--cases"])
+            .arg(&file)
+            .arg("--out")
+            .arg(root.join("out"))
+            .env("TMPDIR", &tmp)
+            .env("CI", "true")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let copies = || -> Vec<String> {
+        std::fs::read_dir(&tmp)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with("conformance-cases-"))
+            .collect()
+    };
+    let mut first = run();
+    let started = std::time::Instant::now();
+    while copies().is_empty() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "no copy made"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let left = copies();
+    assert!(!left.is_empty(), "the kill left no copy");
+    let status = run().wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let now = copies();
+    assert!(
+        left.iter().all(|d| !now.contains(d)),
+        "still there: {now:?} (left by the kill: {left:?})"
+    );
+}
+
+/// Issue 40, round 4b: a leftover `MLX_CONFORMANCE_FAULT` (the testing
+/// hook that crashes or stops the worker of the cases it names) made a
+/// case an ERROR "killed by SIGSEGV" with no word of the hook anywhere:
+/// a phantom crash of the port. Like `MLX_CONFORMANCE_PLANT` (class 18),
+/// it is now warned about, named in every report, and in the row.
+#[test]
+fn a_leftover_fault_hook_is_named_in_the_row_and_every_report() {
+    let dir = scratch("fault-hook");
+    let out = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args(["--device", "cpu", "--filter", SMOKE, "--jobs", "1", "--out"])
+        .arg(&dir)
+        .env("CI", "true")
+        .env("MLX_CONFORMANCE_FAULT", format!("SIGSEGV@{SMOKE}"))
+        .output()
+        .unwrap();
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{all}");
+    assert!(
+        all.contains("warning: testing hook set: MLX_CONFORMANCE_FAULT="),
+        "{all}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap();
+    let hook = report["environment"]["testing_hook"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(hook.contains("MLX_CONFORMANCE_FAULT=SIGSEGV@"), "{hook:?}");
+    let rows = report["cases"].as_array().unwrap();
+    assert!(!rows.is_empty());
+    for row in rows {
+        let m = row["message"].as_str().unwrap();
+        assert!(
+            m.contains("SIGSEGV") && m.contains("MLX_CONFORMANCE_FAULT"),
+            "{m}"
+        );
+    }
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert!(md.contains("MLX_CONFORMANCE_FAULT"), "{md}");
+}
+
 /// Workers die with their runner, even stopped ones after a SIGKILL of the
 /// runner (before: they stayed, stopped, re-parented to init).
 #[test]

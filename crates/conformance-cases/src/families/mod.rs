@@ -164,6 +164,11 @@ impl Registry {
         Ok(self)
     }
 
+    /// Whether the cases come from a `--cases` file.
+    pub fn has_cases_file(&self) -> bool {
+        self.cases_file.is_some()
+    }
+
     /// The `(n, seed)` of [`Registry::with_explore_samples`].
     pub fn explore_samples(&self) -> Option<(usize, u64)> {
         self.explore_samples
@@ -175,11 +180,14 @@ impl Registry {
     /// written through; removed when the registry is dropped), so a file
     /// edited, replaced or deleted during the run (or a pipe) changes
     /// nothing.
-    pub fn worker_cases_file(&self) -> Option<Result<&std::path::Path, String>> {
+    ///
+    /// `prefix` starts the directory's name (the caller's, naming its
+    /// owner, so that one left by a runner killed with SIGKILL is found).
+    pub fn worker_cases_file(&self, prefix: &str) -> Option<Result<&std::path::Path, String>> {
         let (_, described) = self.cases_file.as_ref()?;
         let copy = self.worker_copy.get_or_init(|| {
             let dir = tempfile::Builder::new()
-                .prefix("conformance-cases-")
+                .prefix(prefix)
                 .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
                 .tempdir()
                 .map_err(|e| {
@@ -276,7 +284,11 @@ mod worker_copy {
         let _ = std::fs::remove_file(&planted);
         std::os::unix::fs::symlink(&victim, &planted).unwrap();
         let registry = super::Registry::new().with_cases_file(&cases).unwrap();
-        let copy = registry.worker_cases_file().unwrap().unwrap().to_path_buf();
+        let copy = registry
+            .worker_cases_file("conformance-cases-")
+            .unwrap()
+            .unwrap()
+            .to_path_buf();
         let _ = std::fs::remove_file(&planted);
         assert_eq!(
             std::fs::read_to_string(&victim).unwrap(),

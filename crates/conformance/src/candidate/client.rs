@@ -105,8 +105,12 @@ fn same_libmlx(candidate: &std::path::Path) -> Result<(), String> {
 impl Client {
     /// Starts the candidate and exchanges hellos.
     pub fn start(config: &Config) -> Result<Client, String> {
+        // What a worker and launcher killed together left (issue 40): the
+        // candidate's processes and its scratch directory. Their owner is
+        // gone, so nobody else will end or remove them.
+        crate::scratch::reclaim_stale(&std::env::temp_dir());
         let scratch = tempfile::Builder::new()
-            .prefix("conformance-candidate-")
+            .prefix(&crate::scratch::own_prefix(crate::scratch::CANDIDATE))
             .tempdir()
             .map_err(|e| format!("cannot make the candidate's scratch directory: {e}"))?;
         let mut child = launch(&config.command, scratch.path())
@@ -127,7 +131,7 @@ impl Client {
         // never closed early (the candidate would die of SIGPIPE).
         std::thread::spawn(move || {
             crate::child::for_each_line(stderr, |line| {
-                errln!("candidate: {line}");
+                errln!("candidate: {}", crate::child::printable(&line));
                 let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
                 if tail.len() == STDERR_TAIL {
                     tail.pop_front();
@@ -190,12 +194,12 @@ impl Client {
                     let op = item.get("op").and_then(Json::as_str);
                     let condition = item.get("condition").and_then(Json::as_str);
                     match (op, condition) {
-                        (Some(op), Some(c)) if super::ops::by_name(op).is_some() && !c.is_empty() => {
+                        (Some(op), Some(c)) if super::ops::by_name(op).is_some() && !c.trim().is_empty() => {
                             client.refusals.push((op.to_owned(), clip(c)));
                         }
                         _ => {
                             return Err(client.fail(&format!(
-                                "hello: each of `refusals` is {{\"op\": <an op of docs/ops.md>, \"condition\": <non-empty text its message contains>}}, not {}",
+                                "hello: each of `refusals` is {{\"op\": <an op of docs/ops.md>, \"condition\": <text, not blank, its message contains>}}, not {}",
                                 clip(&item.to_string())
                             )))
                         }
@@ -486,7 +490,9 @@ fn launch(command: &str, scratch: &std::path::Path) -> Command {
     }
     let _ = scratch;
     let mut c = Command::new("sh");
-    c.arg("-c").arg(command);
+    c.arg("-c")
+        .arg(command)
+        .env(crate::scratch::OWNER_ENV, crate::scratch::own_owner());
     c
 }
 

@@ -118,8 +118,22 @@ pub fn main(args: &[OsString]) -> i32 {
     }
     // SAFETY: getpid on this process.
     let launcher = unsafe { libc::getpid() };
+    // The candidate's owner is the worker (this launcher's parent): what
+    // the candidate starts inherits it, so the next run finds what a
+    // SIGKILL of worker and launcher left (scratch.rs). Not set on the
+    // launcher itself, which ends its own candidate.
+    // SAFETY: getppid on this process.
+    let worker = unsafe { libc::getppid() } as u32;
+    let owner = format!(
+        "{worker}-{}",
+        crate::scratch::start_time(worker).unwrap_or(0)
+    );
     let mut command = std::process::Command::new(program);
-    command.args(rest).env_remove(PARENT_ENV).process_group(0);
+    command
+        .args(rest)
+        .env_remove(PARENT_ENV)
+        .env(crate::scratch::OWNER_ENV, owner)
+        .process_group(0);
     // SAFETY: prctl and getppid are async-signal-safe; this process has
     // one thread and no MLX initialised, so fork() is safe here.
     unsafe {

@@ -45,13 +45,43 @@ pub fn sends(glue: &str) -> bool {
 pub struct Candidate {
     config: Config,
     client: Mutex<Option<client::Client>>,
+    /// Failed starts since the last one that completed its hello, and the
+    /// last one's reason.
+    failed_starts: Mutex<(u32, String)>,
 }
+
+/// Failed starts in a row after which a worker starts the candidate no
+/// more: one that never completes its hello (hangs, or is not found)
+/// would otherwise cost `--candidate-timeout` for every case.
+const START_ATTEMPTS: u32 = 2;
 
 impl Candidate {
     pub fn new(config: Config) -> Self {
         Self {
             config,
             client: Mutex::new(None),
+            failed_starts: Mutex::new((0, String::new())),
+        }
+    }
+
+    /// Starts the candidate, unless its last starts in this worker failed.
+    fn start(&self) -> Result<client::Client, CallError> {
+        let mut failed = self.failed_starts.lock().unwrap_or_else(|e| e.into_inner());
+        if failed.0 >= START_ATTEMPTS {
+            return Err(CallError::Failed(format!(
+                "the candidate was not started again: its last {} starts in this worker failed, the last with: {}",
+                failed.0, failed.1
+            )));
+        }
+        match client::Client::start(&self.config) {
+            Ok(c) => {
+                *failed = (0, String::new());
+                Ok(c)
+            }
+            Err(why) => {
+                *failed = (failed.0 + 1, why.clone());
+                Err(CallError::Failed(why))
+            }
         }
     }
 
@@ -71,7 +101,7 @@ impl Candidate {
         let mut slot = self.client.lock().unwrap_or_else(|e| e.into_inner());
         if slot.as_ref().is_none_or(client::Client::is_dead) {
             *slot = None;
-            *slot = Some(client::Client::start(&self.config).map_err(CallError::Failed)?);
+            *slot = Some(self.start()?);
         }
         let client = slot.as_mut().expect("started above");
         if let Err(why) = client.supports(op) {

@@ -15,12 +15,6 @@ use oracle::HostTensor;
 /// The variable of the hook.
 pub const PLANT_ENV: &str = "MLX_CONFORMANCE_PLANT";
 
-/// `MLX_CONFORMANCE_PLANT=<value>` when the variable is set (whatever it
-/// says: even a value that plants nothing is named), for the reports.
-pub fn testing_hook() -> Option<String> {
-    std::env::var_os(PLANT_ENV).map(|v| format!("{PLANT_ENV}={}", v.to_string_lossy()))
-}
-
 /// The planted fault as an interceptor on the port outputs cases mark
 /// (`Ctx::port_output`).
 pub struct Plant {

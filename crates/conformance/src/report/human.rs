@@ -165,9 +165,7 @@ pub fn summary(report: &Report) -> String {
         report.environment.architecture
     ));
     if let Some(hook) = &e.testing_hook {
-        out.push_str(&format!(
-            "testing hook set: {hook} (port bits flipped on purpose; FAIL rows of its region are planted)\n"
-        ));
+        out.push_str(&format!("testing hook set: {hook}\n"));
     }
     out.push_str(&format!(
         "conformance: {passed} passed, {findings} findings, {bad} failed, {} skipped\n",

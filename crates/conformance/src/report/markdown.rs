@@ -37,10 +37,7 @@ pub fn render(report: &Report) -> String {
         let _ = writeln!(md, "> {line}\n");
     }
     if let Some(hook) = &e.testing_hook {
-        let _ = writeln!(
-            md,
-            "> testing hook set: `{hook}` (port bits flipped on purpose; FAIL rows of its region are planted)\n"
-        );
+        let _ = writeln!(md, "> testing hook set: {hook}\n");
     }
     if e.perturb {
         let _ = writeln!(

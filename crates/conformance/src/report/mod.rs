@@ -75,9 +75,11 @@ pub struct Environment {
     /// `--candidate`: the command whose outputs stood for the port's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub candidate: Option<String>,
-    /// A testing hook found in the environment (`MLX_CONFORMANCE_PLANT=…`,
-    /// which flips port bits on purpose): named in every report, so a
-    /// leftover one never passes for a real FAIL.
+    /// The testing hooks found in the environment (`MLX_CONFORMANCE_PLANT=…`,
+    /// which flips port bits on purpose; `MLX_CONFORMANCE_FAULT=…`, which
+    /// crashes or stops workers on purpose), each with what it does: named
+    /// in every report, so a leftover one never passes for a real FAIL or
+    /// a real crash ([`crate::config::testing_hooks`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub testing_hook: Option<String>,
 }
@@ -500,6 +502,18 @@ pub fn check_writable(dir: &Path) -> Result<(), String> {
     }
     if dir.exists() && !dir.is_dir() {
         return Err(fail("exists and is not a directory".into()));
+    }
+    // The run removes and replaces these names: only where a run of this
+    // tool wrote reports before (every such run leaves the lock file), so
+    // a user's own `report.md` in a directory given as --out is never lost.
+    if std::fs::symlink_metadata(&lock).is_err() {
+        for f in ["report.json", "junit.xml", "report.md"] {
+            if std::fs::symlink_metadata(dir.join(f)).is_ok() {
+                return Err(fail(format!(
+                    "holds a {f} that no run of this tool wrote (there is no .conformance-reports.lock), so nothing was removed; give a new or empty directory, or move {f} away"
+                )));
+            }
+        }
     }
     std::fs::create_dir_all(dir).map_err(|e| fail(format!("cannot be created ({e})")))?;
     let probe = dir.join(format!(".write-probe-{}", std::process::id()));

@@ -354,11 +354,21 @@ fn signal_name(signal: i32) -> String {
 
 fn crash_result(case: &Case, crash: Crash, time_ms: f64) -> CaseResult {
     use std::os::unix::process::ExitStatusExt;
+    // A crash the fault hook asked for says so (a leftover hook is no
+    // crash of the port).
+    let hook = std::env::var_os(FAULT_ENV)
+        .map(|v| {
+            format!(
+                " ({FAULT_ENV}={} is set: a testing hook that sends it on purpose)",
+                v.to_string_lossy()
+            )
+        })
+        .unwrap_or_default();
     if let Some(limit) = crash.timed_out {
         let mut result = blank(case);
         result.verdict = Verdict::Error;
         result.message = Some(format!(
-            "timed out: no answer within the case timeout of {} s (--case-timeout); the runner killed its worker and the run continued in a new worker{}",
+            "timed out: no answer within the case timeout of {} s (--case-timeout){hook}; the runner killed its worker and the run continued in a new worker{}",
             limit.as_secs_f64(),
             if crash.stderr_tail.is_empty() {
                 String::new()
@@ -387,7 +397,7 @@ fn crash_result(case: &Case, crash: Crash, time_ms: f64) -> CaseResult {
         None => "ended before answering".to_owned(),
     };
     let mut message = format!(
-        "crashed: the worker process running this case {how}{}; the run continued in a new worker",
+        "crashed: the worker process running this case {how}{hook}{}; the run continued in a new worker",
         if crash.detail.is_empty() {
             String::new()
         } else {
@@ -503,8 +513,13 @@ fn run_in_worker(case: &Case, command: &WorkerCommand, worker: &mut Option<Worke
             // A case that errored may have left native state broken (MLX's
             // CUDA backend keeps a failed launch's error set, and every
             // later CUDA call in the process fails): the next case gets a
-            // fresh worker.
-            if result.verdict == Verdict::Error {
+            // fresh worker. Not after a candidate's error: that is the
+            // candidate's process, and the worker keeps what it knows of
+            // it (a candidate that never starts is not started for every
+            // case, candidate/mod.rs).
+            if result.verdict == Verdict::Error
+                && result.error_kind != Some(super::ErrorKind::Substitute)
+            {
                 *worker = None;
             }
             result

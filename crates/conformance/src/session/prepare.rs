@@ -52,8 +52,33 @@ impl Session {
         // a missing file, a FIFO or a file that is no report.json ends the
         // run before any case (and is read again, whole, at the end).
         if let Some(path) = &cli.same_verdicts_as {
-            conformance::schema::ReportFile::read(path)
+            let linked = conformance::schema::ReportFile::read(path)
                 .map_err(|e| fail(format!("--same-verdicts-as: {e}")))?;
+            // Its verdicts are comparable only when it ran the same inputs:
+            // the same seed, and not a proof run's perturbed ones.
+            let env = &linked.environment;
+            if let Some(seed) = env.get("seed").and_then(serde_json::Value::as_u64) {
+                if seed != cli.seed {
+                    return Err(fail(format!(
+                        "--same-verdicts-as {}: that run used seed {seed}, this one seed {}; compare runs of the same seed (--seed {seed}, or a linked run of --seed {})",
+                        path.display(),
+                        cli.seed,
+                        cli.seed
+                    )));
+                }
+            }
+            let perturbed = env.get("perturb").and_then(serde_json::Value::as_bool);
+            if perturbed.is_some_and(|p| p != cli.perturb) {
+                let (theirs, ours) = if cli.perturb {
+                    ("without", "with")
+                } else {
+                    ("with", "without")
+                };
+                return Err(fail(format!(
+                    "--same-verdicts-as {}: that run was {theirs} --perturb, this one {ours}; compare runs of the same inputs",
+                    path.display()
+                )));
+            }
         }
         // Before any case runs (a GPU run can take minutes): the reports must
         // be writable, and a declared set key must be usable as a name.
@@ -154,10 +179,12 @@ impl Session {
             snapshots_checked: cli.snapshots_checked(),
             poison: conformance::poison::enabled(),
             candidate: cli.candidate.clone(),
-            testing_hook: conformance::explore::plant::testing_hook(),
+            testing_hook: conformance::config::testing_hooks(),
         };
         if let Some(hook) = &environment.testing_hook {
-            errln!("warning: {hook}: a testing hook that flips port bits on purpose is set; FAIL rows of its region are planted (every report names it). Unset it for a real run");
+            errln!(
+                "warning: testing hook set: {hook}. Every report names it; unset it for a real run"
+            );
         }
         let config = crate::run_config(&cli, backend, registry, keep_outputs, export);
 

@@ -20,6 +20,10 @@ row, never the run.
     close-stdout closes its stdout and keeps running
     busy         ignores SIGTERM, starts a detached grandchild and computes
                  forever (its worker is killed at the case timeout)
+    refuses-blank-policy declares a refusal whose condition is a blank,
+                 then raises on every call
+    control-chars writes terminal control sequences to stderr and raises
+                 with a message full of them
     kill-launcher kills its launcher (SIGKILL), starts a detached child,
                  ignores SIGTERM and never answers
     other-libmlx names another file than the pinned libmlx in its hello
@@ -61,6 +65,9 @@ for line in sys.stdin:
         if MODE in ("refuses-by-policy", "refuses-off-policy"):
             hello["refusals"] = [{"op": "rope2d_apply",
                                   "condition": "no 2-D RoPE on this engine"}]
+        if MODE == "refuses-blank-policy":
+            # A condition every message with a space "contains".
+            hello["refusals"] = [{"op": "rope2d_apply", "condition": " "}]
         say(hello)
         continue
     if MODE == "orphans":
@@ -118,9 +125,15 @@ for line in sys.stdin:
         say({"type": "error", "id": request["id"], "kind": "raised",
              "message": "NotImplementedError: no 2-D RoPE on this engine"})
         continue
-    if MODE == "refuses-off-policy":
+    if MODE in ("refuses-off-policy", "refuses-blank-policy"):
         say({"type": "error", "id": request["id"], "kind": "raised",
              "message": "ValueError: something else"})
+        continue
+    if MODE == "control-chars":
+        sys.stderr.write("stderr \x1b]0;title\x07\x1b[2J\n")
+        sys.stderr.flush()
+        say({"type": "error", "id": request["id"], "kind": "raised",
+             "message": "ValueError: \x1b]0;title\x07 \x00\x08\x1b[31mred\x1b[0m"})
         continue
     if MODE == "raises":
         say({"type": "error", "id": request["id"], "kind": "raised",
