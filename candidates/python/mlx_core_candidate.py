@@ -1,6 +1,6 @@
 """An independent port of four ops, written against `mlx.core` alone, served
-through the conformance suite's candidate protocol (README "Checking your
-own port"; the ops' signatures are in docs/ops.md).
+through the conformance suite's candidate protocol (docs/src/guide/candidate.md;
+the ops' signatures are in docs/ops.md).
 
 It imports nothing of mlx.nn, mlx-lm, mlx-vlm or mlx-optiq: each op is the
 arithmetic of the reference function, re-written here, as a team porting the

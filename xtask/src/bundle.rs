@@ -254,7 +254,7 @@ pub fn run(root: &Path, args: &Args) -> Result<i32> {
     fs::create_dir_all(out.join("bin"))?;
     copy_file(&binary, &out.join("bin/conformance"))?;
     copy_file(&explorer, &out.join("bin/conformance-explore"))?;
-    // The candidate protocol (README "Checking your own port"): this
+    // The candidate protocol (docs/src/guide/candidate.md): this
     // repository's port as a candidate, the Python example candidates, the
     // op vocabulary, and the interpreter to run Python candidates with.
     let port_candidate = explorer.with_file_name("conformance-port-candidate");

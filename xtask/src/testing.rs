@@ -75,7 +75,7 @@ pub fn run(root: &Path, args: &[OsString]) -> Result<i32> {
         );
         return Ok(0);
     }
-    // The candidate protocol's self-test (README "Checking your own port"):
+    // The candidate protocol's self-test (docs/src/guide/candidate.md):
     // this repository's port served through the protocol must get the
     // linked run's verdict on every case, case by case.
     let candidate = layout

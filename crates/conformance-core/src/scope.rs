@@ -71,6 +71,12 @@ pub trait Substitute: Send + Sync {
     /// Whether the substitute raised on the case's last call (`None`: it
     /// was not called).
     fn last_raised(&self) -> Option<bool>;
+    /// The substitute's own message when it raised on the case's last
+    /// call (`None`: it computed, or was not called). A refusal case's
+    /// finding shows it in place of the linked port's message.
+    fn last_refusal(&self) -> Option<String> {
+        None
+    }
     /// Where the reference node of digest `origin`
     /// ([`crate::case::node_digest`]) is in this case's results, for a
     /// report row: `op `x`, result `y`` (`None`: unknown).

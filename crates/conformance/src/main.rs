@@ -134,7 +134,7 @@ struct Cli {
     explore_seed: u64,
     /// Check an external implementation instead of the linked port: the
     /// shell command that starts it, spoken to through the candidate
-    /// protocol (README "Checking your own port"; ops in docs/ops.md).
+    /// protocol (docs/src/guide/candidate.md; ops in docs/ops.md).
     /// Findings are skipped (they measure the reference).
     #[arg(
         long,
@@ -156,8 +156,7 @@ struct Cli {
     /// With `--candidate`: compare every case's verdict with a linked run's
     /// report.json (same selection and seed); a differing verdict, or a
     /// case the candidate does not support, exits 1 (findings are skipped
-    /// by design; the protocol's self-test, README "Checking your own
-    /// port").
+    /// by design; the protocol's self-test, docs/src/guide/candidate.md).
     #[arg(long, value_name = "REPORT", requires = "candidate")]
     same_verdicts_as: Option<PathBuf>,
     /// Also write golden vectors: every must-equal case's reference calls

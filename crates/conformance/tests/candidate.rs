@@ -1453,3 +1453,40 @@ fn a_declared_refusal_is_a_finding_row_and_an_undeclared_one_an_error() {
         assert!(message.contains("`refusals`"), "{message}");
     }
 }
+
+/// Where both sides refuse (`position/rope2d/refused/`), report.md's
+/// "Refusals" section shows the candidate's own message labelled candidate
+/// (never this repository's port's), and report.json's row message holds it
+/// (the finding stays the snapshot's, `port` the linked port's message).
+#[test]
+fn a_refusal_row_shows_the_candidates_own_message() {
+    const REFUSED: &str = "position/rope2d/refused/";
+    let (out, report, dir) = run_candidate(&bad("raises"), REFUSED, &[]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    let found = cases(&report);
+    assert_eq!(found.len(), listed(REFUSED));
+    let theirs = "ValueError: this candidate refuses everything";
+    for c in found {
+        assert_eq!(c["verdict"], "pass", "{c}");
+        let said = c["message"].as_str().unwrap_or_default();
+        assert_eq!(
+            said,
+            format!("the candidate refused too: op `rope2d_apply`: {theirs}"),
+            "{c}"
+        );
+        assert!(c["output"]["finding"]["reference"].as_str().is_some(), "{c}");
+    }
+    let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+    let section = md
+        .split("## Refusals (")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no Refusals section: {md}"));
+    let lines: Vec<&str> = section
+        .lines()
+        .filter(|l| l.starts_with("- `"))
+        .collect();
+    assert_eq!(lines.len(), listed(REFUSED), "{section}");
+    for line in lines {
+        assert!(line.contains(&format!("candidate: op `rope2d_apply`: {theirs}")), "{line}");
+    }
+}

@@ -97,7 +97,7 @@ fn same_libmlx(candidate: &std::path::Path) -> Result<(), String> {
         return Ok(());
     }
     Err(format!(
-        "the candidate loaded libmlx {} (sha256 {theirs}), not the reference's build {reference} (sha256 {ours}); a candidate must load the pinned libmlx, the same file by sha256 (docs: \"Checking your own port\")",
+        "the candidate loaded libmlx {} (sha256 {theirs}), not the reference's build {reference} (sha256 {ours}); a candidate must load the pinned libmlx, the same file by sha256 (docs/src/guide/candidate.md, \"The same libmlx\")",
         clip(&candidate.display().to_string())
     ))
 }

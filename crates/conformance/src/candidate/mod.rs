@@ -1,6 +1,6 @@
 //! `conformance --candidate CMD`: an external implementation checked in
-//! place of the linked port, through a documented protocol (README
-//! "Checking your own port").
+//! place of the linked port, through a documented protocol
+//! (docs/src/guide/candidate.md).
 //!
 //! The seam is the typed reference boundary. Every reference call a
 //! must-equal case makes ([`crate::case::Ctx::call_sent`]) is also sent to
@@ -183,6 +183,9 @@ impl Substitute for Candidate {
     }
     fn last_raised(&self) -> Option<bool> {
         tape::last_raised()
+    }
+    fn last_refusal(&self) -> Option<String> {
+        tape::last_refusal()
     }
     fn place_of(&self, origin: &str) -> Option<String> {
         tape::place_of(origin)

@@ -552,6 +552,42 @@ impl Op {
     }
 }
 
+/// What the glue does to the arguments, or which setup it gives the
+/// reference, before the call (crates/oracle/python/reference_glue/*.py):
+/// a candidate wrapping the reference must do the same. Shown under each
+/// op in docs/ops.md as "What the glue does".
+pub const NOTES: &[(&str, &str)] = &[
+    ("quantized_linear_rows", "calls the reference layer once per row of `x` (M = 1 each, with the LoRA adapters when given) and concatenates the rows back to `x`'s shape."),
+    ("quantized_switch_linear", "`mx.gather_qmm` is called without the `global_scale=None` keyword that `QuantizedSwitchLinear.__call__` passes (mlx 0.32.2's `gather_qmm` has none); `x` is driven as `SwitchGLU.__call__` drives one projection (`x` expanded to `(.., 1, 1, D)`; with `sort`, `_gather_sort`, `sorted_indices=True` and `_scatter_unsort`; then `squeeze(-2)`); with `expert0_views` the layer holds stride-0 views `broadcast_to(t[:1], t.shape)` of expert 0."),
+    ("quantized_switch_linear_as_pinned", "no keyword dropped: the call exactly as pinned; a raise is returned as `raised`, `type` and the message's first line."),
+    ("quantized_switch_linear_rows", "as `quantized_switch_linear` (the `global_scale=None` keyword dropped), called once per token (`x[t:t+1]`, `indices[t:t+1]`, unsorted), tokens concatenated back to `indices.shape + (out,)`."),
+    ("quantized_embedding", "builds `nn.QuantizedEmbedding(weight.shape[0], weight.shape[-1] * 32 // bits, group_size, bits, mode)` holding the tensors: `lookup` is `__call__(ids)`, `logits` is `as_linear(x)`."),
+    ("attention_decode_step", "builds mlx-lm's `Glm4Attention` from glm4 `ModelArgs` (partial_rotary_factor = rotary_dims / head_dim, rope_theta = rope_base, no attention bias, rope_traditional False) with four affine `nn.QuantizedLinear` projections holding the tensors; a `KVCache` prefilled with `k0`/`v0` in one update; each row of `x` is one call `attn(h, mask=create_attention_mask(h, cache), cache=cache)`."),
+    ("rope_index", "an `attention_mask` of all ones is passed as `None`; the grid lists become `mx.array(grid, int32).reshape(-1, 3)` (None stays None). The `LanguageModel` is the reference's own, made without its constructor, with the default Qwen3.5 `ModelConfig`: image token 248056, video token 248057, vision-start token 248045, and `VisionConfig().spatial_merge_size` 2."),
+    ("rope_decode_positions", "as `rope_index` (all-ones mask passed as `None`, grids as int32 `[n, 3]` arrays, the default `ModelConfig`: image 248056, video 248057, vision-start 248045, spatial_merge_size 2). The reference's `LanguageModel.__call__(..., cache=[kv], skip_logits=True)` runs the prompt with a real mlx-lm `KVCache`, whose `offset` is then set to `cache_offset`; the step is `length` zero token ids (int32 `[B, length]`). Its transformer body is a stand-in that records the `position_ids` it is handed (`decode_position_ids`)."),
+    ("rope2d_apply", "none: `apply_multidimensional_rope(inputs, positions, base_frequency)` as given."),
+    ("mrope_apply", "the rotary is `Qwen3_5RotaryEmbedding(int(head_dim * partial_rotary_factor), base=rope_theta, mrope_section=...)`, applied by `apply_rotary(q, k, position_ids, unsqueeze_dim=1)`; with `path` `pure-mlx` on a Metal build its `fused_apply` is turned off (the reference's own choice without Metal); a path other than the expected one raises."),
+    ("inv_freq", "`compute_inv_freq(d, base)` for each `d` of `dims`, concatenated into one array."),
+    ("mrope_position_selector", "`_interleaved_position_selector(list(section), freq_dim)` for each pair of `freq_dims` and `sections`, concatenated."),
+    ("mrope_prefill", "`rope_index` with an all-ones mask (so `None`) and the default `ModelConfig` (image 248056, video 248057, vision-start 248045, spatial_merge_size 2), then `mrope_apply` with those positions."),
+    ("mrope_decode_step", "`rope_decode_positions` with an all-ones mask (so `None`), the default `ModelConfig` (image 248056, video 248057, vision-start 248045, spatial_merge_size 2) and `length = q.shape[2]`, then `mrope_apply` with the step's positions."),
+    ("mrope_text_vs_rope", "`mrope_apply` with `k = q`, and `mx.fast.rope(q, rotary_dim, traditional=False, base=rope_theta, scale=1.0, offset=0)`."),
+    ("mrope_kernel_source", "runs the kernel builder behind `_mrope_apply_kernel`'s lru_cache with `_HAS_METAL` forced on and `mx.fast.metal_kernel` replaced by a recorder; arguments not passed take `metal_kernel`'s own defaults; strings are returned as UTF-8 bytes (names joined by NUL)."),
+    ("mrope_kernel_launch", "calls `_fast_mrope_apply` on zero `q` [B, Hq, L, D], `k` [B, Hk, L, D] and position ids (`[3, B, L]` or `[B, L]` int32), `compute_inv_freq(rotary_dim, 10000.0)` and the selector of sections [11, 11, 10], with a recording kernel that returns zeros."),
+    ("qwen3_5_config_mrope", "the config's `ModelConfig` (from `config_text`) is the `LanguageModel`'s config; `get_rope_index` gets `attention_mask=None`; then `mrope_apply` with the text config's head_dim, partial_rotary_factor, rope_theta and mrope_section."),
+    ("gemma4_config_rope2d", "mlx-vlm's gemma4 `apply_multidimensional_rope(inputs, positions, theta)` with the theta of the config's `vision_config.rope_parameters[\"rope_theta\"]`."),
+];
+
+impl Op {
+    /// What the glue does before calling the reference ([`NOTES`]).
+    pub fn notes(&self) -> Option<&'static str> {
+        NOTES
+            .iter()
+            .find(|(name, _)| *name == self.name)
+            .map(|(_, text)| *text)
+    }
+}
+
 fn cell(s: &str) -> String {
     s.replace('|', "\\|")
 }
@@ -571,11 +607,11 @@ pub fn markdown() -> String {
     s += "# The op vocabulary\n\n";
     s += "<!-- Generated by `cargo xtask ops-doc` from crates/conformance/src/candidate/ops.rs (meanings) and docs/ops.json (what a whole export's cases send and compare); a test fails when it is stale, and `--verify-export` fails when an export sends or compares anything docs/ops.json does not list. -->\n\n";
     s += "Every reference call a must-equal case makes is one of these ops. A candidate \
-(`conformance --candidate CMD`, README \"Checking your own port\") receives exactly the \
+(`conformance --candidate CMD`, protocol in docs/src/guide/candidate.md) receives exactly the \
 arguments the reference received, under these names, and must return what the reference \
 returned: the same tree, with arrays of the same dtype, shape and bits. Exported vectors \
 (`cargo xtask export`) name their calls by op and version. Arrays travel as safetensors; \
-the tree encoding is in the README's protocol section.\n\n";
+the tree encoding is in docs/src/guide/candidate.md (the book's \"Checking your own port\").\n\n";
     s += "Each op's tables are generated from what the cases actually send and compare \
 (the export of every must-equal case, CPU, deep tier): each argument's JSON type, \
 dtype and rank as sent (`x/*` is any item of list `x`), and each place of the result \
@@ -600,6 +636,9 @@ place.\n\n";
             "Version {}. Reference: {}. Glue: `reference_glue.{}`.\n\n",
             op.version, op.reference, op.glue
         );
+        if let Some(notes) = op.notes() {
+            s += &format!("What the glue does: {notes}\n\n");
+        }
         let sig = sigs.get(op.name);
         let cases = documented
             .cases
@@ -689,6 +728,18 @@ place.\n\n";
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_note_names_one_op() {
+        for (n, (name, text)) in NOTES.iter().enumerate() {
+            assert!(by_name(name).is_some(), "note for `{name}`, which is no op");
+            assert!(!text.trim().is_empty(), "empty note for `{name}`");
+            assert!(
+                NOTES[n + 1..].iter().all(|(other, _)| other != name),
+                "`{name}` noted twice"
+            );
+        }
+    }
 
     #[test]
     fn names_and_glue_functions_are_unique() {

@@ -25,6 +25,8 @@ struct Tape {
     by_reference: HashMap<String, Vec<Result<Value, String>>>,
     /// Whether the candidate raised on the last call (refusal cases).
     last_raised: Option<bool>,
+    /// The candidate's message when it raised on the last call.
+    last_refusal: Option<String>,
     /// Reference node hash -> the first place it was returned at
     /// (`op `x`, result `y``), for report rows.
     places: HashMap<String, String>,
@@ -48,6 +50,10 @@ pub fn record(op: &str, reference: Option<&Value>, candidate: &super::Reply) {
     TAPE.with(|t| {
         let mut tape = t.borrow_mut();
         tape.last_raised = Some(matches!(candidate, super::Reply::Raised(_)));
+        tape.last_refusal = match candidate {
+            super::Reply::Raised(m) => Some(format!("op `{op}`: {m}")),
+            super::Reply::Value(_) => None,
+        };
         let Some(reference) = reference else { return };
         for (path, _, digest) in super::signatures::value_nodes(reference) {
             tape.places
@@ -180,6 +186,11 @@ pub fn values_beside(v: &Value) -> Option<Vec<Result<Value, String>>> {
 /// Whether the candidate raised on this case's last call.
 pub fn last_raised() -> Option<bool> {
     TAPE.with(|t| t.borrow().last_raised)
+}
+
+/// The candidate's message when it raised on the case's last call.
+pub fn last_refusal() -> Option<String> {
+    TAPE.with(|t| t.borrow().last_refusal.clone())
 }
 
 /// Where reference node `origin` was returned in this case's calls.

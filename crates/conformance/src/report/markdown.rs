@@ -245,7 +245,18 @@ pub fn render(report: &Report) -> String {
         .filter(|r| r.result.verdict != Verdict::Finding)
         .filter_map(|r| {
             let f = r.result.output.as_ref()?.finding.as_ref()?;
-            Some((r, f.get("port")?.as_str()?, f.get("reference")?.as_str()?))
+            let port = f.get("port")?.as_str()?;
+            // A candidate run: the candidate's own message, from its row.
+            let side = if report.environment.side() == "candidate" {
+                r.result
+                    .message
+                    .as_deref()
+                    .and_then(|m| m.strip_prefix(crate::runner::CANDIDATE_REFUSED))
+                    .unwrap_or("computed")
+            } else {
+                port
+            };
+            Some((r, side, f.get("reference")?.as_str()?))
         })
         .collect();
     if !refusals.is_empty() {

@@ -226,6 +226,27 @@ fn fail_message(output: &crate::case::CaseOutput, hooks: &Hooks) -> Option<Strin
     Some(format!("output `{}`{place}: {what}{more}", first.name))
 }
 
+/// How a candidate's own refusal message starts its row's message
+/// (report.md's "Refusals" section reads it back).
+pub const CANDIDATE_REFUSED: &str = "the candidate refused too: ";
+
+/// A refusal case in a candidate run: the finding (`port`, `reference`)
+/// is the snapshot's and keeps the linked port's message, so the
+/// candidate's own message goes in the row's message, where a reader
+/// looks (docs/src/guide/candidate.md).
+fn candidate_refusal(result: &mut CaseResult, output: &crate::case::CaseOutput, hooks: &Hooks) {
+    let Some(substitute) = hooks.substitute.as_ref() else {
+        return;
+    };
+    let is_refusal = output
+        .finding
+        .as_ref()
+        .is_some_and(|f| f.get("port").is_some() && f.get("reference").is_some());
+    if let (true, None, Some(said)) = (is_refusal, &result.message, substitute.last_refusal()) {
+        result.message = Some(format!("{CANDIDATE_REFUSED}{said}"));
+    }
+}
+
 /// Runs one case in this process (applicability, timing, panics as
 /// harness errors, the verdict); the explorer's entry point.
 pub fn run_case(case: &Case, oracle: &Oracle, options: &RunOptions) -> CaseResult {
@@ -296,6 +317,7 @@ fn run_one(case: &Case, oracle: &Oracle, options: &RunOptions, hooks: &Hooks) ->
             if result.verdict == Verdict::Fail {
                 result.message = fail_message(&output, hooks);
             }
+            candidate_refusal(&mut result, &output, hooks);
             result.output = Some(output);
         }
         // A refusal the candidate declared: a finding row, listed.
