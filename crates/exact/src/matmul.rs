@@ -329,6 +329,89 @@ fn emulate_fp(x: &[Tracked], codes: &[f32], scales: &[f32], gs: usize, t: Float)
     sum.is_finite().then_some(sum)
 }
 
+/// The x86-64 CPU's affine scalar loop ([`emulate_affine`]) for one
+/// weight matrix, on enclosures of its inputs (`crate::interval`).
+pub struct CpuAffineKernel {
+    t: Float,
+    rows: usize,
+    cols: usize,
+    /// `[rows, cols]`: the weight each product multiplies by,
+    /// `T(T(scale * q) + bias)` computed in float32 (as `WeightRow`'s
+    /// `kernel_w`).
+    w: Vec<f32>,
+}
+
+impl CpuAffineKernel {
+    /// `None` where the loop is not emulated: another architecture or
+    /// format, a scale or bias `T` cannot hold.
+    pub fn new(w: &QuantizedMatrix, t: Float) -> Option<Self> {
+        if !EMULATES_CPU_LOOPS || w.format != Format::Affine || w.validate().is_err() {
+            return None;
+        }
+        let gs = w.group_size;
+        let mut kw = Vec::with_capacity(w.rows * w.cols);
+        for n in 0..w.rows {
+            let row = w.row(n);
+            let sb = row
+                .scale
+                .iter()
+                .zip(&row.bias)
+                .map(|(&s, &b)| Some((as_t(s, t)?, as_t(b, t)?)))
+                .collect::<Option<Vec<_>>>()?;
+            for (k, &q) in row.code.iter().enumerate() {
+                let (s, b) = sb[k / gs];
+                kw.push(in_t(t, in_t(t, s * as_t(q, t)?) + b));
+            }
+        }
+        Some(CpuAffineKernel {
+            t,
+            rows: w.rows,
+            cols: w.cols,
+            w: kw,
+        })
+    }
+
+    /// The loop on `x` (`[rows, K]` enclosures, each endpoint a `T`
+    /// value): `[rows, N]` enclosures of each output the loop computes
+    /// from any inputs in those enclosures (every operation is monotone in
+    /// the running sum and in `x`; `T(x * w)` swaps the ends for a
+    /// negative `w`). With point inputs it is [`emulate_affine`]'s result.
+    /// `None` for an endpoint not in `T` or an overflow.
+    pub fn enclosure(&self, x: &[crate::interval::Iv]) -> Option<Vec<crate::interval::Iv>> {
+        use crate::interval::Iv;
+        let (k, t) = (self.cols, self.t);
+        if k == 0 || !x.len().is_multiple_of(k) {
+            return None;
+        }
+        let xs: Vec<(f32, f32)> = x
+            .iter()
+            .map(|v| Some((as_t(v.lo, t)?, as_t(v.hi, t)?)))
+            .collect::<Option<_>>()?;
+        let rows = x.len() / k;
+        let mut out = Vec::with_capacity(rows * self.rows);
+        for r in 0..rows {
+            let xr = &xs[r * k..(r + 1) * k];
+            for n in 0..self.rows {
+                let (mut lo, mut hi) = (0.0f32, 0.0f32);
+                for (&(xl, xh), &wk) in xr.iter().zip(&self.w[n * k..(n + 1) * k]) {
+                    let (a, b) = (in_t(t, xl * wk), in_t(t, xh * wk));
+                    let (tl, th) = if a <= b { (a, b) } else { (b, a) };
+                    lo = in_t(t, lo + tl);
+                    hi = in_t(t, hi + th);
+                }
+                if !(lo.is_finite() && hi.is_finite()) {
+                    return None;
+                }
+                out.push(Iv {
+                    lo: f64::from(lo),
+                    hi: f64::from(hi),
+                });
+            }
+        }
+        Some(out)
+    }
+}
+
 /// [`quantized_matmul`] on tracked activations (computed inputs: the
 /// attention step's projections of its own results).
 pub fn quantized_matmul_tracked(
