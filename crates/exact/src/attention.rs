@@ -149,6 +149,20 @@
 //! softmax), its outputs would land outside: the oracle then reports the
 //! reference outside, never a wrong pass. The Gpu model keeps the worst
 //! case.
+//!
+//! # y given attn (every model)
+//! `y = o_proj(attn)` reads the attention output the kernel wrote; the
+//! reference glue records exactly that array (o_proj's input), and it is
+//! checked on its own (`attn` above). So where it is known
+//! ([`DecodeInputs::attn_read`]), `y` is bounded given it: the quantized
+//! matmul's bound on those exact inputs ([`crate::matmul`]: on x86-64 the
+//! emulated scalar loop, so `y` must be its value bit for bit; on a GPU
+//! the Gpu qmm bound), instead of the whole step's error propagated
+//! through `attn`'s bound (vacuous after a bf16 accumulation over
+//! `n_heads * head_dim`). The two checks together cover the step: `attn`
+//! within its bound of the definition, and `y` what o_proj computes from
+//! that `attn`. An input fault upstream of `attn` (a K tail of `x`) then
+//! moves `attn`, where it is measured, not `y` given `attn`.
 
 use crate::formats::QuantizedMatrix;
 use crate::interval::Iv;
@@ -185,6 +199,10 @@ pub struct DecodeInputs<'a> {
     pub k0_dtype: Option<Float>,
     pub v0_dtype: Option<Float>,
     pub graph: Graph,
+    /// The attention output o_proj read (`[T, n_heads * head_dim]`, in
+    /// the SDPA dtype), where it was recorded: `y` is then bounded given it
+    /// (module doc, "y given attn").
+    pub attn_read: Option<&'a [f64]>,
 }
 
 /// The four outputs, token-major, each element tracked, and their dtypes.
@@ -535,14 +553,37 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
         }
         out.attn.extend(attn);
     }
-    out.y = quantized_matmul_tracked(&out.attn, wo, py, model)?;
+    out.y = match inp.attn_read {
+        Some(a) if a.len() == out.attn.len() => {
+            // y given attn: o_proj on the values it read, exactly.
+            let mut y = quantized_matmul(a, wo, py, model)?;
+            if model == Model::Cpu && py == f {
+                if let Some(enc) = crate::matmul::CpuAffineKernel::new(wo, py)
+                    .and_then(|k| k.enclosure(&a.iter().map(|&v| Iv::point(v)).collect::<Vec<_>>()))
+                {
+                    tighten(&mut y, &enc);
+                }
+            }
+            y
+        }
+        Some(a) => {
+            return err(format!(
+                "o_proj read {} attention values, the step has {}",
+                a.len(),
+                out.attn.len()
+            ))
+        }
+        None => quantized_matmul_tracked(&out.attn, wo, py, model)?,
+    };
     // x86-64 CPU, one dtype throughout: the enclosures of the emulated
     // kernel (module doc, "Emulated on enclosures").
     let one_dtype = [pk, pv, ck, cv, f, py].iter().all(|&x| x == pq);
     if model == Model::Cpu && one_dtype {
         if let Some(enc) = cpu_decode_enclosures(inp, pq) {
             tighten(&mut out.attn, &enc.attn);
-            tighten(&mut out.y, &enc.y);
+            if inp.attn_read.is_none() {
+                tighten(&mut out.y, &enc.y);
+            }
             tighten(&mut out.keys, &enc.keys);
             tighten(&mut out.values, &enc.values);
         }
@@ -734,8 +775,11 @@ fn cpu_decode_enclosures(inp: &DecodeInputs, t: Float) -> Option<DecodeEnclosure
 /// was.
 fn tighten(values: &mut [Tracked], enclosures: &[Iv]) {
     for (t, iv) in values.iter_mut().zip(enclosures) {
-        let lo = iv.lo.max(t.v - t.e);
-        let hi = iv.hi.min(t.v + t.e);
+        // The worst case's ends as float64 computes them, within
+        // `OUTWARD` (far inside the float64 slack every bound adds).
+        let m = crate::interval::OUTWARD * (t.v.abs() + t.e);
+        let lo = iv.lo.max(t.v - t.e - m);
+        let hi = iv.hi.min(t.v + t.e + m);
         if lo <= hi {
             t.v = lo + (hi - lo) / 2.0;
             t.e = (hi - lo) / 2.0;
@@ -1032,6 +1076,7 @@ mod tests {
                 rotary_dims: rd,
                 rope_base: 10000.0,
             },
+            attn_read: None,
         };
         let out = decode_m1(&inp, Model::Cpu).unwrap();
         assert_eq!(out.attn.len(), toks * h * d);

@@ -94,6 +94,18 @@ pub fn attention_decode_m1(
     let (h, hkv, dd) = (graph.n_heads, graph.n_kv_heads, graph.head_dim);
     let hidden = x.shape.last().copied().unwrap_or(0);
     let window = k0.shape.get(2).copied().unwrap_or(0) + x.len() / hidden.max(1);
+    let attn = one_array(F, attn)?;
+    // `y` is checked given the attention output o_proj read (the glue
+    // records o_proj's input: `attn`, the reference's own): the reference
+    // side's arguments carry it ([`ATTN_READ`]; `exact::attention`'s
+    // module doc, "y given attn"). The port's side under `--perturb` has
+    // no such record and keeps the whole step's bound.
+    let calls = crate::exactness::Calls {
+        reference: calls
+            .reference
+            .with(ATTN_READ, oracle::Arg::Tensor(attn.tensor().clone())),
+        ..calls
+    };
     let exact = if window <= EXACT_MAX_KV {
         let pairs = calls.exact_all(F, |s, m| {
             let d = exact_decode(s, m)?;
@@ -114,12 +126,17 @@ pub fn attention_decode_m1(
         None => e,
     };
     Ok(DecodeRows {
-        attn: attach(one_array(F, attn)?, &exact[0]),
+        attn: attach(attn, &exact[0]),
         y: attach(one_array(F, y)?, &exact[1]),
         keys: attach(one_array(F, keys)?, &exact[2]),
         values: attach(one_array(F, values)?, &exact[3]),
     })
 }
+
+/// The argument the exact decode reads as the attention output o_proj
+/// read (never a glue argument: added to the reference's side after the
+/// call).
+pub const ATTN_READ: &str = "attn_read_by_o_proj";
 
 fn usize_arg(s: &Sent, name: &str) -> Result<usize, ExactError> {
     let v = s.int(name)?;
@@ -203,6 +220,7 @@ fn exact_decode(s: &Sent, model: Model) -> Result<DecodeExact, ExactError> {
         rope_base: s.float("rope_base")?,
     };
     let (xv, k0v, v0v) = (values(x), values(k0), values(v0));
+    let attn_read = s.opt_tensor(ATTN_READ)?.map(values);
     let inputs = DecodeInputs {
         x: &xv,
         x_dtype: float_of(x)?,
@@ -214,6 +232,7 @@ fn exact_decode(s: &Sent, model: Model) -> Result<DecodeExact, ExactError> {
         k0_dtype: if l0 > 0 { Some(float_of(k0)?) } else { None },
         v0_dtype: if l0 > 0 { Some(float_of(v0)?) } else { None },
         graph,
+        attn_read: attn_read.as_deref(),
     };
     decode_m1(&inputs, model)
 }
