@@ -160,3 +160,39 @@ pub fn markdown(s: &MutationScore, md: &mut String) {
         let _ = writeln!(md);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An escape is listed in report.md with its ratio and element count
+    /// (the CPU suite has none since the attention enclosures: the CLI
+    /// test no longer sees one).
+    #[test]
+    fn an_escape_is_listed_with_its_ratio() {
+        let mut s = MutationScore {
+            backend: "cpu".into(),
+            ..MutationScore::default()
+        };
+        s.total = Score {
+            planted: 2,
+            flagged: 1,
+        };
+        s.escapes.push(Escape {
+            case: "a/case".into(),
+            output: "attn".into(),
+            kind: "k-tail-dropped".into(),
+            max_ratio: Some(0.055),
+            changed: 3,
+            total: 8,
+        });
+        let mut md = String::new();
+        markdown(&s, &mut md);
+        assert!(md.contains("**50.0% (1 of 2)**"), "{md}");
+        assert!(md.contains("### Escapes (1)"), "{md}");
+        assert!(
+            md.contains("| `a/case` | attn | `k-tail-dropped` | 0.055 | 3 of 8 |"),
+            "{md}"
+        );
+    }
+}

@@ -311,6 +311,7 @@ fn exact_sdpa(s: &Sent, model: Model) -> Result<Exact, ExactError> {
     // A injected fault's causal window one key short (`exactness::faults`;
     // no glue call has this argument).
     let short = usize::from(s.int(crate::exactness::faults::MASK_SHIFT).is_ok());
+    let no_max = s.int(crate::exactness::faults::NO_MAX).is_ok();
     let mut out = Vec::with_capacity(q.len());
     for bi in 0..b {
         for hi in 0..h {
@@ -319,16 +320,106 @@ fn exact_sdpa(s: &Sent, model: Model) -> Result<Exact, ExactError> {
             for i in 0..m {
                 let row = ((bi * h + hi) * m + i) * d;
                 let n = (l - m + i + 1 - short).max(1);
-                out.extend(exact::attention::sdpa_row(
+                let mut o = exact::attention::sdpa_row(
                     &qv[row..row + d],
                     &kv[head..head + n * d],
                     &vv[head..head + n * d],
                     scale,
                     t,
                     model,
-                )?);
+                )?;
+                if no_max {
+                    let scores: Vec<f64> = (0..n)
+                        .map(|j| {
+                            let k = &kv[head + j * d..head + (j + 1) * d];
+                            scale
+                                * qv[row..row + d]
+                                    .iter()
+                                    .zip(k)
+                                    .map(|(a, b)| a.v * b.v)
+                                    .sum::<f64>()
+                        })
+                        .collect();
+                    if let Some(v) = crate::exactness::faults::softmax_without_max(&scores) {
+                        o.iter_mut().for_each(|x| x.v = v);
+                    }
+                }
+                out.extend(o);
             }
         }
     }
     Ok(Exact::from_tracked("sdpa", model, q.shape.clone(), &out))
+}
+
+#[cfg(test)]
+mod fault_tests {
+    use std::sync::Arc;
+
+    use exact::Model;
+    use oracle::{Arg, DType, HostTensor};
+
+    use super::exact_sdpa;
+    use crate::exactness::faults::{inject_all, FaultKind, Variant};
+    use crate::exactness::{ExactPair, Sent};
+
+    fn f32s(shape: &[usize], f: impl Fn(usize) -> f32) -> HostTensor {
+        let n: usize = shape.iter().product();
+        let bytes = (0..n).flat_map(|i| f(i).to_le_bytes()).collect();
+        HostTensor::new(DType::Float32, shape.to_vec(), bytes).unwrap()
+    }
+
+    /// A float32 SDPA step of two requests with distinct KV, queries
+    /// scaled by `q_scale`, and its reference output: the exact value
+    /// itself (the kinds are planted into it).
+    fn step(q_scale: f32) -> (Sent, HostTensor, ExactPair) {
+        let wave = |i: usize, k: f32| ((i as f32 * k).sin() * 0.9).clamp(-1.0, 1.0);
+        let sent = Sent::new(vec![
+            (
+                "queries",
+                Arg::Tensor(f32s(&[2, 1, 1, 8], |i| q_scale * wave(i, 0.7).abs())),
+            ),
+            (
+                "keys",
+                Arg::Tensor(f32s(&[2, 1, 5, 8], |i| 4.0 * wave(i, 1.3).abs())),
+            ),
+            ("values", Arg::Tensor(f32s(&[2, 1, 5, 8], |i| wave(i, 2.1)))),
+            ("scale", Arg::Float(8f64.powf(-0.5))),
+        ]);
+        let e = exact_sdpa(&sent, Model::Cpu).unwrap();
+        let y = f32s(&[2, 1, 1, 8], |i| e.value[i] as f32);
+        (sent, y, ExactPair::same(Arc::new(e)))
+    }
+
+    fn planted(kind: FaultKind, sent: &Sent, y: &HostTensor, mut pair: ExactPair) -> Option<bool> {
+        let faulty = kind.mutate(sent)?;
+        pair.variants.push(Variant {
+            kind,
+            value: exact_sdpa(&faulty, Model::Cpu).unwrap().value,
+        });
+        inject_all("y", y, &pair)
+            .into_iter()
+            .find(|c| c.kind == kind)
+            .map(|c| c.flagged)
+    }
+
+    /// Issue 41: `kv-row-from-another-row` applies to a batch of two
+    /// requests with distinct KV (none is exact-checked in the default
+    /// suite: the decode step and the kept SDPA case have one) and is
+    /// flagged; `softmax-without-max` applies only where float32's exp
+    /// overflows (scores above ~88.7: the row NaN), and is flagged there.
+    #[test]
+    fn kv_row_and_softmax_without_max_apply_where_they_change_the_output() {
+        let (sent, y, pair) = step(1.0);
+        assert_eq!(
+            planted(FaultKind::KvRowFromAnotherRow, &sent, &y, pair.clone()),
+            Some(true)
+        );
+        // Small scores: float32 roundings only, not planted.
+        assert_eq!(planted(FaultKind::SoftmaxWithoutMax, &sent, &y, pair), None);
+        let (sent, y, pair) = step(100.0);
+        assert_eq!(
+            planted(FaultKind::SoftmaxWithoutMax, &sent, &y, pair),
+            Some(true)
+        );
+    }
 }
