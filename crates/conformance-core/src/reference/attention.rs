@@ -370,7 +370,7 @@ mod fault_tests {
 
     /// A float32 SDPA step of two requests with distinct KV, queries
     /// scaled by `q_scale`, and its reference output: the exact value
-    /// itself (the kinds are planted into it).
+    /// itself (the kinds are injected into it).
     fn step(q_scale: f32) -> (Sent, HostTensor, ExactPair) {
         let wave = |i: usize, k: f32| ((i as f32 * k).sin() * 0.9).clamp(-1.0, 1.0);
         let sent = Sent::new(vec![
@@ -390,7 +390,7 @@ mod fault_tests {
         (sent, y, ExactPair::same(Arc::new(e)))
     }
 
-    fn planted(kind: FaultKind, sent: &Sent, y: &HostTensor, mut pair: ExactPair) -> Option<bool> {
+    fn injected(kind: FaultKind, sent: &Sent, y: &HostTensor, mut pair: ExactPair) -> Option<bool> {
         let faulty = kind.mutate(sent)?;
         pair.variants.push(Variant {
             kind,
@@ -411,14 +411,17 @@ mod fault_tests {
     fn kv_row_and_softmax_without_max_apply_where_they_change_the_output() {
         let (sent, y, pair) = step(1.0);
         assert_eq!(
-            planted(FaultKind::KvRowFromAnotherRow, &sent, &y, pair.clone()),
+            injected(FaultKind::KvRowFromAnotherRow, &sent, &y, pair.clone()),
             Some(true)
         );
-        // Small scores: float32 roundings only, not planted.
-        assert_eq!(planted(FaultKind::SoftmaxWithoutMax, &sent, &y, pair), None);
+        // Small scores: float32 roundings only, not injected.
+        assert_eq!(
+            injected(FaultKind::SoftmaxWithoutMax, &sent, &y, pair),
+            None
+        );
         let (sent, y, pair) = step(100.0);
         assert_eq!(
-            planted(FaultKind::SoftmaxWithoutMax, &sent, &y, pair),
+            injected(FaultKind::SoftmaxWithoutMax, &sent, &y, pair),
             Some(true)
         );
     }
