@@ -329,16 +329,22 @@ fn mrope_broadcast_exact(
     let p = sent.tensor("position_ids")?;
     let r = x.shape.len();
     if r < 3 {
-        return Err(ExactError(format!("{which} of shape {:?}", x.shape)));
+        return Err(ExactError::undefined(format!(
+            "{which} of shape {:?}",
+            x.shape
+        )));
     }
     let (h, l, d) = (x.shape[r - 3], x.shape[r - 2], x.shape[r - 1]);
     let b = if r >= 4 { x.shape[r - 4] } else { 1 };
     let block = b * h * l * d;
     let &[s, pb, pl] = p.shape.as_slice() else {
-        return Err(ExactError(format!("position_ids of shape {:?}", p.shape)));
+        return Err(ExactError::undefined(format!(
+            "position_ids of shape {:?}",
+            p.shape
+        )));
     };
     if s < 3 || !(pb == 1 || pb == b) || !(pl == 1 || pl == l) || block == 0 {
-        return Err(ExactError(format!(
+        return Err(ExactError::undefined(format!(
             "position_ids {:?} against {which} {:?}",
             p.shape, x.shape
         )));
@@ -722,7 +728,10 @@ fn rope2d_broadcast_exact(sent: &Sent, base: f64, model: Model) -> Result<Exact,
     let positions = sent.tensor("positions")?;
     let r = inputs.shape.len();
     if r < 3 {
-        return Err(ExactError(format!("inputs of shape {:?}", inputs.shape)));
+        return Err(ExactError::undefined(format!(
+            "inputs of shape {:?}",
+            inputs.shape
+        )));
     }
     let (l, n, hd) = (
         inputs.shape[r - 3],
@@ -732,13 +741,13 @@ fn rope2d_broadcast_exact(sent: &Sent, base: f64, model: Model) -> Result<Exact,
     let b = if r >= 4 { inputs.shape[r - 4] } else { 1 };
     let block = b * l * n * hd;
     let &[pb, pl, axes] = positions.shape.as_slice() else {
-        return Err(ExactError(format!(
+        return Err(ExactError::undefined(format!(
             "positions of shape {:?}",
             positions.shape
         )));
     };
     if !(pb == 1 || pb == b) || pl != l || block == 0 {
-        return Err(ExactError(format!(
+        return Err(ExactError::undefined(format!(
             "positions {:?} against inputs {:?}",
             positions.shape, inputs.shape
         )));
