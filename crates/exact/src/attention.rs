@@ -454,6 +454,26 @@ pub fn sdpa_row(
 /// The decode run: each token projected, roped at its position, appended
 /// to the KV cache, attended over the whole cache, and projected by o_proj.
 pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactError> {
+    decode(inp, model, true)
+}
+
+/// [`decode_m1`] without the attention itself: the cached keys and values
+/// and `y` given the `attn` o_proj read ([`DecodeInputs::attn_read`],
+/// required), at the cost of the projections alone (no SDPA over the
+/// cache: what makes windows of tens of thousands of keys slow on the
+/// host). `attn` is left empty; the prefill `k0` / `v0` is not read (it
+/// may be empty; `l0` still gives the positions).
+pub fn decode_m1_without_attention(
+    inp: &DecodeInputs,
+    model: Model,
+) -> Result<DecodeExact, ExactError> {
+    if inp.attn_read.is_none() {
+        return err("the decode without its attention needs the attn o_proj read");
+    }
+    decode(inp, model, false)
+}
+
+fn decode(inp: &DecodeInputs, model: Model, with_attn: bool) -> Result<DecodeExact, ExactError> {
     let g = inp.graph;
     let (h, hkv, d, rd) = (g.n_heads, g.n_kv_heads, g.head_dim, g.rotary_dims);
     if h == 0 || hkv == 0 || h % hkv != 0 {
@@ -477,7 +497,8 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
         ));
     }
     let l0 = inp.l0;
-    if inp.k0.len() != hkv * l0 * d || inp.v0.len() != hkv * l0 * d {
+    // Without the attention the prefill is never read (and may be empty).
+    if with_attn && (inp.k0.len() != hkv * l0 * d || inp.v0.len() != hkv * l0 * d) {
         return err(format!(
             "prefill of {} / {} values for [{hkv}, {l0}, {d}]",
             inp.k0.len(),
@@ -496,10 +517,12 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
     let f = pq.promote(ck).promote(cv);
     let py = f.promote(inp.scales_dtypes[3]);
     let scale = (d as f64).powf(-0.5);
-    // The KV cache per KV head, `[len, D]`, in the SDPA dtype.
+    // The KV cache per KV head, `[len, D]`, in the SDPA dtype (only
+    // where the attention reads it; its prefill length `lc`).
+    let lc = if with_attn { l0 } else { 0 };
     let mut cache_k: Vec<Vec<Tracked>> = (0..hkv)
         .map(|gh| {
-            inp.k0[gh * l0 * d..(gh + 1) * l0 * d]
+            inp.k0[gh * l0 * d..][..lc * d]
                 .iter()
                 .map(|&v| cast(Tracked::exact(v), ck, f))
                 .collect()
@@ -507,7 +530,7 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
         .collect();
     let mut cache_v: Vec<Vec<Tracked>> = (0..hkv)
         .map(|gh| {
-            inp.v0[gh * l0 * d..(gh + 1) * l0 * d]
+            inp.v0[gh * l0 * d..][..lc * d]
                 .iter()
                 .map(|&v| cast(Tracked::exact(v), cv, f))
                 .collect()
@@ -521,11 +544,15 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
     };
     // The projections of every token at once (each weight row prepared
     // once): rows-independent, the same values as token by token.
-    let q_all = quantized_matmul(inp.x, wq, pq, model)?;
+    // (q only where the attention reads it.)
+    let q_all = if with_attn {
+        quantized_matmul(inp.x, wq, pq, model)?
+    } else {
+        Vec::new()
+    };
     let k_all = quantized_matmul(inp.x, wk, pk, model)?;
     let v_all = quantized_matmul(inp.x, wv, pv, model)?;
     for tok in 0..tokens {
-        let q = &q_all[tok * h * d..(tok + 1) * h * d];
         let k = &k_all[tok * hkv * d..(tok + 1) * hkv * d];
         let v = &v_all[tok * hkv * d..(tok + 1) * hkv * d];
         let pos = l0 + tok;
@@ -538,10 +565,16 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
                 let vc = cast(*vc, pv, cv);
                 out.keys.push(kc);
                 out.values.push(vc);
-                cache_k[gh].push(cast(kc, ck, f));
-                cache_v[gh].push(cast(vc, cv, f));
+                if with_attn {
+                    cache_k[gh].push(cast(kc, ck, f));
+                    cache_v[gh].push(cast(vc, cv, f));
+                }
             }
         }
+        if !with_attn {
+            continue;
+        }
+        let q = &q_all[tok * h * d..(tok + 1) * h * d];
         let mut attn = Vec::with_capacity(h * d);
         for hh in 0..h {
             let qr: Vec<Tracked> = rope_head(&q[hh * d..(hh + 1) * d], &tab_q, pq)
@@ -554,7 +587,7 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
         out.attn.extend(attn);
     }
     out.y = match inp.attn_read {
-        Some(a) if a.len() == out.attn.len() => {
+        Some(a) if a.len() == tokens * h * d => {
             // y given attn: o_proj on the values it read, exactly.
             let mut y = quantized_matmul(a, wo, py, model)?;
             if model == Model::Cpu && py == f {
@@ -570,7 +603,7 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
             return err(format!(
                 "o_proj read {} attention values, the step has {}",
                 a.len(),
-                out.attn.len()
+                tokens * h * d
             ))
         }
         None => quantized_matmul_tracked(&out.attn, wo, py, model)?,
@@ -579,7 +612,7 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
     // kernel (module doc, "Emulated on enclosures").
     let one_dtype = [pk, pv, ck, cv, f, py].iter().all(|&x| x == pq);
     if model == Model::Cpu && one_dtype {
-        if let Some(enc) = cpu_decode_enclosures(inp, pq) {
+        if let Some(enc) = cpu_decode_enclosures(inp, pq, with_attn) {
             tighten(&mut out.attn, &enc.attn);
             if inp.attn_read.is_none() {
                 tighten(&mut out.y, &enc.y);
@@ -699,7 +732,11 @@ fn sdpa_row_iv(q: &[Iv], keys: &[Iv], values: &[Iv], scale: f64, t: Float) -> Ve
 /// The decode on enclosures, x86-64 CPU only (the projections' scalar
 /// loops emulated, `matmul`'s module doc), every dtype the same `T`;
 /// `None` elsewhere or where an enclosure stops being finite.
-fn cpu_decode_enclosures(inp: &DecodeInputs, t: Float) -> Option<DecodeEnclosures> {
+fn cpu_decode_enclosures(
+    inp: &DecodeInputs,
+    t: Float,
+    with_attn: bool,
+) -> Option<DecodeEnclosures> {
     use crate::matmul::CpuAffineKernel;
     let g = inp.graph;
     let (h, hkv, d, rd) = (g.n_heads, g.n_kv_heads, g.head_dim, g.rotary_dims);
@@ -708,24 +745,14 @@ fn cpu_decode_enclosures(inp: &DecodeInputs, t: Float) -> Option<DecodeEnclosure
     let tokens = inp.x.len() / hidden;
     let l0 = inp.l0;
     let scale = (d as f64).powf(-0.5);
-    let [wq, wk, wv, wo] = [wq, wk, wv, wo].map(|w| CpuAffineKernel::new(w, t));
-    let (wq, wk, wv, wo) = (wq?, wk?, wv?, wo?);
+    let (wk, wv) = (CpuAffineKernel::new(wk, t)?, CpuAffineKernel::new(wv, t)?);
     let point = |v: &f64| Iv::point(*v);
+    let lc = if with_attn { l0 } else { 0 };
     let mut cache_k: Vec<Vec<Iv>> = (0..hkv)
-        .map(|gh| {
-            inp.k0[gh * l0 * d..(gh + 1) * l0 * d]
-                .iter()
-                .map(point)
-                .collect()
-        })
+        .map(|gh| inp.k0[gh * l0 * d..][..lc * d].iter().map(point).collect())
         .collect();
     let mut cache_v: Vec<Vec<Iv>> = (0..hkv)
-        .map(|gh| {
-            inp.v0[gh * l0 * d..(gh + 1) * l0 * d]
-                .iter()
-                .map(point)
-                .collect()
-        })
+        .map(|gh| inp.v0[gh * l0 * d..][..lc * d].iter().map(point).collect())
         .collect();
     let mut out = DecodeEnclosures {
         attn: Vec::new(),
@@ -734,9 +761,15 @@ fn cpu_decode_enclosures(inp: &DecodeInputs, t: Float) -> Option<DecodeEnclosure
         values: Vec::new(),
     };
     let x: Vec<Iv> = inp.x.iter().map(point).collect();
-    let (q_all, k_all, v_all) = (wq.enclosure(&x)?, wk.enclosure(&x)?, wv.enclosure(&x)?);
+    let (k_all, v_all) = (wk.enclosure(&x)?, wv.enclosure(&x)?);
+    // q and o_proj only where the attention is evaluated.
+    let (q_all, wo) = if with_attn {
+        let wq = CpuAffineKernel::new(wq, t)?;
+        (wq.enclosure(&x)?, Some(CpuAffineKernel::new(wo, t)?))
+    } else {
+        (Vec::new(), None)
+    };
     for tok in 0..tokens {
-        let q = &q_all[tok * h * d..(tok + 1) * h * d];
         let k = &k_all[tok * hkv * d..(tok + 1) * hkv * d];
         let v = &v_all[tok * hkv * d..(tok + 1) * hkv * d];
         let tables: Vec<(Iv, Iv)> = rope_trig(l0 + tok, rd, g.rope_base, Model::Cpu)
@@ -750,9 +783,15 @@ fn cpu_decode_enclosures(inp: &DecodeInputs, t: Float) -> Option<DecodeEnclosure
             let kr = rope_head_iv(&k[gh * d..(gh + 1) * d], &tables, t);
             out.keys.extend(&kr);
             out.values.extend(&v[gh * d..(gh + 1) * d]);
-            cache_k[gh].extend(kr);
-            cache_v[gh].extend(&v[gh * d..(gh + 1) * d]);
+            if with_attn {
+                cache_k[gh].extend(kr);
+                cache_v[gh].extend(&v[gh * d..(gh + 1) * d]);
+            }
         }
+        if !with_attn {
+            continue;
+        }
+        let q = &q_all[tok * h * d..(tok + 1) * h * d];
         let mut attn = Vec::with_capacity(h * d);
         for hh in 0..h {
             let qr = rope_head_iv(&q[hh * d..(hh + 1) * d], &tables, t);
@@ -764,7 +803,9 @@ fn cpu_decode_enclosures(inp: &DecodeInputs, t: Float) -> Option<DecodeEnclosure
         }
         out.attn.extend(attn);
     }
-    out.y = wo.enclosure(&out.attn)?;
+    if let Some(wo) = wo {
+        out.y = wo.enclosure(&out.attn)?;
+    }
     Some(out)
 }
 

@@ -214,6 +214,40 @@ fn qmm_element(
     t: Float,
     model: Model,
 ) -> Tracked {
+    // x86-64, affine, inputs read exactly: the emulated loop's result
+    // decides the bound (below), so the worst-case chain need not run:
+    // the same definition `v` (the products summed in index order, as
+    // `sum_in_order` sums them) and magnitude, bit for bit.
+    if model == Model::Cpu && x.iter().all(|xk| xk.e == 0.0) {
+        if let Some(c) = row
+            .kernel_w
+            .as_ref()
+            .and_then(|kw| emulate_affine(x, kw, t))
+        {
+            let (mut v, mut mag) = (0.0, 0.0);
+            for (xk, wk) in x.iter().zip(&row.w) {
+                v += xk.v * wk.v;
+                mag += xk.mag * wk.mag;
+            }
+            return Tracked {
+                v,
+                e: (f64::from(c) - v).abs(),
+                mag,
+            };
+        }
+    }
+    qmm_element_chain(x, w, row, t, model)
+}
+
+/// [`qmm_element`] through the tracked chain (the worst case, then the
+/// emulation where it applies).
+fn qmm_element_chain(
+    x: &[Tracked],
+    w: &QuantizedMatrix,
+    row: &WeightRow,
+    t: Float,
+    model: Model,
+) -> Tracked {
     let gs = w.group_size;
     let groups = w.cols / gs;
     let f32_ = Float::Float32;
@@ -394,10 +428,21 @@ impl CpuAffineKernel {
             for n in 0..self.rows {
                 let (mut lo, mut hi) = (0.0f32, 0.0f32);
                 for (&(xl, xh), &wk) in xr.iter().zip(&self.w[n * k..(n + 1) * k]) {
-                    let (a, b) = (in_t(t, xl * wk), in_t(t, xh * wk));
-                    let (tl, th) = if a <= b { (a, b) } else { (b, a) };
+                    let (tl, th) = if xl == xh {
+                        let p = in_t(t, xl * wk);
+                        (p, p)
+                    } else {
+                        let (a, b) = (in_t(t, xl * wk), in_t(t, xh * wk));
+                        if a <= b {
+                            (a, b)
+                        } else {
+                            (b, a)
+                        }
+                    };
+                    // One sum while the enclosure is a point.
+                    let same = lo == hi && tl == th;
                     lo = in_t(t, lo + tl);
-                    hi = in_t(t, hi + th);
+                    hi = if same { lo } else { in_t(t, hi + th) };
                 }
                 if !(lo.is_finite() && hi.is_finite()) {
                     return None;
@@ -691,6 +736,38 @@ mod tests {
         (0..rows * k)
             .map(|i| f64::from(half::bf16::from_f64(((i * 13 % 29) as f64 - 14.0) / 9.0)))
             .collect()
+    }
+
+    /// The x86-64 fast path (exact inputs, affine, emulated) gives the
+    /// tracked chain's value, magnitude and bound bit for bit.
+    #[test]
+    fn the_emulated_fast_path_equals_the_tracked_chain() {
+        let (n, k, gs) = (16, 128, 64);
+        let (packed, _, _) = affine(n, k, gs);
+        // Scales and biases every T holds: the emulation applies.
+        let (scales, biases) = (vec![1.0 / 128.0; n * k / gs], vec![-0.078125; n * k / gs]);
+        let w = QuantizedMatrix {
+            format: Format::Affine,
+            bits: 4,
+            group_size: gs,
+            rows: n,
+            cols: k,
+            packed: &packed,
+            scales: &scales,
+            scale_codes: &[],
+            biases: &biases,
+        };
+        let xs: Vec<Tracked> = x(2, k).into_iter().map(Tracked::exact).collect();
+        for t in [Float::Bfloat16, Float::Float16, Float::Float32] {
+            for j in 0..n {
+                let row = WeightRow::new(&w, j, t);
+                assert_eq!(row.kernel_w.is_some(), EMULATES_CPU_LOOPS);
+                let xr = &xs[..k];
+                let fast = qmm_element(xr, &w, &row, t, Model::Cpu);
+                let chain = qmm_element_chain(xr, &w, &row, t, Model::Cpu);
+                assert_eq!(fast, chain, "{t:?} row {j}");
+            }
+        }
     }
 
     /// The scalar CPU loop for bf16 (`_qmm_t`), written out independently of

@@ -4,7 +4,9 @@
 //! Activations, every projection tensor and the prefilled K/V are
 //! perturbable; the graph's shape is constant.
 
-use exact::attention::{decode_m1, DecodeExact, DecodeInputs, Graph as ExactGraph};
+use exact::attention::{
+    decode_m1, decode_m1_without_attention, DecodeExact, DecodeInputs, Graph as ExactGraph,
+};
 use exact::{Exact, ExactError, Format, Model, QuantizedMatrix, Tracked};
 use oracle::{DType, HostTensor};
 
@@ -43,8 +45,9 @@ pub struct DecodeRows {
     pub values: Expected,
 }
 
-/// The longest KV window (prefill plus decoded rows) the exact oracle
-/// checks.
+/// The longest KV window (prefill plus decoded rows) whose attention
+/// output the exact oracle checks; longer windows get `keys`, `values` and
+/// `y` given `attn` checked ([`decode_m1_without_attention`]).
 pub const EXACT_MAX_KV: usize = 8192;
 
 /// Decodes the rows of `x` [T, hidden] one token at a time (M = 1) after a
@@ -118,6 +121,24 @@ pub fn attention_decode_m1(
             ])
         })?;
         pairs.into_iter().map(Some).collect()
+    } else if calls.port.is_none() {
+        // A longer window: the attention over every cached key of every
+        // step is not evaluated (host cost: +12 s to +65 s on CPU per
+        // window); the cached keys and values and y given attn cost the
+        // projections alone. (Under --perturb the port's side has no
+        // recorded attn: not checked.)
+        let pairs = calls.exact_all(F, |s, m| {
+            let d = exact_decode_without_attention(s, m)?;
+            let rows = s.tensor("x")?.len() / hidden.max(1);
+            Ok(vec![
+                Exact::from_tracked("attention_o_proj", m, vec![rows, hidden], &d.y),
+                Exact::from_tracked("attention_keys", m, vec![rows, hkv * dd], &d.keys),
+                Exact::from_tracked("attention_values", m, vec![rows, hkv * dd], &d.values),
+            ])
+        })?;
+        std::iter::once(None)
+            .chain(pairs.into_iter().map(Some))
+            .collect()
     } else {
         vec![None; 4]
     };
@@ -191,6 +212,22 @@ impl OwnedProjection {
 /// The exact decode from the arguments one side computed from (names as
 /// the glue's parameters).
 fn exact_decode(s: &Sent, model: Model) -> Result<DecodeExact, ExactError> {
+    with_decode_inputs(s, true, |inputs| decode_m1(inputs, model))
+}
+
+/// [`exact_decode`] without the attention ([`decode_m1_without_attention`]).
+fn exact_decode_without_attention(s: &Sent, model: Model) -> Result<DecodeExact, ExactError> {
+    with_decode_inputs(s, false, |inputs| {
+        decode_m1_without_attention(inputs, model)
+    })
+}
+
+/// The exact decode's inputs from the arguments one side computed from.
+fn with_decode_inputs(
+    s: &Sent,
+    prefill: bool,
+    f: impl FnOnce(&DecodeInputs) -> Result<DecodeExact, ExactError>,
+) -> Result<DecodeExact, ExactError> {
     let bits = usize_arg(s, "bits")?;
     let group_size = usize_arg(s, "group_size")?;
     let names = [
@@ -219,7 +256,13 @@ fn exact_decode(s: &Sent, model: Model) -> Result<DecodeExact, ExactError> {
         rotary_dims: usize_arg(s, "rotary_dims")?,
         rope_base: s.float("rope_base")?,
     };
-    let (xv, k0v, v0v) = (values(x), values(k0), values(v0));
+    // The prefill only where the attention reads it (tens of millions of
+    // values at the longest windows).
+    let (xv, k0v, v0v) = if prefill {
+        (values(x), values(k0), values(v0))
+    } else {
+        (values(x), Vec::new(), Vec::new())
+    };
     let attn_read = s.opt_tensor(ATTN_READ)?.map(values);
     let inputs = DecodeInputs {
         x: &xv,
@@ -234,7 +277,7 @@ fn exact_decode(s: &Sent, model: Model) -> Result<DecodeExact, ExactError> {
         graph,
         attn_read: attn_read.as_deref(),
     };
-    decode_m1(&inputs, model)
+    f(&inputs)
 }
 
 /// The most multiply-adds (B·H·M·L·D) the exact oracle spends on one SDPA

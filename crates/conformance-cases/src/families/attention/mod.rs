@@ -532,14 +532,29 @@ mod exact_tests {
             // y given the attention output o_proj read (the port's, as
             // the glue records the reference's).
             let attn_read = values(&sc.m1.attn);
-            let given = decode_m1(
+            let with_read = DecodeInputs {
+                attn_read: Some(&attn_read),
+                ..inp
+            };
+            let given = decode_m1(&with_read, Model::Cpu).unwrap();
+            // Without the attention (the long windows' check; the prefill
+            // unread): the same keys, values and y given attn.
+            let cheap = exact::attention::decode_m1_without_attention(
                 &DecodeInputs {
-                    attn_read: Some(&attn_read),
-                    ..inp
+                    k0: &[],
+                    v0: &[],
+                    projections: with_read.projections.clone(),
+                    ..with_read
                 },
                 Model::Cpu,
             )
             .unwrap();
+            assert!(cheap.attn.is_empty(), "seed {seed}");
+            assert_eq!(
+                (&cheap.keys, &cheap.values, &cheap.y),
+                (&given.keys, &given.values, &given.y),
+                "seed {seed}"
+            );
             let e = Exact::from_tracked("t", Model::Cpu, vec![given.y.len()], &given.y);
             let side = check(&values(&sc.m1.y), &e);
             assert!(side.within() && side.max_ratio == 0.0, "seed {seed} y given attn: {side:?}");
