@@ -34,6 +34,12 @@ pub enum Perturb {
     /// float to the next float32 above it, so every number the reader
     /// keeps (and every value computed from them) moves.
     JsonNumbers,
+    /// A tensor of expert indices into this many experts: the lowest bit
+    /// of each index flipped where the result is still an expert (`0 <->
+    /// 1`, `2 <-> 3`, ...; the last of an odd count kept), so the call
+    /// stays valid by construction. With one expert nothing can move; the
+    /// case's other arguments (activations, weights) move the output.
+    ExpertIndex(usize),
     /// A list of integers (an `mrope_section`): one moved from its last
     /// non-zero entry to entry 0 (to entry 1 when that is entry 0), so the
     /// sum stays and the later sections, which the interleaved selector
@@ -126,6 +132,9 @@ pub fn perturb(value: Arg, how: Perturb) -> Result<Arg, String> {
             t.bytes[0] ^= 1;
             Arg::Tensor(t)
         }
+        (Perturb::ExpertIndex(experts), Arg::Tensor(t)) => {
+            Arg::Tensor(flip_expert_indices(&t, experts)?)
+        }
         (Perturb::Add(n), Arg::Int(v)) => Arg::Int(v + n),
         (Perturb::NextUp, Arg::Float(v)) => Arg::Float(f64::from(next_up(v as f32))),
         (Perturb::OtherDtype, Arg::Str(s)) => Arg::Str(
@@ -162,6 +171,25 @@ pub fn perturb(value: Arg, how: Perturb) -> Result<Arg, String> {
         }
         (how, v) => return Err(format!("{how:?} does not apply to {v:?}")),
     })
+}
+
+/// Each index `i` of an integer tensor to `i ^ 1` where that is below
+/// `experts` ([`Perturb::ExpertIndex`]).
+fn flip_expert_indices(t: &HostTensor, experts: usize) -> Result<HostTensor, String> {
+    let size = t.dtype.size();
+    if !matches!(t.dtype, DType::Int32 | DType::Uint32 | DType::Int64) {
+        return Err(format!("expert indices of dtype {}", t.dtype.name()));
+    }
+    let mut out = t.clone();
+    for chunk in out.bytes.chunks_mut(size) {
+        let mut raw = [0u8; 8];
+        raw[..size].copy_from_slice(chunk);
+        let i = u64::from_le_bytes(raw);
+        if usize::try_from(i ^ 1).is_ok_and(|j| j < experts) {
+            chunk[0] ^= 1;
+        }
+    }
+    Ok(out)
 }
 
 /// Every number of a JSON value: integers + 8, floats to the next float32.

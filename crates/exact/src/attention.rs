@@ -116,8 +116,68 @@
 //! Float64 evaluation of the definition (exp, the normalizer, the dot
 //! products, cos of large arguments) is covered by explicit `gamma(., 2^-53)`
 //! terms added to each bound.
+//!
+//! # Emulated on enclosures (x86-64 CPU, issue 41)
+//! The bounds above hold for any kernel order, but after bf16 projections
+//! of head_dim 256 they are wider than every `attn` and `y` value: the
+//! projections' own bf16 accumulation moves q and k by up to ~5%, and the
+//! worst case over every such move is vacuous. On x86-64 the CPU computes
+//! q, k, v with the scalar loops that `matmul`'s module doc emulates bit
+//! for bit, so those values are *known*, not merely bounded; the rest of
+//! the step runs MLX ops whose rounding points the steps above name. So
+//! [`decode_m1`] (model Cpu, one dtype `T` throughout) also runs the whole
+//! step on enclosures ([`crate::interval`]: each value the kernel holds
+//! lies in `[lo, hi]`, rounding to nearest is monotone, each step maps
+//! enclosures to an enclosure):
+//! - q, k, v: [`crate::matmul::cpu_affine_enclosure`] on the exact `x`
+//!   (points: the emulated scalar loop);
+//! - RoPE: cos / sin in float32 within the RoPE step's error `e` of the
+//!   definition, so in `[RN32(c − e), RN32(c + e)]`, cast to `T`; then
+//!   `T(T(x1 c) − T(x2 s))` and `T(T(x1 s) + T(x2 c))`, each float32
+//!   operation done in `f32` on the endpoints;
+//! - scores: `T(T(scale) q)`, then each dot product over D as the real
+//!   interval of the exact products' sums widened by `gamma_D(u32)` of
+//!   their magnitudes (`simd_gemm`'s block order is not assumed) and
+//!   float64's `gamma_{D+1}(2^-53)`, rounded to `T`;
+//! - softmax (precise): `x = f32(s − max)` on the endpoints; MLX's `exp`
+//!   within `e^{±K|x|}(1 ± eps_exp)` and `±2^-125` (the Softmax step's
+//!   factors: `e^{x(1+K)}` and `e^{x(1−K)}` are increasing in `x`, so the
+//!   endpoints map to endpoints), rounded to float32; the normalizer in
+//!   any order (`gamma_{n−1}(u32)` of the upper sum), its float32
+//!   reciprocal, the float32 product, the weight in `T`;
+//! - output: `p · v` as the scores' dot products, in `T`; `y` the affine
+//!   scalar loop on the `attn` enclosures.
+//!
+//! Each output's interval `[v − e, v + e]` (the worst case) is intersected
+//! with its enclosure; the [`Tracked`] of an output then holds the
+//! intersection's midpoint and half-width (both intervals hold the
+//! kernel's value under the model, so the intersection does, and it is
+//! never wider than the worst case). Evidence that the model is the
+//! kernel's: the reference's outputs land on their enclosures (ratio
+//! 1 − 2e-9 for `attn` at the default seed), and
+//! `the_cpu_attention_decode_stays_within_its_enclosure_over_many_seeds`
+//! (conformance-cases) runs MLX's CPU decode over many seeds. Were MLX's
+//! CPU path to change (a float32 accumulator in the projections, another
+//! softmax), its outputs would land outside: the oracle then reports the
+//! reference outside, never a wrong pass. The Gpu model keeps the worst
+//! case.
+//!
+//! # y given attn (every model)
+//! `y = o_proj(attn)` reads the attention output the kernel wrote; the
+//! reference glue records exactly that array (o_proj's input), and it is
+//! checked on its own (`attn` above). So where it is known
+//! ([`DecodeInputs::attn_read`]), `y` is bounded given it: the quantized
+//! matmul's bound on those exact inputs ([`crate::matmul`]: on x86-64 the
+//! emulated scalar loop, so `y` must be its value bit for bit; on a GPU
+//! the Gpu qmm bound), instead of the whole step's error propagated
+//! through `attn`'s bound (vacuous after a bf16 accumulation over
+//! `n_heads * head_dim`). The two checks together cover the step: `attn`
+//! within its bound of the definition, and `y` what o_proj computes from
+//! that `attn`. An input fault upstream of `attn` (a K tail of `x`) then
+//! moves `attn`, where it is measured, not `y` given `attn`.
 
 use crate::formats::QuantizedMatrix;
+use crate::interval::Iv;
 use crate::matmul::{quantized_matmul, quantized_matmul_tracked, tf32_round, TF32_U};
 use crate::tracked::{gamma, Tracked};
 use crate::{err, ExactError, Float, Model};
@@ -151,6 +211,10 @@ pub struct DecodeInputs<'a> {
     pub k0_dtype: Option<Float>,
     pub v0_dtype: Option<Float>,
     pub graph: Graph,
+    /// The attention output o_proj read (`[T, n_heads * head_dim]`, in
+    /// the SDPA dtype), where it was recorded: `y` is then bounded given it
+    /// (module doc, "y given attn").
+    pub attn_read: Option<&'a [f64]>,
 }
 
 /// The four outputs, token-major, each element tracked, and their dtypes.
@@ -208,6 +272,20 @@ pub fn rope_tables(
     t: Float,
     model: Model,
 ) -> Vec<(Tracked, Tracked)> {
+    rope_trig(pos, rotary_dims, rope_base, model)
+        .into_iter()
+        .map(|(c, s)| (c.round(t), s.round(t)))
+        .collect()
+}
+
+/// The (cos, sin) of each rotated pair as the kernel computes them in
+/// float32, before the cast to `T` (see the module doc's RoPE step).
+fn rope_trig(
+    pos: usize,
+    rotary_dims: usize,
+    rope_base: f64,
+    model: Model,
+) -> Vec<(Tracked, Tracked)> {
     let half = rotary_dims / 2;
     let u = Float::Float32.u();
     let eta = Float::Float32.eta();
@@ -245,7 +323,7 @@ pub fn rope_tables(
                 e,
                 mag: 1.0,
             };
-            (cos.round(t), sin.round(t))
+            (cos, sin)
         })
         .collect()
 }
@@ -398,6 +476,26 @@ pub fn sdpa_row(
 /// The decode run: each token projected, roped at its position, appended
 /// to the KV cache, attended over the whole cache, and projected by o_proj.
 pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactError> {
+    decode(inp, model, true)
+}
+
+/// [`decode_m1`] without the attention itself: the cached keys and values
+/// and `y` given the `attn` o_proj read ([`DecodeInputs::attn_read`],
+/// required), at the cost of the projections alone (no SDPA over the
+/// cache: what makes windows of tens of thousands of keys slow on the
+/// host). `attn` is left empty; the prefill `k0` / `v0` is not read (it
+/// may be empty; `l0` still gives the positions).
+pub fn decode_m1_without_attention(
+    inp: &DecodeInputs,
+    model: Model,
+) -> Result<DecodeExact, ExactError> {
+    if inp.attn_read.is_none() {
+        return err("the decode without its attention needs the attn o_proj read");
+    }
+    decode(inp, model, false)
+}
+
+fn decode(inp: &DecodeInputs, model: Model, with_attn: bool) -> Result<DecodeExact, ExactError> {
     let g = inp.graph;
     let (h, hkv, d, rd) = (g.n_heads, g.n_kv_heads, g.head_dim, g.rotary_dims);
     if h == 0 || hkv == 0 || h % hkv != 0 {
@@ -421,7 +519,8 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
         ));
     }
     let l0 = inp.l0;
-    if inp.k0.len() != hkv * l0 * d || inp.v0.len() != hkv * l0 * d {
+    // Without the attention the prefill is never read (and may be empty).
+    if with_attn && (inp.k0.len() != hkv * l0 * d || inp.v0.len() != hkv * l0 * d) {
         return err(format!(
             "prefill of {} / {} values for [{hkv}, {l0}, {d}]",
             inp.k0.len(),
@@ -440,10 +539,12 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
     let f = pq.promote(ck).promote(cv);
     let py = f.promote(inp.scales_dtypes[3]);
     let scale = (d as f64).powf(-0.5);
-    // The KV cache per KV head, `[len, D]`, in the SDPA dtype.
+    // The KV cache per KV head, `[len, D]`, in the SDPA dtype (only
+    // where the attention reads it; its prefill length `lc`).
+    let lc = if with_attn { l0 } else { 0 };
     let mut cache_k: Vec<Vec<Tracked>> = (0..hkv)
         .map(|gh| {
-            inp.k0[gh * l0 * d..(gh + 1) * l0 * d]
+            inp.k0[gh * l0 * d..][..lc * d]
                 .iter()
                 .map(|&v| cast(Tracked::exact(v), ck, f))
                 .collect()
@@ -451,7 +552,7 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
         .collect();
     let mut cache_v: Vec<Vec<Tracked>> = (0..hkv)
         .map(|gh| {
-            inp.v0[gh * l0 * d..(gh + 1) * l0 * d]
+            inp.v0[gh * l0 * d..][..lc * d]
                 .iter()
                 .map(|&v| cast(Tracked::exact(v), cv, f))
                 .collect()
@@ -463,11 +564,19 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
         keys: Vec::new(),
         values: Vec::new(),
     };
+    // The projections of every token at once (each weight row prepared
+    // once): rows-independent, the same values as token by token.
+    // (q only where the attention reads it.)
+    let q_all = if with_attn {
+        quantized_matmul(inp.x, wq, pq, model)?
+    } else {
+        Vec::new()
+    };
+    let k_all = quantized_matmul(inp.x, wk, pk, model)?;
+    let v_all = quantized_matmul(inp.x, wv, pv, model)?;
     for tok in 0..tokens {
-        let xr = &inp.x[tok * hidden..(tok + 1) * hidden];
-        let q = quantized_matmul(xr, wq, pq, model)?;
-        let k = quantized_matmul(xr, wk, pk, model)?;
-        let v = quantized_matmul(xr, wv, pv, model)?;
+        let k = &k_all[tok * hkv * d..(tok + 1) * hkv * d];
+        let v = &v_all[tok * hkv * d..(tok + 1) * hkv * d];
         let pos = l0 + tok;
         let tab_q = rope_tables(pos, rd, g.rope_base, pq, model);
         let tab_k = rope_tables(pos, rd, g.rope_base, pk, model);
@@ -478,10 +587,16 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
                 let vc = cast(*vc, pv, cv);
                 out.keys.push(kc);
                 out.values.push(vc);
-                cache_k[gh].push(cast(kc, ck, f));
-                cache_v[gh].push(cast(vc, cv, f));
+                if with_attn {
+                    cache_k[gh].push(cast(kc, ck, f));
+                    cache_v[gh].push(cast(vc, cv, f));
+                }
             }
         }
+        if !with_attn {
+            continue;
+        }
+        let q = &q_all[tok * h * d..(tok + 1) * h * d];
         let mut attn = Vec::with_capacity(h * d);
         for hh in 0..h {
             let qr: Vec<Tracked> = rope_head(&q[hh * d..(hh + 1) * d], &tab_q, pq)
@@ -491,11 +606,248 @@ pub fn decode_m1(inp: &DecodeInputs, model: Model) -> Result<DecodeExact, ExactE
             let gh = hh / (h / hkv);
             attn.extend(sdpa_row(&qr, &cache_k[gh], &cache_v[gh], scale, f, model)?);
         }
-        out.y
-            .extend(quantized_matmul_tracked(&attn, wo, py, model)?);
         out.attn.extend(attn);
     }
+    out.y = match inp.attn_read {
+        Some(a) if a.len() == tokens * h * d => {
+            // y given attn: o_proj on the values it read, exactly.
+            let mut y = quantized_matmul(a, wo, py, model)?;
+            if model == Model::Cpu && py == f {
+                if let Some(enc) = crate::matmul::CpuAffineKernel::new(wo, py)
+                    .and_then(|k| k.enclosure(&a.iter().map(|&v| Iv::point(v)).collect::<Vec<_>>()))
+                {
+                    tighten(&mut y, &enc);
+                }
+            }
+            y
+        }
+        Some(a) => {
+            return err(format!(
+                "o_proj read {} attention values, the step has {}",
+                a.len(),
+                tokens * h * d
+            ))
+        }
+        None => quantized_matmul_tracked(&out.attn, wo, py, model)?,
+    };
+    // x86-64 CPU, one dtype throughout: the enclosures of the emulated
+    // kernel (module doc, "Emulated on enclosures").
+    let one_dtype = [pk, pv, ck, cv, f, py].iter().all(|&x| x == pq);
+    if model == Model::Cpu && one_dtype {
+        if let Some(enc) = cpu_decode_enclosures(inp, pq, with_attn) {
+            tighten(&mut out.attn, &enc.attn);
+            if inp.attn_read.is_none() {
+                tighten(&mut out.y, &enc.y);
+            }
+            tighten(&mut out.keys, &enc.keys);
+            tighten(&mut out.values, &enc.values);
+        }
+    }
     Ok(out)
+}
+
+/// Enclosures of the four outputs the x86-64 CPU computes (module doc,
+/// "Emulated on enclosures"), token-major like [`DecodeExact`].
+struct DecodeEnclosures {
+    attn: Vec<Iv>,
+    y: Vec<Iv>,
+    keys: Vec<Iv>,
+    values: Vec<Iv>,
+}
+
+/// `T(T(x1 c) - T(x2 s))`, `T(T(x1 s) + T(x2 c))` on enclosures (the CPU
+/// rope fallback's MLX ops, each computed in float32 and stored in `t`).
+fn rope_head_iv(x: &[Iv], tables: &[(Iv, Iv)], t: Float) -> Vec<Iv> {
+    let half = tables.len();
+    let mut out = x.to_vec();
+    for (i, &(c, s)) in tables.iter().enumerate() {
+        let (x1, x2) = (x[i], x[i + half]);
+        let (a, b) = (x1.mul(c).round32_then(t), x2.mul(s).round32_then(t));
+        out[i] = a.sub_f32(b).round(t);
+        let (a, b) = (x1.mul(s).round32_then(t), x2.mul(c).round32_then(t));
+        out[i + half] = a.add_f32(b).round(t);
+    }
+    out
+}
+
+/// A float32 dot product in an order the model does not fix (`simd_gemm`'s
+/// blocks), on enclosures of its operands: the real enclosure of every
+/// sum the kernel can form, before its rounding to the output dtype.
+fn dot_iv(a: impl Iterator<Item = (Iv, Iv)>) -> Iv {
+    let (mut lo, mut hi, mut mag, mut n) = (0.0, 0.0, 0.0, 0usize);
+    for (x, y) in a {
+        let p = x.mul(y);
+        lo += p.lo;
+        hi += p.hi;
+        mag += p.mag();
+        n += 1;
+    }
+    let w = gamma(n, Float::Float32.u()) * mag
+        + n as f64 * Float::Float32.eta()
+        + gamma(n + 1, U64) * mag;
+    Iv::real(lo - w, hi + w)
+}
+
+/// One query row of the CPU SDPA fallback on enclosures (module doc,
+/// "Emulated on enclosures"): everything in `t`.
+fn sdpa_row_iv(q: &[Iv], keys: &[Iv], values: &[Iv], scale: f64, t: Float) -> Vec<Iv> {
+    let d = q.len();
+    let n = keys.len() / d;
+    let f32_ = Float::Float32;
+    let sc = Iv::point(crate::formats::round_to(scale, t));
+    let qs: Vec<Iv> = q.iter().map(|x| x.mul(sc).round32_then(t)).collect();
+    let s: Vec<Iv> = (0..n)
+        .map(|j| {
+            let kj = &keys[j * d..(j + 1) * d];
+            dot_iv(qs.iter().copied().zip(kj.iter().copied())).round(t)
+        })
+        .collect();
+    // The precise softmax in float32 (max exact, `x = s - max`, MLX's
+    // `exp`, the normalizer in any order, its reciprocal, the product).
+    let m = Iv {
+        lo: s.iter().map(|x| x.lo).fold(f64::NEG_INFINITY, f64::max),
+        hi: s.iter().map(|x| x.hi).fold(f64::NEG_INFINITY, f64::max),
+    };
+    let k = exp_arg_k();
+    let eps = eps_exp(Model::Cpu);
+    let e: Vec<Iv> = s
+        .iter()
+        .map(|sj| {
+            let x = sj.sub_f32(m);
+            // x <= 0 up to the enclosure: e^{x (1 + K)} and e^{x (1 - K)}
+            // are increasing, the relative error of MLX's exp at x.
+            let f = |x: f64, k: f64| {
+                if x <= 0.0 {
+                    (x * (1.0 + k)).exp()
+                } else {
+                    (x * (1.0 - k)).exp()
+                }
+            };
+            let lo = (f(x.lo, k) * (1.0 - eps) - EXP_ABS).max(0.0);
+            let hi = f(x.hi, -k) * (1.0 + eps) + EXP_ABS;
+            Iv::real(lo, hi).round(f32_)
+        })
+        .collect();
+    let (zl, zh): (f64, f64) = e.iter().fold((0.0, 0.0), |(a, b), x| (a + x.lo, b + x.hi));
+    let wz =
+        gamma(n.saturating_sub(1), f32_.u()) * zh + n as f64 * f32_.eta() + gamma(n + 1, U64) * zh;
+    let z = Iv::real(zl - wz, zh + wz).round(f32_);
+    let inv = Iv {
+        lo: f64::from(1.0f32 / z.hi as f32),
+        hi: f64::from(1.0f32 / z.lo as f32),
+    };
+    let p: Vec<Iv> = e
+        .iter()
+        .map(|x| {
+            Iv {
+                lo: f64::from(x.lo as f32 * inv.lo as f32),
+                hi: f64::from(x.hi as f32 * inv.hi as f32),
+            }
+            .round(t)
+        })
+        .collect();
+    (0..d)
+        .map(|c| dot_iv((0..n).map(|j| (p[j], values[j * d + c]))).round(t))
+        .collect()
+}
+
+/// The decode on enclosures, x86-64 CPU only (the projections' scalar
+/// loops emulated, `matmul`'s module doc), every dtype the same `T`;
+/// `None` elsewhere or where an enclosure stops being finite.
+fn cpu_decode_enclosures(
+    inp: &DecodeInputs,
+    t: Float,
+    with_attn: bool,
+) -> Option<DecodeEnclosures> {
+    use crate::matmul::CpuAffineKernel;
+    let g = inp.graph;
+    let (h, hkv, d, rd) = (g.n_heads, g.n_kv_heads, g.head_dim, g.rotary_dims);
+    let [wq, wk, wv, wo] = &inp.projections;
+    let hidden = wq.cols;
+    let tokens = inp.x.len() / hidden;
+    let l0 = inp.l0;
+    let scale = (d as f64).powf(-0.5);
+    let (wk, wv) = (CpuAffineKernel::new(wk, t)?, CpuAffineKernel::new(wv, t)?);
+    let point = |v: &f64| Iv::point(*v);
+    let lc = if with_attn { l0 } else { 0 };
+    let mut cache_k: Vec<Vec<Iv>> = (0..hkv)
+        .map(|gh| inp.k0[gh * l0 * d..][..lc * d].iter().map(point).collect())
+        .collect();
+    let mut cache_v: Vec<Vec<Iv>> = (0..hkv)
+        .map(|gh| inp.v0[gh * l0 * d..][..lc * d].iter().map(point).collect())
+        .collect();
+    let mut out = DecodeEnclosures {
+        attn: Vec::new(),
+        y: Vec::new(),
+        keys: Vec::new(),
+        values: Vec::new(),
+    };
+    let x: Vec<Iv> = inp.x.iter().map(point).collect();
+    let (k_all, v_all) = (wk.enclosure(&x)?, wv.enclosure(&x)?);
+    // q and o_proj only where the attention is evaluated.
+    let (q_all, wo) = if with_attn {
+        let wq = CpuAffineKernel::new(wq, t)?;
+        (wq.enclosure(&x)?, Some(CpuAffineKernel::new(wo, t)?))
+    } else {
+        (Vec::new(), None)
+    };
+    for tok in 0..tokens {
+        let k = &k_all[tok * hkv * d..(tok + 1) * hkv * d];
+        let v = &v_all[tok * hkv * d..(tok + 1) * hkv * d];
+        let tables: Vec<(Iv, Iv)> = rope_trig(l0 + tok, rd, g.rope_base, Model::Cpu)
+            .into_iter()
+            .map(|(c, s)| {
+                let iv = |x: Tracked| Iv::real(x.v - x.e, x.v + x.e).round32_then(t);
+                (iv(c), iv(s))
+            })
+            .collect();
+        for gh in 0..hkv {
+            let kr = rope_head_iv(&k[gh * d..(gh + 1) * d], &tables, t);
+            out.keys.extend(&kr);
+            out.values.extend(&v[gh * d..(gh + 1) * d]);
+            if with_attn {
+                cache_k[gh].extend(kr);
+                cache_v[gh].extend(&v[gh * d..(gh + 1) * d]);
+            }
+        }
+        if !with_attn {
+            continue;
+        }
+        let q = &q_all[tok * h * d..(tok + 1) * h * d];
+        let mut attn = Vec::with_capacity(h * d);
+        for hh in 0..h {
+            let qr = rope_head_iv(&q[hh * d..(hh + 1) * d], &tables, t);
+            let gh = hh / (h / hkv);
+            attn.extend(sdpa_row_iv(&qr, &cache_k[gh], &cache_v[gh], scale, t));
+        }
+        if !attn.iter().all(|x| x.finite()) {
+            return None;
+        }
+        out.attn.extend(attn);
+    }
+    if let Some(wo) = wo {
+        out.y = wo.enclosure(&out.attn)?;
+    }
+    Some(out)
+}
+
+/// Each tracked value's interval `[v - e, v + e]` narrowed to its
+/// intersection with the enclosure (both hold the kernel's value): `v`
+/// becomes the intersection's midpoint and `e` its half-width. An empty
+/// intersection (the model contradicting itself) leaves the value as it
+/// was.
+fn tighten(values: &mut [Tracked], enclosures: &[Iv]) {
+    for (t, iv) in values.iter_mut().zip(enclosures) {
+        // The worst case's ends as float64 computes them, within
+        // `OUTWARD` (far inside the float64 slack every bound adds).
+        let m = crate::interval::OUTWARD * (t.v.abs() + t.e);
+        let lo = iv.lo.max(t.v - t.e - m);
+        let hi = iv.hi.min(t.v + t.e + m);
+        if lo <= hi {
+            t.v = lo + (hi - lo) / 2.0;
+            t.e = (hi - lo) / 2.0;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -838,6 +1190,7 @@ mod tests {
                 rotary_dims: rd,
                 rope_base: 10000.0,
             },
+            attn_read: None,
         };
         let out = decode_m1(&inp, Model::Cpu).unwrap();
         assert_eq!(out.attn.len(), toks * h * d);

@@ -39,6 +39,7 @@
 pub mod attention;
 pub mod check;
 pub mod formats;
+pub mod interval;
 pub mod matmul;
 pub mod rope;
 pub mod tracked;

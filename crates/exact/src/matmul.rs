@@ -215,6 +215,40 @@ fn qmm_element(
     t: Float,
     model: Model,
 ) -> Tracked {
+    // x86-64, affine, inputs read exactly: the emulated loop's result
+    // decides the bound (below), so the worst-case chain need not run:
+    // the same definition `v` (the products summed in index order, as
+    // `sum_in_order` sums them) and magnitude, bit for bit.
+    if model == Model::Cpu && x.iter().all(|xk| xk.e == 0.0) {
+        if let Some(c) = row
+            .kernel_w
+            .as_ref()
+            .and_then(|kw| emulate_affine(x, kw, t))
+        {
+            let (mut v, mut mag) = (0.0, 0.0);
+            for (xk, wk) in x.iter().zip(&row.w) {
+                v += xk.v * wk.v;
+                mag += xk.mag * wk.mag;
+            }
+            return Tracked {
+                v,
+                e: (f64::from(c) - v).abs(),
+                mag,
+            };
+        }
+    }
+    qmm_element_chain(x, w, row, t, model)
+}
+
+/// [`qmm_element`] through the tracked chain (the worst case, then the
+/// emulation where it applies).
+fn qmm_element_chain(
+    x: &[Tracked],
+    w: &QuantizedMatrix,
+    row: &WeightRow,
+    t: Float,
+    model: Model,
+) -> Tracked {
     let gs = w.group_size;
     let groups = w.cols / gs;
     let f32_ = Float::Float32;
@@ -328,6 +362,100 @@ fn emulate_fp(x: &[Tracked], codes: &[f32], scales: &[f32], gs: usize, t: Float)
         sum = in_t(t, sum + in_t(t, scale * gsum));
     }
     sum.is_finite().then_some(sum)
+}
+
+/// The x86-64 CPU's affine scalar loop ([`emulate_affine`]) for one
+/// weight matrix, on enclosures of its inputs (`crate::interval`).
+pub struct CpuAffineKernel {
+    t: Float,
+    rows: usize,
+    cols: usize,
+    /// `[rows, cols]`: the weight each product multiplies by,
+    /// `T(T(scale * q) + bias)` computed in float32 (as `WeightRow`'s
+    /// `kernel_w`).
+    w: Vec<f32>,
+}
+
+impl CpuAffineKernel {
+    /// `None` where the loop is not emulated: another architecture or
+    /// format, a scale or bias `T` cannot hold.
+    pub fn new(w: &QuantizedMatrix, t: Float) -> Option<Self> {
+        if !EMULATES_CPU_LOOPS || w.format != Format::Affine || w.validate().is_err() {
+            return None;
+        }
+        let gs = w.group_size;
+        let mut kw = Vec::with_capacity(w.rows * w.cols);
+        for n in 0..w.rows {
+            let row = w.row(n);
+            let sb = row
+                .scale
+                .iter()
+                .zip(&row.bias)
+                .map(|(&s, &b)| Some((as_t(s, t)?, as_t(b, t)?)))
+                .collect::<Option<Vec<_>>>()?;
+            for (k, &q) in row.code.iter().enumerate() {
+                let (s, b) = sb[k / gs];
+                kw.push(in_t(t, in_t(t, s * as_t(q, t)?) + b));
+            }
+        }
+        Some(CpuAffineKernel {
+            t,
+            rows: w.rows,
+            cols: w.cols,
+            w: kw,
+        })
+    }
+
+    /// The loop on `x` (`[rows, K]` enclosures, each endpoint a `T`
+    /// value): `[rows, N]` enclosures of each output the loop computes
+    /// from any inputs in those enclosures (every operation is monotone in
+    /// the running sum and in `x`; `T(x * w)` swaps the ends for a
+    /// negative `w`). With point inputs it is [`emulate_affine`]'s result.
+    /// `None` for an endpoint not in `T` or an overflow.
+    pub fn enclosure(&self, x: &[crate::interval::Iv]) -> Option<Vec<crate::interval::Iv>> {
+        use crate::interval::Iv;
+        let (k, t) = (self.cols, self.t);
+        if k == 0 || !x.len().is_multiple_of(k) {
+            return None;
+        }
+        let xs: Vec<(f32, f32)> = x
+            .iter()
+            .map(|v| Some((as_t(v.lo, t)?, as_t(v.hi, t)?)))
+            .collect::<Option<_>>()?;
+        let rows = x.len() / k;
+        let mut out = Vec::with_capacity(rows * self.rows);
+        for r in 0..rows {
+            let xr = &xs[r * k..(r + 1) * k];
+            for n in 0..self.rows {
+                let (mut lo, mut hi) = (0.0f32, 0.0f32);
+                for (&(xl, xh), &wk) in xr.iter().zip(&self.w[n * k..(n + 1) * k]) {
+                    let (tl, th) = if xl == xh {
+                        let p = in_t(t, xl * wk);
+                        (p, p)
+                    } else {
+                        let (a, b) = (in_t(t, xl * wk), in_t(t, xh * wk));
+                        if a <= b {
+                            (a, b)
+                        } else {
+                            (b, a)
+                        }
+                    };
+                    // One sum while the enclosure is a point.
+                    let same = lo == hi && tl == th;
+                    lo = in_t(t, lo + tl);
+                    hi = if same { lo } else { in_t(t, hi + th) };
+                }
+                if !(lo.is_finite() && hi.is_finite()) {
+                    return None;
+                }
+                out.push(Iv {
+                    lo: f64::from(lo),
+                    hi: f64::from(hi),
+                });
+            }
+        }
+        Some(out)
+    }
 }
 
 /// [`quantized_matmul`] on tracked activations (computed inputs: the
@@ -609,6 +737,38 @@ mod tests {
         (0..rows * k)
             .map(|i| f64::from(half::bf16::from_f64(((i * 13 % 29) as f64 - 14.0) / 9.0)))
             .collect()
+    }
+
+    /// The x86-64 fast path (exact inputs, affine, emulated) gives the
+    /// tracked chain's value, magnitude and bound bit for bit.
+    #[test]
+    fn the_emulated_fast_path_equals_the_tracked_chain() {
+        let (n, k, gs) = (16, 128, 64);
+        let (packed, _, _) = affine(n, k, gs);
+        // Scales and biases every T holds: the emulation applies.
+        let (scales, biases) = (vec![1.0 / 128.0; n * k / gs], vec![-0.078125; n * k / gs]);
+        let w = QuantizedMatrix {
+            format: Format::Affine,
+            bits: 4,
+            group_size: gs,
+            rows: n,
+            cols: k,
+            packed: &packed,
+            scales: &scales,
+            scale_codes: &[],
+            biases: &biases,
+        };
+        let xs: Vec<Tracked> = x(2, k).into_iter().map(Tracked::exact).collect();
+        for t in [Float::Bfloat16, Float::Float16, Float::Float32] {
+            for j in 0..n {
+                let row = WeightRow::new(&w, j, t);
+                assert_eq!(row.kernel_w.is_some(), EMULATES_CPU_LOOPS);
+                let xr = &xs[..k];
+                let fast = qmm_element(xr, &w, &row, t, Model::Cpu);
+                let chain = qmm_element_chain(xr, &w, &row, t, Model::Cpu);
+                assert_eq!(fast, chain, "{t:?} row {j}");
+            }
+        }
     }
 
     /// The scalar CPU loop for bf16 (`_qmm_t`), written out independently of

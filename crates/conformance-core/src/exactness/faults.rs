@@ -52,6 +52,13 @@ pub enum FaultKind {
     /// The causal mask one key short: each query row misses its newest
     /// key.
     CausalMaskOffByOne,
+    /// The softmax computed without subtracting the row's maximum score
+    /// (in float32, as every MLX softmax accumulates): `exp` of a score
+    /// above `ln(f32::MAX)` overflows and the row is NaN, as it is when
+    /// every score underflows; elsewhere the result moves by float32
+    /// roundings only, below the output's own rounding, and the kind does
+    /// not apply (SDPA outputs).
+    SoftmaxWithoutMax,
     /// Every position one further (a RoPE offset off by one).
     RopePositionOffByOne,
     /// inv_freq computed and stored in bf16 instead of float32.
@@ -76,7 +83,7 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 15] = [
+    pub const ALL: [FaultKind; 16] = [
         FaultKind::KTailDropped,
         FaultKind::KTailDoubled,
         FaultKind::GroupScaleFromNeighbour,
@@ -84,6 +91,7 @@ impl FaultKind {
         FaultKind::ExpertRowsSwapped,
         FaultKind::KvRowFromAnotherRow,
         FaultKind::CausalMaskOffByOne,
+        FaultKind::SoftmaxWithoutMax,
         FaultKind::RopePositionOffByOne,
         FaultKind::InvFreqInBf16,
         FaultKind::Bf16Intermediate,
@@ -104,6 +112,7 @@ impl FaultKind {
             FaultKind::ExpertRowsSwapped => "expert-rows-swapped",
             FaultKind::KvRowFromAnotherRow => "kv-row-from-another-row",
             FaultKind::CausalMaskOffByOne => "causal-mask-off-by-one",
+            FaultKind::SoftmaxWithoutMax => "softmax-without-max",
             FaultKind::RopePositionOffByOne => "rope-position-off-by-one",
             FaultKind::InvFreqInBf16 => "inv-freq-in-bf16",
             FaultKind::Bf16Intermediate => "bf16-intermediate",
@@ -129,6 +138,11 @@ impl FaultKind {
                 // Read by the SDPA definition only (no glue sees it).
                 sent.tensor("keys").ok()?;
                 Some(sent.with(MASK_SHIFT, Arg::Int(1)))
+            }
+            FaultKind::SoftmaxWithoutMax => {
+                // Read by the SDPA definition only (no glue sees it).
+                sent.tensor("queries").ok()?;
+                Some(sent.with(NO_MAX, Arg::Int(1)))
             }
             FaultKind::RopePositionOffByOne => positions_plus_one(sent),
             _ => None,
@@ -191,6 +205,22 @@ impl FaultKind {
 /// The argument the SDPA definition reads as a causal window one key
 /// short (a fault only the exact definition is given).
 pub const MASK_SHIFT: &str = "fault_mask_shift";
+
+/// The argument the SDPA definition reads as a softmax without the max
+/// subtraction ([`FaultKind::SoftmaxWithoutMax`]).
+pub const NO_MAX: &str = "fault_softmax_without_max";
+
+/// What [`FaultKind::SoftmaxWithoutMax`] makes of one row of scores (the
+/// exact `scale * q . k_j`): NaN where float32's `exp` of the largest
+/// overflows (above `ln(f32::MAX)`: inf / inf) or of every one underflows
+/// (below `ln` of the smallest subnormal: 0 / 0); `None` where the row
+/// keeps its value.
+pub fn softmax_without_max(scores: &[f64]) -> Option<f64> {
+    let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let overflow = f64::from(f32::MAX).ln();
+    let underflow = (f64::from(f32::from_bits(1))).ln();
+    (max > overflow || max < underflow).then_some(f64::NAN)
+}
 
 fn bf16(x: f64) -> f64 {
     half::bf16::from_f64(x).to_f64()

@@ -4,7 +4,9 @@
 //! Activations, every projection tensor and the prefilled K/V are
 //! perturbable; the graph's shape is constant.
 
-use exact::attention::{decode_m1, DecodeExact, DecodeInputs, Graph as ExactGraph};
+use exact::attention::{
+    decode_m1, decode_m1_without_attention, DecodeExact, DecodeInputs, Graph as ExactGraph,
+};
 use exact::{Exact, ExactError, Format, Model, QuantizedMatrix, Tracked};
 use oracle::{DType, HostTensor};
 
@@ -43,8 +45,9 @@ pub struct DecodeRows {
     pub values: Expected,
 }
 
-/// The longest KV window (prefill plus decoded rows) the exact oracle
-/// checks.
+/// The longest KV window (prefill plus decoded rows) whose attention
+/// output the exact oracle checks; longer windows get `keys`, `values` and
+/// `y` given `attn` checked ([`decode_m1_without_attention`]).
 pub const EXACT_MAX_KV: usize = 8192;
 
 /// Decodes the rows of `x` [T, hidden] one token at a time (M = 1) after a
@@ -94,6 +97,18 @@ pub fn attention_decode_m1(
     let (h, hkv, dd) = (graph.n_heads, graph.n_kv_heads, graph.head_dim);
     let hidden = x.shape.last().copied().unwrap_or(0);
     let window = k0.shape.get(2).copied().unwrap_or(0) + x.len() / hidden.max(1);
+    let attn = one_array(F, attn)?;
+    // `y` is checked given the attention output o_proj read (the glue
+    // records o_proj's input: `attn`, the reference's own): the reference
+    // side's arguments carry it ([`ATTN_READ`]; `exact::attention`'s
+    // module doc, "y given attn"). The port's side under `--perturb` has
+    // no such record and keeps the whole step's bound.
+    let calls = crate::exactness::Calls {
+        reference: calls
+            .reference
+            .with(ATTN_READ, oracle::Arg::Tensor(attn.tensor().clone())),
+        ..calls
+    };
     let exact = if window <= EXACT_MAX_KV {
         let pairs = calls.exact_all(F, |s, m| {
             let d = exact_decode(s, m)?;
@@ -106,6 +121,24 @@ pub fn attention_decode_m1(
             ])
         })?;
         pairs.into_iter().map(Some).collect()
+    } else if calls.port.is_none() {
+        // A longer window: the attention over every cached key of every
+        // step is not evaluated (host cost: +12 s to +65 s on CPU per
+        // window); the cached keys and values and y given attn cost the
+        // projections alone. (Under --perturb the port's side has no
+        // recorded attn: not checked.)
+        let pairs = calls.exact_all(F, |s, m| {
+            let d = exact_decode_without_attention(s, m)?;
+            let rows = s.tensor("x")?.len() / hidden.max(1);
+            Ok(vec![
+                Exact::from_tracked("attention_o_proj", m, vec![rows, hidden], &d.y),
+                Exact::from_tracked("attention_keys", m, vec![rows, hkv * dd], &d.keys),
+                Exact::from_tracked("attention_values", m, vec![rows, hkv * dd], &d.values),
+            ])
+        })?;
+        std::iter::once(None)
+            .chain(pairs.into_iter().map(Some))
+            .collect()
     } else {
         vec![None; 4]
     };
@@ -114,12 +147,17 @@ pub fn attention_decode_m1(
         None => e,
     };
     Ok(DecodeRows {
-        attn: attach(one_array(F, attn)?, &exact[0]),
+        attn: attach(attn, &exact[0]),
         y: attach(one_array(F, y)?, &exact[1]),
         keys: attach(one_array(F, keys)?, &exact[2]),
         values: attach(one_array(F, values)?, &exact[3]),
     })
 }
+
+/// The argument the exact decode reads as the attention output o_proj
+/// read (never a glue argument: added to the reference's side after the
+/// call).
+pub const ATTN_READ: &str = "attn_read_by_o_proj";
 
 fn usize_arg(s: &Sent, name: &str) -> Result<usize, ExactError> {
     let v = s.int(name)?;
@@ -174,6 +212,22 @@ impl OwnedProjection {
 /// The exact decode from the arguments one side computed from (names as
 /// the glue's parameters).
 fn exact_decode(s: &Sent, model: Model) -> Result<DecodeExact, ExactError> {
+    with_decode_inputs(s, true, |inputs| decode_m1(inputs, model))
+}
+
+/// [`exact_decode`] without the attention ([`decode_m1_without_attention`]).
+fn exact_decode_without_attention(s: &Sent, model: Model) -> Result<DecodeExact, ExactError> {
+    with_decode_inputs(s, false, |inputs| {
+        decode_m1_without_attention(inputs, model)
+    })
+}
+
+/// The exact decode's inputs from the arguments one side computed from.
+fn with_decode_inputs(
+    s: &Sent,
+    prefill: bool,
+    f: impl FnOnce(&DecodeInputs) -> Result<DecodeExact, ExactError>,
+) -> Result<DecodeExact, ExactError> {
     let bits = usize_arg(s, "bits")?;
     let group_size = usize_arg(s, "group_size")?;
     let names = [
@@ -202,7 +256,14 @@ fn exact_decode(s: &Sent, model: Model) -> Result<DecodeExact, ExactError> {
         rotary_dims: usize_arg(s, "rotary_dims")?,
         rope_base: s.float("rope_base")?,
     };
-    let (xv, k0v, v0v) = (values(x), values(k0), values(v0));
+    // The prefill only where the attention reads it (tens of millions of
+    // values at the longest windows).
+    let (xv, k0v, v0v) = if prefill {
+        (values(x), values(k0), values(v0))
+    } else {
+        (values(x), Vec::new(), Vec::new())
+    };
+    let attn_read = s.opt_tensor(ATTN_READ)?.map(values);
     let inputs = DecodeInputs {
         x: &xv,
         x_dtype: float_of(x)?,
@@ -214,8 +275,9 @@ fn exact_decode(s: &Sent, model: Model) -> Result<DecodeExact, ExactError> {
         k0_dtype: if l0 > 0 { Some(float_of(k0)?) } else { None },
         v0_dtype: if l0 > 0 { Some(float_of(v0)?) } else { None },
         graph,
+        attn_read: attn_read.as_deref(),
     };
-    decode_m1(&inputs, model)
+    f(&inputs)
 }
 
 /// The most multiply-adds (B·H·M·L·D) the exact oracle spends on one SDPA
@@ -292,6 +354,7 @@ fn exact_sdpa(s: &Sent, model: Model) -> Result<Exact, ExactError> {
     // A injected fault's causal window one key short (`exactness::faults`;
     // no glue call has this argument).
     let short = usize::from(s.int(crate::exactness::faults::MASK_SHIFT).is_ok());
+    let no_max = s.int(crate::exactness::faults::NO_MAX).is_ok();
     let mut out = Vec::with_capacity(q.len());
     for bi in 0..b {
         for hi in 0..h {
@@ -300,16 +363,109 @@ fn exact_sdpa(s: &Sent, model: Model) -> Result<Exact, ExactError> {
             for i in 0..m {
                 let row = ((bi * h + hi) * m + i) * d;
                 let n = (l - m + i + 1 - short).max(1);
-                out.extend(exact::attention::sdpa_row(
+                let mut o = exact::attention::sdpa_row(
                     &qv[row..row + d],
                     &kv[head..head + n * d],
                     &vv[head..head + n * d],
                     scale,
                     t,
                     model,
-                )?);
+                )?;
+                if no_max {
+                    let scores: Vec<f64> = (0..n)
+                        .map(|j| {
+                            let k = &kv[head + j * d..head + (j + 1) * d];
+                            scale
+                                * qv[row..row + d]
+                                    .iter()
+                                    .zip(k)
+                                    .map(|(a, b)| a.v * b.v)
+                                    .sum::<f64>()
+                        })
+                        .collect();
+                    if let Some(v) = crate::exactness::faults::softmax_without_max(&scores) {
+                        o.iter_mut().for_each(|x| x.v = v);
+                    }
+                }
+                out.extend(o);
             }
         }
     }
     Ok(Exact::from_tracked("sdpa", model, q.shape.clone(), &out))
+}
+
+#[cfg(test)]
+mod fault_tests {
+    use std::sync::Arc;
+
+    use exact::Model;
+    use oracle::{Arg, DType, HostTensor};
+
+    use super::exact_sdpa;
+    use crate::exactness::faults::{inject_all, FaultKind, Variant};
+    use crate::exactness::{ExactPair, Sent};
+
+    fn f32s(shape: &[usize], f: impl Fn(usize) -> f32) -> HostTensor {
+        let n: usize = shape.iter().product();
+        let bytes = (0..n).flat_map(|i| f(i).to_le_bytes()).collect();
+        HostTensor::new(DType::Float32, shape.to_vec(), bytes).unwrap()
+    }
+
+    /// A float32 SDPA step of two requests with distinct KV, queries
+    /// scaled by `q_scale`, and its reference output: the exact value
+    /// itself (the kinds are injected into it).
+    fn step(q_scale: f32) -> (Sent, HostTensor, ExactPair) {
+        let wave = |i: usize, k: f32| ((i as f32 * k).sin() * 0.9).clamp(-1.0, 1.0);
+        let sent = Sent::new(vec![
+            (
+                "queries",
+                Arg::Tensor(f32s(&[2, 1, 1, 8], |i| q_scale * wave(i, 0.7).abs())),
+            ),
+            (
+                "keys",
+                Arg::Tensor(f32s(&[2, 1, 5, 8], |i| 4.0 * wave(i, 1.3).abs())),
+            ),
+            ("values", Arg::Tensor(f32s(&[2, 1, 5, 8], |i| wave(i, 2.1)))),
+            ("scale", Arg::Float(8f64.powf(-0.5))),
+        ]);
+        let e = exact_sdpa(&sent, Model::Cpu).unwrap();
+        let y = f32s(&[2, 1, 1, 8], |i| e.value[i] as f32);
+        (sent, y, ExactPair::same(Arc::new(e)))
+    }
+
+    fn injected(kind: FaultKind, sent: &Sent, y: &HostTensor, mut pair: ExactPair) -> Option<bool> {
+        let faulty = kind.mutate(sent)?;
+        pair.variants.push(Variant {
+            kind,
+            value: exact_sdpa(&faulty, Model::Cpu).unwrap().value,
+        });
+        inject_all("y", y, &pair)
+            .into_iter()
+            .find(|c| c.kind == kind)
+            .map(|c| c.flagged)
+    }
+
+    /// Issue 41: `kv-row-from-another-row` applies to a batch of two
+    /// requests with distinct KV (none is exact-checked in the default
+    /// suite: the decode step and the kept SDPA case have one) and is
+    /// flagged; `softmax-without-max` applies only where float32's exp
+    /// overflows (scores above ~88.7: the row NaN), and is flagged there.
+    #[test]
+    fn kv_row_and_softmax_without_max_apply_where_they_change_the_output() {
+        let (sent, y, pair) = step(1.0);
+        assert_eq!(
+            injected(FaultKind::KvRowFromAnotherRow, &sent, &y, pair.clone()),
+            Some(true)
+        );
+        // Small scores: float32 roundings only, not injected.
+        assert_eq!(
+            injected(FaultKind::SoftmaxWithoutMax, &sent, &y, pair),
+            None
+        );
+        let (sent, y, pair) = step(100.0);
+        assert_eq!(
+            injected(FaultKind::SoftmaxWithoutMax, &sent, &y, pair),
+            Some(true)
+        );
+    }
 }

@@ -193,6 +193,24 @@ mod tests {
             perturb(Arg::Int(3), Perturb::Add(2)),
             Ok(Arg::Int(5))
         ));
+        // Expert indices stay experts: 0 <-> 1, 2 kept of 3; of one
+        // expert, 0 stays (1 is no expert there: it becomes 0).
+        let idx = HostTensor::new(
+            DType::Uint32,
+            vec![4],
+            [0u32, 1, 2, 1]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+        )
+        .unwrap();
+        let moved = |experts| match perturb(Arg::from(idx.clone()), Perturb::ExpertIndex(experts)) {
+            Ok(Arg::Tensor(p)) => (0..4).map(|i| p.value(i) as u32).collect::<Vec<_>>(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(moved(3), vec![1, 0, 2, 0]);
+        assert_eq!(moved(4), vec![1, 0, 3, 0]);
+        assert_eq!(moved(1), vec![0, 0, 2, 0]);
         assert!(
             matches!(perturb(Arg::Float(1e7), Perturb::NextUp), Ok(Arg::Float(v)) if v == 10000001.0)
         );

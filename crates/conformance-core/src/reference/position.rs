@@ -250,7 +250,10 @@ pub struct MropeDirect {
 /// Qwen3.5 attention builds it) on `position_ids` as given: the inputs the
 /// rope index never produces (broadcast positions, extra streams, q of
 /// five axes, head dims that differ, odd rotary dims, a base beyond f32).
-/// Bit-compared only: the exact model covers the 4-D shapes of a forward.
+/// The exact q / k / inv_freq are attached by [`mrope_broadcast_exact`]
+/// (the 4-D model per leading index, positions broadcast as the reference
+/// broadcasts them); an odd rotary dim or a theta beyond f32 stays
+/// bit-compared only (the model takes neither).
 pub fn position_mrope_apply(
     ctx: &Ctx,
     q: &HostTensor,
@@ -267,14 +270,122 @@ pub fn position_mrope_apply(
     ];
     params.extend(rotary.params());
     params.push(fixed("path", path));
-    let (value, _) = ctx.call_sent(F, params)?;
+    let (value, calls) = ctx.call_sent(F, params)?;
     let mut r = Fields::of(F, value)?;
+    let path = r.string("path")?;
+    let rope_path =
+        Path::from_name(&path).map_err(|e| CaseError::Harness(format!("`{F}`: {e}")))?;
+    let rotated = |which: &'static str| {
+        calls.exact_if_defined(F, |s, m| mrope_broadcast_exact(s, m, which, rope_path))
+    };
+    let (q_exact, k_exact) = (rotated("q")?, rotated("k")?);
+    let inv_exact = calls.exact_if_defined(F, |s, m| {
+        let rotary = supported_rotary(s)?;
+        inv_freq_exact(&[rotary.rotary_dim], rotary.rope_theta, m)
+    })?;
+    let attach = |e: Expected, x: Option<crate::exactness::ExactPair>| match x {
+        Some(x) => e.with_exact(x),
+        None => e,
+    };
     Ok(MropeDirect {
-        path: r.string("path")?,
-        q: r.tensor("q")?,
-        k: r.tensor("k")?,
-        inv_freq: r.tensor("inv_freq")?,
+        path,
+        q: attach(r.tensor("q")?, q_exact),
+        k: attach(r.tensor("k")?, k_exact),
+        inv_freq: attach(r.tensor("inv_freq")?, inv_exact),
         position_selector: r.tensor("position_selector")?,
+    })
+}
+
+/// The rotary of an apply's arguments where the exact model takes it: an
+/// even rotary dim and a theta finite in float32; otherwise undefined
+/// (the output stays bit-compared only).
+fn supported_rotary(sent: &Sent) -> Result<RotaryArgs, ExactError> {
+    let rotary = sent_rotary(sent)?;
+    if !rotary.rotary_dim.is_multiple_of(2) || !(rotary.rope_theta as f32).is_finite() {
+        return Err(ExactError::undefined(format!(
+            "rotary dim {} / theta {} (the model takes even dims and float32 thetas)",
+            rotary.rotary_dim, rotary.rope_theta
+        )));
+    }
+    Ok(rotary)
+}
+
+/// The exact rotated `which` (`q` or `k`: `[.., B, H, L, D]`, any rank of
+/// at least 3) of `MRoPERotaryEmbedding.apply_rotary` on `position_ids`
+/// `[S, Bp, Lp]` as the reference broadcasts them: cos / sin `[Bp, 1, Lp,
+/// D]` against x, so `Bp` is 1 or x's `B`, `Lp` 1 or `L`, and every
+/// leading index of x reads the same positions; the selector reads
+/// streams 0 to 2 only (a fourth is never read). Each leading index is the
+/// 4-D model ([`rope::mrope_apply`]) on positions expanded to `[3, B, L]`.
+fn mrope_broadcast_exact(
+    sent: &Sent,
+    model: Model,
+    which: &str,
+    path: Path,
+) -> Result<Exact, ExactError> {
+    let rotary = supported_rotary(sent)?;
+    let x = sent.tensor(which)?;
+    let k = sent.tensor("k")?;
+    let p = sent.tensor("position_ids")?;
+    let r = x.shape.len();
+    if r < 3 {
+        return Err(ExactError::undefined(format!(
+            "{which} of shape {:?}",
+            x.shape
+        )));
+    }
+    let (h, l, d) = (x.shape[r - 3], x.shape[r - 2], x.shape[r - 1]);
+    let b = if r >= 4 { x.shape[r - 4] } else { 1 };
+    let block = b * h * l * d;
+    let &[s, pb, pl] = p.shape.as_slice() else {
+        return Err(ExactError::undefined(format!(
+            "position_ids of shape {:?}",
+            p.shape
+        )));
+    };
+    if s < 3 || !(pb == 1 || pb == b) || !(pl == 1 || pl == l) || block == 0 {
+        return Err(ExactError::undefined(format!(
+            "position_ids {:?} against {which} {:?}",
+            p.shape, x.shape
+        )));
+    }
+    let pv = values(p);
+    let mut positions = Vec::with_capacity(3 * b * l);
+    for si in 0..3 {
+        for bi in 0..b {
+            for t in 0..l {
+                let (bj, tj) = (if pb == 1 { 0 } else { bi }, if pl == 1 { 0 } else { t });
+                positions.push(pv[(si * pb + bj) * pl + tj]);
+            }
+        }
+    }
+    let xv = values(x);
+    let (mut value, mut bound) = (Vec::with_capacity(xv.len()), Vec::with_capacity(xv.len()));
+    for chunk in xv.chunks(block) {
+        let e = rope::mrope_apply(
+            chunk,
+            &[b, h, l, d],
+            float_of(x)?,
+            float_of(k)?,
+            &positions,
+            &[3, b, l],
+            Mrope {
+                rotary_dim: rotary.rotary_dim,
+                rope_theta: rotary.rope_theta,
+                mrope_section: &rotary.mrope_section,
+            },
+            path,
+            model,
+        )?;
+        value.extend(e.value);
+        bound.extend(e.bound);
+    }
+    Ok(Exact {
+        op: "rope",
+        model,
+        shape: x.shape.clone(),
+        value,
+        bound,
     })
 }
 
@@ -581,16 +692,108 @@ pub fn position_rope2d(
 }
 
 /// [`position_rope2d`] for inputs the reference broadcasts (ranks other
-/// than 4, a base beyond f32): bit-compared only, the exact model covers
-/// the `[B, L, N, H]` inputs of a vision forward.
+/// than 4, a base beyond f32): the exact value from the `[B, L, N, H]`
+/// model per leading index ([`rope2d_broadcast_exact`]); a base beyond
+/// float32 stays bit-compared only (the model takes finite bases).
 pub fn position_rope2d_broadcast(
     ctx: &Ctx,
     inputs: &HostTensor,
     positions: &HostTensor,
     base_frequency: f64,
 ) -> Result<Expected, CaseError> {
-    let (value, _) = rope2d_call(ctx, inputs, positions, base_frequency)?;
-    one_array(ROPE2D, value)
+    let (value, calls) = rope2d_call(ctx, inputs, positions, base_frequency)?;
+    let exact = calls.exact_if_defined(ROPE2D, |sent, model| {
+        rope2d_broadcast_exact(sent, sent.float("base_frequency")?, model)
+    })?;
+    let expected = one_array(ROPE2D, value)?;
+    Ok(match exact {
+        Some(e) => expected.with_exact(e),
+        None => expected,
+    })
+}
+
+/// `apply_multidimensional_rope` on `inputs` `[.., L, N, H]` (rank 3 or
+/// more) against `positions` `[Pb, L, A]`: the reference's cos / sin
+/// `[Pb, L, 1, H]` broadcast against the inputs, so `Pb` is 1 or the
+/// inputs' `B` (axis −4, 1 for rank 3) and every leading index reads the
+/// same positions. Each leading index is the 4-D model on positions
+/// expanded to `[B, L, A]`.
+fn rope2d_broadcast_exact(sent: &Sent, base: f64, model: Model) -> Result<Exact, ExactError> {
+    if !(base as f32).is_finite() {
+        return Err(ExactError::undefined(format!(
+            "base {base} (the model takes float32 bases)"
+        )));
+    }
+    let inputs = sent.tensor("inputs")?;
+    let positions = sent.tensor("positions")?;
+    let r = inputs.shape.len();
+    if r < 3 {
+        return Err(ExactError::undefined(format!(
+            "inputs of shape {:?}",
+            inputs.shape
+        )));
+    }
+    let (l, n, hd) = (
+        inputs.shape[r - 3],
+        inputs.shape[r - 2],
+        inputs.shape[r - 1],
+    );
+    let b = if r >= 4 { inputs.shape[r - 4] } else { 1 };
+    let block = b * l * n * hd;
+    let &[pb, pl, axes] = positions.shape.as_slice() else {
+        return Err(ExactError::undefined(format!(
+            "positions of shape {:?}",
+            positions.shape
+        )));
+    };
+    if !(pb == 1 || pb == b) || pl != l || block == 0 {
+        return Err(ExactError::undefined(format!(
+            "positions {:?} against inputs {:?}",
+            positions.shape, inputs.shape
+        )));
+    }
+    let pv = values(positions);
+    let expanded: Vec<f64> = (0..b)
+        .flat_map(|bi| {
+            let bj = if pb == 1 { 0 } else { bi };
+            pv[bj * l * axes..(bj + 1) * l * axes].to_vec()
+        })
+        .collect();
+    let xv = values(inputs);
+    let (mut value, mut bound) = (Vec::with_capacity(xv.len()), Vec::with_capacity(xv.len()));
+    let mut shape = Vec::new();
+    for chunk in xv.chunks(block) {
+        let e = rope::rope2d(
+            chunk,
+            &[b, l, n, hd],
+            float_of(inputs)?,
+            &expanded,
+            &[b, l, axes],
+            base,
+            model,
+        )?;
+        shape = e.shape.clone();
+        value.extend(e.value);
+        bound.extend(e.bound);
+    }
+    let lead = xv.len() / block;
+    Ok(Exact {
+        op: "rope2d",
+        model,
+        shape: if r == 3 {
+            shape
+        } else {
+            let mut s = inputs.shape[..r - 1].to_vec();
+            s.push(shape.last().copied().unwrap_or(0));
+            debug_assert_eq!(
+                s.iter().product::<usize>(),
+                lead * shape.iter().product::<usize>()
+            );
+            s
+        },
+        value,
+        bound,
+    })
 }
 
 const ROPE2D: &str = "position_rope2d";
@@ -623,4 +826,92 @@ pub(crate) fn rope2d_exact(sent: &Sent, base: f64, model: Model) -> Result<Exact
         base,
         model,
     )
+}
+
+#[cfg(test)]
+mod broadcast_tests {
+    use exact::Model;
+    use oracle::{Arg, DType, HostTensor};
+
+    use super::*;
+
+    fn tensor_of(dtype: DType, shape: &[usize], v: impl Fn(usize) -> f64) -> HostTensor {
+        let n: usize = shape.iter().product();
+        let bytes = (0..n)
+            .flat_map(|i| match dtype {
+                DType::Int32 => (v(i) as i32).to_le_bytes(),
+                _ => (v(i) as f32).to_le_bytes(),
+            })
+            .collect();
+        HostTensor::new(dtype, shape.to_vec(), bytes).unwrap()
+    }
+
+    fn mrope_sent(q: &[usize], positions: HostTensor) -> Sent {
+        let x = tensor_of(DType::Float32, q, |i| ((i * 7 % 13) as f64 - 6.0) / 4.0);
+        Sent::new(vec![
+            ("q", Arg::Tensor(x.clone())),
+            ("k", Arg::Tensor(x)),
+            ("position_ids", Arg::Tensor(positions)),
+            ("head_dim", Arg::Int(8)),
+            ("partial_rotary_factor", Arg::Float(1.0)),
+            ("rope_theta", Arg::Float(10_000.0)),
+            ("mrope_section", ints(&[2, 1, 1])),
+        ])
+    }
+
+    /// Issue 41: the accepted mRoPE and 2-D RoPE inputs are exact-checked
+    /// through the 4-D models: positions broadcast over tokens equal the
+    /// same positions written out per token, a fourth stream is never
+    /// read, a leading axis repeats the 4-D value, rank-3 2-D RoPE inputs
+    /// are a batch of one; an odd rotary dim stays undefined.
+    #[test]
+    fn broadcast_inputs_reduce_to_the_4d_models() {
+        let m = Model::Cpu;
+        let pos = |shape: &[usize], f: &dyn Fn(usize) -> f64| tensor_of(DType::Int32, shape, f);
+        let one = mrope_sent(&[2, 2, 4, 8], pos(&[3, 2, 1], &|i| (5 + 3 * i) as f64));
+        let each = mrope_sent(
+            &[2, 2, 4, 8],
+            pos(&[3, 2, 4], &|i| (5 + 3 * (i / 4)) as f64),
+        );
+        let (a, b) = (
+            mrope_broadcast_exact(&one, m, "q", Path::PureMlx).unwrap(),
+            mrope_broadcast_exact(&each, m, "q", Path::PureMlx).unwrap(),
+        );
+        assert_eq!((a.value.clone(), a.bound.clone()), (b.value, b.bound));
+        let four = mrope_sent(&[2, 2, 4, 8], pos(&[4, 2, 1], &|i| (5 + 3 * i) as f64));
+        assert_eq!(
+            mrope_broadcast_exact(&four, m, "q", Path::PureMlx)
+                .unwrap()
+                .value,
+            a.value
+        );
+        let p = pos(&[3, 1, 4], &|i| i as f64);
+        let five = mrope_broadcast_exact(
+            &mrope_sent(&[2, 1, 2, 4, 8], p.clone()),
+            m,
+            "q",
+            Path::PureMlx,
+        )
+        .unwrap();
+        let four_d =
+            mrope_broadcast_exact(&mrope_sent(&[1, 2, 4, 8], p.clone()), m, "q", Path::PureMlx)
+                .unwrap();
+        assert_eq!(five.value.len(), 2 * four_d.value.len());
+        assert_eq!(five.value[..four_d.value.len()], four_d.value[..]);
+        let odd = mrope_sent(&[1, 2, 4, 8], p).with("partial_rotary_factor", Arg::Float(0.875));
+        assert!(mrope_broadcast_exact(&odd, m, "q", Path::PureMlx)
+            .unwrap_err()
+            .is_undefined());
+        let rope2d = |shape: &[usize]| {
+            let s = Sent::new(vec![
+                (
+                    "inputs",
+                    Arg::Tensor(tensor_of(DType::Float32, shape, |i| (i % 5) as f64 - 2.0)),
+                ),
+                ("positions", Arg::Tensor(pos(&[1, 4, 2], &|i| i as f64))),
+            ]);
+            rope2d_broadcast_exact(&s, 100.0, m).unwrap().value
+        };
+        assert_eq!(rope2d(&[4, 2, 16]), rope2d(&[1, 4, 2, 16]));
+    }
 }

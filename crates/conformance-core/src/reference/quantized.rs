@@ -258,9 +258,17 @@ pub fn quantized_switch_rows_unchecked(
     )
 }
 
+/// Expert `indices` into the stack `weight` ([E, ..]): `--perturb` keeps
+/// each a valid expert ([`Perturb::ExpertIndex`]; flipping the lowest bit
+/// of every index read past the stack with one expert, an ERROR on CUDA).
+fn expert_indices(indices: &HostTensor, weight: &HostTensor) -> Param {
+    let experts = weight.shape.first().copied().unwrap_or(0);
+    varied("indices", indices.clone(), Perturb::ExpertIndex(experts))
+}
+
 /// `x`, `indices` and the layer's tensors: what every switch call sends.
 fn switch_params(x: &HostTensor, indices: &HostTensor, layer: &QuantizedTensors) -> Vec<Param> {
-    let mut params = vec![tensor("x", x), tensor("indices", indices)];
+    let mut params = vec![tensor("x", x), expert_indices(indices, &layer.weight)];
     params.extend(layer.params());
     params
 }
@@ -373,7 +381,7 @@ fn float_switch_call(
 ) -> Result<(oracle::Value, Calls), CaseError> {
     let params = vec![
         tensor("x", x),
-        tensor("indices", indices),
+        expert_indices(indices, weight),
         tensor("weight", weight),
         opt_tensor("bias", bias),
         fixed("sort", sort),

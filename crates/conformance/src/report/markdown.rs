@@ -106,6 +106,7 @@ pub fn render(report: &Report) -> String {
     if let Some(m) = &s.mutation {
         crate::mutation::markdown(m, &mut md);
     }
+    crate::mutation::markdown_recorded(&s.mutation_recorded, &mut md);
     let outside = super::exact_outside(&report.cases);
     if !outside.is_empty() {
         let _ = writeln!(md, "## Outside the exact bound ({})\n", outside.len());

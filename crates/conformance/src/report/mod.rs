@@ -147,6 +147,9 @@ pub struct Summary {
     /// `--exact-faults` only: the exact oracle's mutation score.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mutation: Option<crate::mutation::MutationScore>,
+    /// Every run: the latest recorded mutation score per backend and
+    /// family, with the run that produced it (`mutation::RECORDED`).
+    pub mutation_recorded: Vec<crate::mutation::RecordedScore>,
     /// A proof run (`--perturb`) only: whether every must-equal output can
     /// fail. It decides the run's exit code.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -364,11 +367,22 @@ impl Report {
         s.orphaned_snapshots = orphans.iter().map(|p| p.display().to_string()).collect();
         s.exact = ExactSummary::of(&rows);
         if environment.exact_faults {
-            s.mutation = Some(crate::mutation::MutationScore::of(
+            s.mutation = Some(crate::mutation::MutationScore::of_run(
                 &rows,
                 &environment.backend,
+                crate::mutation::MutationRun {
+                    seed: environment.seed,
+                    tier: environment.tier.as_str().to_owned(),
+                    filter: environment.filter.clone(),
+                    mlx_version: environment.mlx_version.clone(),
+                    device: environment.device_name.clone(),
+                },
             ));
         }
+        // The compiled-in list is checked by a unit test; an unreadable
+        // one would give no section rather than stop a report.
+        s.mutation_recorded =
+            crate::mutation::parse_recorded(crate::mutation::RECORDED).unwrap_or_default();
         // Precedence: a broken verdict first, then a run that could not
         // evaluate everything, then drift.
         if environment.perturb {

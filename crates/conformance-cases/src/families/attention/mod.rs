@@ -451,3 +451,124 @@ fn run_finder(ctx: &Ctx) -> Result<CaseOutput, CaseError> {
         },
     })))
 }
+
+#[cfg(test)]
+mod exact_tests {
+    use std::sync::Arc;
+
+    use exact::attention::{decode_m1, DecodeInputs, Graph};
+    use exact::{check, Exact, Float, Format, Model, QuantizedMatrix};
+
+    use super::scenario::Scenario;
+    use super::step::{HostProjection, HostWeights, QWEN35_LIKE};
+    use crate::exactness::values;
+    use crate::inputs::Inputs;
+
+    fn matrix<'a>(
+        p: &HostProjection,
+        codes: &'a [u8],
+        s: &'a [f64],
+        b: &'a [f64],
+    ) -> QuantizedMatrix<'a> {
+        let bits = QWEN35_LIKE.spec.bits as usize;
+        QuantizedMatrix {
+            format: Format::Affine,
+            bits,
+            group_size: QWEN35_LIKE.spec.group_size as usize,
+            rows: p.weight.shape[0],
+            cols: p.weight.shape[1] * 32 / bits,
+            packed: codes,
+            scales: s,
+            scale_codes: &[],
+            biases: b,
+        }
+    }
+
+    /// The x86-64 CPU attention decode on enclosures (`exact::attention`'s
+    /// module doc, "Emulated on enclosures"), over 6 seeds of the suite's
+    /// graph (Qwen3.5-like, head_dim 256, bf16) at a short cache: every
+    /// output MLX's CPU computes (through the port, bit-equal to the
+    /// reference) is within its bound, and `attn` and `y` are informative
+    /// (some value exceeds its bound), which the worst-case bound alone
+    /// was not; `y` given the `attn` o_proj read is the emulated loop's
+    /// value bit for bit.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_cpu_attention_decode_stays_within_its_enclosure_over_many_seeds() {
+        let shape = QWEN35_LIKE;
+        let (start, end) = (61, 64);
+        for seed in 0..6u64 {
+            let weights =
+                Arc::new(HostWeights::seeded(&mut Inputs::new(7000 + seed), &shape).unwrap());
+            let sc = Scenario::generate(shape, weights.clone(), 9000 + seed, start, end).unwrap();
+            let ps = [&weights.q, &weights.k, &weights.v, &weights.o];
+            let sb: Vec<(Vec<f64>, Vec<f64>)> = ps
+                .iter()
+                .map(|p| (values(&p.scales), values(&p.biases)))
+                .collect();
+            let projections =
+                std::array::from_fn(|i| matrix(ps[i], &ps[i].weight.bytes, &sb[i].0, &sb[i].1));
+            let (x, k0, v0) = (values(&sc.x), values(&sc.k0), values(&sc.v0));
+            let inp = DecodeInputs {
+                x: &x,
+                x_dtype: Float::Bfloat16,
+                projections,
+                scales_dtypes: [Float::Bfloat16; 4],
+                k0: &k0,
+                v0: &v0,
+                l0: start,
+                k0_dtype: Some(Float::Bfloat16),
+                v0_dtype: Some(Float::Bfloat16),
+                graph: Graph {
+                    n_heads: shape.n_heads,
+                    n_kv_heads: shape.n_kv_heads,
+                    head_dim: shape.head_dim,
+                    rotary_dims: shape.rotary_dims,
+                    rope_base: f64::from(shape.rope_base),
+                },
+                attn_read: None,
+            };
+            let mut d = decode_m1(&inp, Model::Cpu).unwrap();
+            // y given the attention output o_proj read (the port's, as
+            // the glue records the reference's).
+            let attn_read = values(&sc.m1.attn);
+            let with_read = DecodeInputs {
+                attn_read: Some(&attn_read),
+                ..inp
+            };
+            let given = decode_m1(&with_read, Model::Cpu).unwrap();
+            // Without the attention (the long windows' check; the prefill
+            // unread): the same keys, values and y given attn.
+            let cheap = exact::attention::decode_m1_without_attention(
+                &DecodeInputs {
+                    k0: &[],
+                    v0: &[],
+                    projections: with_read.projections.clone(),
+                    ..with_read
+                },
+                Model::Cpu,
+            )
+            .unwrap();
+            assert!(cheap.attn.is_empty(), "seed {seed}");
+            assert_eq!(
+                (&cheap.keys, &cheap.values, &cheap.y),
+                (&given.keys, &given.values, &given.y),
+                "seed {seed}"
+            );
+            let e = Exact::from_tracked("t", Model::Cpu, vec![given.y.len()], &given.y);
+            let side = check(&values(&sc.m1.y), &e);
+            assert!(side.within() && side.max_ratio == 0.0, "seed {seed} y given attn: {side:?}");
+            d.attn = given.attn;
+            let outs = [&d.attn, &d.y, &d.keys, &d.values];
+            for ((name, port), tracked) in super::OUTPUTS.iter().zip(sc.m1.outputs()).zip(outs) {
+                let e = Exact::from_tracked("t", Model::Cpu, vec![tracked.len()], tracked);
+                let side = check(&values(port), &e);
+                assert!(side.within(), "seed {seed} {name}: {side:?}");
+                if *name == "attn" || *name == "y" {
+                    let informative = e.value.iter().zip(&e.bound).any(|(v, b)| v.abs() > *b);
+                    assert!(informative, "seed {seed} {name}: uninformative");
+                }
+            }
+        }
+    }
+}
