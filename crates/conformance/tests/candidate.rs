@@ -289,6 +289,9 @@ fn a_candidate_outside_the_exact_bound_is_never_called_the_port() {
     let markdown = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
     assert!(junit.contains("candidate outside bound"), "{junit}");
     assert!(markdown.contains("candidate outside bound"), "{markdown}");
+    // The header names the candidate command (the author's second trial
+    // found only report.json did).
+    assert!(markdown.contains("> candidate: `"), "{markdown}");
     for (what, words) in [
         ("console", text(&out)),
         ("junit.xml", junit),

@@ -36,6 +36,9 @@ pub fn render(report: &Report) -> String {
     if let Some(line) = super::human::deep_only_line(e) {
         let _ = writeln!(md, "> {line}\n");
     }
+    if let Some(candidate) = &e.candidate {
+        let _ = writeln!(md, "> candidate: `{candidate}`\n");
+    }
     if let Some(hook) = &e.testing_hook {
         let _ = writeln!(md, "> testing hook set: {hook}\n");
     }
