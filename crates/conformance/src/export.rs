@@ -493,6 +493,11 @@ pub fn verify(root: &Path, report: Option<&Path>) -> Result<Verified, VerifyErro
             &crate::candidate::signatures::from_manifest(&manifest),
         ));
         for case in cases {
+            // A case with no calls is already a problem ("lists no reference
+            // calls"): its calls were stripped, and docs/ops.md is not wrong.
+            if case.calls.is_empty() {
+                continue;
+            }
             let mut ops: Vec<String> = Vec::new();
             for call in &case.calls {
                 if !ops.contains(&call.op) {
