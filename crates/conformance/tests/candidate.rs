@@ -269,6 +269,42 @@ fn a_nan_answer_fails_with_its_first_differing_element() {
     }
 }
 
+/// Issue 40, class 25 (re-check): a zero-length answer where the
+/// reference has 65536 elements compared no element. The console said so,
+/// but report.md's "Outside the exact bound" table said `flat [0] = NaN vs
+/// exact ... (65536 of 65536 outside)` and report.json `worst_index` 0,
+/// `worst_value` "NaN" next to `computed_len` 0: each now says what the
+/// console says.
+#[test]
+fn an_empty_answer_names_no_element_in_any_report() {
+    let (out, report, dir) =
+        run_candidate(&bad("empty"), "position/rope2d/2d/hd64/f32/B1", &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let says = "0 elements where the definition has 65536: no element compared";
+    assert!(text(&out).contains(says), "{}", text(&out));
+    let markdown = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+    let table = markdown
+        .split("## Outside the exact bound")
+        .nth(1)
+        .expect("report.md has the table")
+        .split("\n## ")
+        .next()
+        .unwrap();
+    assert!(table.contains(says) && !table.contains("flat ["), "{table}");
+    let mut sides = 0;
+    for c in cases(&report) {
+        let port = &c["output"]["outputs"][0]["exact"]["port"];
+        if port.is_object() {
+            sides += 1;
+            assert_eq!(port["computed_len"], 0, "{port}");
+            for key in ["worst_index", "worst_value", "worst_exact", "worst_bound"] {
+                assert!(port.get(key).is_none(), "{key}: {port}");
+            }
+        }
+    }
+    assert!(sides > 0, "no exact check in report.json: {}", text(&out));
+}
+
 /// Issue 42: a candidate run's words never call the candidate "the port":
 /// an answer outside the exact oracle's bound (NaN) is "candidate outside
 /// bound" in the console, report.md and junit.xml (junit's test names said
