@@ -252,6 +252,7 @@ fn ops_signatures(dir: &std::path::Path) -> ExitCode {
         let bytes = conformance::snapshots::store::read_limited(
             &path,
             conformance::export::MAX_MANIFEST_BYTES,
+            conformance::snapshots::store::Role::Export,
         )
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("{}: no such file", path.display()))?;

@@ -277,8 +277,7 @@ fn a_nan_answer_fails_with_its_first_differing_element() {
 /// console says.
 #[test]
 fn an_empty_answer_names_no_element_in_any_report() {
-    let (out, report, dir) =
-        run_candidate(&bad("empty"), "position/rope2d/2d/hd64/f32/B1", &[]);
+    let (out, report, dir) = run_candidate(&bad("empty"), "position/rope2d/2d/hd64/f32/B1", &[]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));
     let says = "0 elements where the definition has 65536: no element compared";
     assert!(text(&out).contains(says), "{}", text(&out));

@@ -126,7 +126,8 @@ pub fn render(report: &Report) -> String {
                 e.model,
                 e.worst_cells(),
                 match row.snapshot {
-                    crate::snapshots::Status::Match | crate::snapshots::Status::Written { .. } => "pinned",
+                    crate::snapshots::Status::Match | crate::snapshots::Status::Written { .. } =>
+                        "pinned",
                     crate::snapshots::Status::NotChecked => "not checked",
                     _ => "NOT PINNED (drift)",
                 }

@@ -898,7 +898,9 @@ pub(crate) mod tests {
         };
         let hooked = fail(Some("MLX_CONFORMANCE_PLANT=m/fail"));
         assert_eq!(
-            hooked.matches("testing hook set: MLX_CONFORMANCE_PLANT=m/fail").count(),
+            hooked
+                .matches("testing hook set: MLX_CONFORMANCE_PLANT=m/fail")
+                .count(),
             2,
             "{hooked}"
         );
