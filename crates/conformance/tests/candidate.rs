@@ -304,6 +304,36 @@ fn an_empty_answer_names_no_element_in_any_report() {
     assert!(sides > 0, "no exact check in report.json: {}", text(&out));
 }
 
+/// Issue 40 (re-check): through `cargo xtask conformance` (which runs the
+/// runner in the checkout's top level) a relative candidate path resolved
+/// from there, while `--cases` etc. resolved from the caller's directory.
+/// xtask now names the caller's directory in `MLX_CONFORMANCE_CANDIDATE_CWD`
+/// and the candidate command runs there: `cand.py` below exists only in
+/// that directory (before: `can't open file ... cand.py`, every row ERROR).
+#[test]
+fn a_relative_candidate_runs_in_the_directory_xtask_was_called_from() {
+    let caller = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        root().join("crates/conformance/tests/candidates/bad_candidate.py"),
+        caller.path().join("cand.py"),
+    )
+    .unwrap();
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args(["--device", "cpu", "--filter", TWO, "--candidate"])
+        .arg(format!("{} cand.py nan", python()))
+        .arg("--out")
+        .arg(out_dir.path())
+        .env_remove("MLX_CONFORMANCE_DEVICE_FAMILY")
+        .env("CI", "true")
+        .env("MLX_CONFORMANCE_CANDIDATE_CWD", caller.path())
+        .output()
+        .unwrap();
+    // The NaN answers FAIL (exit 1); a candidate that did not start is ERROR (3).
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(!text(&out).contains("cand.py"), "{}", text(&out));
+}
+
 /// Issue 42: a candidate run's words never call the candidate "the port":
 /// an answer outside the exact oracle's bound (NaN) is "candidate outside
 /// bound" in the console, report.md and junit.xml (junit's test names said
