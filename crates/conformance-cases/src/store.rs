@@ -43,8 +43,13 @@ pub enum StoreError {
         resolved: PathBuf,
         root: PathBuf,
     },
-    #[error("{path} is {len} bytes, more than {cap} bytes this reader takes; it is not what it should be. Fix: restore it (a snapshot from git; other files by running again what wrote them)")]
-    TooLarge { path: PathBuf, len: u64, cap: u64 },
+    #[error("{path} is {len} bytes, more than {cap} bytes this reader takes; it is not what it should be. Fix: {}", role.fix())]
+    TooLarge {
+        path: PathBuf,
+        len: u64,
+        cap: u64,
+        role: Role,
+    },
     #[error("{rel} names a file outside {root} (an absolute path, a `..`, or a symbolic link on the way); only files inside it are read")]
     Escapes { root: PathBuf, rel: String },
     #[error("{path}: {source}")]
@@ -52,6 +57,42 @@ pub enum StoreError {
         path: PathBuf,
         source: std::io::Error,
     },
+}
+
+/// What a file read by [`read_limited`] / [`read_confined`] is, passed by
+/// the caller: a refusal's fix depends on it (a candidate's outputs file is
+/// not restored from git).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A committed file of fixtures/ (a snapshot, kept.json).
+    Committed,
+    /// A candidate's outputs file (the candidate protocol).
+    CandidateOutputs,
+    /// A run's report.json (`--same-verdicts-as`, `--verify-against`, a gate).
+    Report,
+    /// An export's manifest or vectors (`--verify-export`, `--ops-signatures`).
+    Export,
+    /// A run's `--keep-outputs` file.
+    KeptOutputs,
+    /// An explorer report given to `--merge`.
+    ExplorerReport,
+    /// A marker this tool writes into a directory it owns.
+    Marker,
+}
+
+impl Role {
+    /// The fix for a file of this role that is too large.
+    pub fn fix(self) -> &'static str {
+        match self {
+            Role::Committed => "restore it from git (`git checkout -- <path>`), or re-record it with `cargo xtask fixtures accept`",
+            Role::CandidateOutputs => "the candidate wrote it: make it write only the arrays it answers (the protocol's cap is above), then run again",
+            Role::Report => "pass the report.json a run of this tool wrote (run that run again to write a new one)",
+            Role::Export => "export again (`conformance --export DIR` or `cargo xtask export`) and verify that",
+            Role::KeptOutputs => "run again with `--keep-outputs` to write the outputs anew",
+            Role::ExplorerReport => "pass the explore.json an explorer run wrote (run that shard again)",
+            Role::Marker => "move the directory away (this tool writes its marker small) and run again",
+        }
+    }
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
@@ -156,13 +197,13 @@ pub const MAX_SNAPSHOT_BYTES: u64 = 16 << 20;
 
 /// The bytes of a snapshot file; `Ok(None)` when it does not exist.
 pub fn read(path: &Path) -> Result<Option<Vec<u8>>, StoreError> {
-    read_limited(path, MAX_SNAPSHOT_BYTES)
+    read_limited(path, MAX_SNAPSHOT_BYTES, Role::Committed)
 }
 
 /// The bytes of a regular file of at most `cap` bytes, read as a snapshot
 /// is (no link followed, no FIFO or device blocked on); `Ok(None)` when it
 /// does not exist.
-pub fn read_limited(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, StoreError> {
+pub fn read_limited(path: &Path, cap: u64, role: Role) -> Result<Option<Vec<u8>>, StoreError> {
     let Some(file) = open_regular(path)? else {
         return Ok(None);
     };
@@ -172,6 +213,7 @@ pub fn read_limited(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, StoreError
             path: path.into(),
             len,
             cap,
+            role,
         });
     }
     // Never more than `cap` (the file may grow while it is read).
@@ -184,6 +226,7 @@ pub fn read_limited(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, StoreError
             path: path.into(),
             len: bytes.len() as u64,
             cap,
+            role,
         });
     }
     Ok(Some(bytes))
@@ -196,7 +239,12 @@ pub fn read_limited(path: &Path, cap: u64) -> Result<Option<Vec<u8>>, StoreError
 /// anything outside `root`: an absolute path, a `..` or other non-plain
 /// component, or a symbolic link at any component below `root`.
 /// `Ok(None)` when nothing is there.
-pub fn read_confined(root: &Path, rel: &str, cap: u64) -> Result<Option<Vec<u8>>, StoreError> {
+pub fn read_confined(
+    root: &Path,
+    rel: &str,
+    cap: u64,
+    role: Role,
+) -> Result<Option<Vec<u8>>, StoreError> {
     use std::path::Component;
     let escapes = || StoreError::Escapes {
         root: root.into(),
@@ -230,7 +278,7 @@ pub fn read_confined(root: &Path, rel: &str, cap: u64) -> Result<Option<Vec<u8>>
             Ok(_) => {}
         }
     }
-    match read_limited(&root.join(relative), cap) {
+    match read_limited(&root.join(relative), cap, role) {
         Err(StoreError::Link { .. }) => Err(escapes()),
         other => other,
     }
@@ -388,10 +436,14 @@ mod confined {
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
         assert_eq!(
-            read_confined(&root, "sub/ok", 16).unwrap().unwrap(),
+            read_confined(&root, "sub/ok", 16, Role::Export)
+                .unwrap()
+                .unwrap(),
             b"fine"
         );
-        assert!(read_confined(&root, "missing", 16).unwrap().is_none());
+        assert!(read_confined(&root, "missing", 16, Role::Export)
+            .unwrap()
+            .is_none());
         for bad in [
             "../outside",
             "/etc/passwd",
@@ -401,19 +453,19 @@ mod confined {
             "zero",
             "",
         ] {
-            let e = read_confined(&root, bad, 1 << 20);
+            let e = read_confined(&root, bad, 1 << 20, Role::Export);
             assert!(matches!(e, Err(StoreError::Escapes { .. })), "{bad}: {e:?}");
         }
         assert!(matches!(
-            read_confined(&root, "fifo", 16),
+            read_confined(&root, "fifo", 16, Role::Export),
             Err(StoreError::NotA { found: "FIFO", .. })
         ));
         assert!(matches!(
-            read_confined(&root, "sub/ok", 3),
+            read_confined(&root, "sub/ok", 3, Role::Export),
             Err(StoreError::TooLarge { .. })
         ));
         assert!(matches!(
-            read_limited(Path::new("/dev/zero"), 16),
+            read_limited(Path::new("/dev/zero"), 16, Role::Export),
             Err(StoreError::NotA { .. })
         ));
     }
@@ -494,7 +546,7 @@ mod confined_trees {
             }
             let rel = rel.join("/");
             let started = std::time::Instant::now();
-            let read = read_confined(&root, &rel, 1 << 20);
+            let read = read_confined(&root, &rel, 1 << 20, Role::Export);
             prop_assert!(started.elapsed().as_secs() < 5, "blocked on {rel}");
             if let Ok(Some(bytes)) = read {
                 prop_assert_eq!(&bytes[..], b"inside", "{} read other bytes", rel);

@@ -375,7 +375,12 @@ pub struct Verified {
 pub fn verify(root: &Path, report: Option<&Path>) -> Result<Verified, VerifyError> {
     use crate::snapshots::store;
     let manifest_path = root.join("manifest.json");
-    let bytes = match store::read_confined(root, "manifest.json", MAX_MANIFEST_BYTES) {
+    let bytes = match store::read_confined(
+        root,
+        "manifest.json",
+        MAX_MANIFEST_BYTES,
+        store::Role::Export,
+    ) {
         Ok(Some(b)) => b,
         Ok(None) => {
             return Err(VerifyError::Unreadable(format!(
@@ -427,17 +432,18 @@ pub fn verify(root: &Path, report: Option<&Path>) -> Result<Verified, VerifyErro
             done.calls += 1;
             let file = call.file.as_str();
             let path = root.join(file);
-            let bytes = match store::read_confined(root, file, MAX_VECTOR_BYTES) {
-                Ok(Some(b)) => b,
-                Ok(None) => {
-                    problems.push(format!("{name}: {file}: no such file"));
-                    continue;
-                }
-                Err(e) => {
-                    problems.push(format!("{name}: {file}: {e}"));
-                    continue;
-                }
-            };
+            let bytes =
+                match store::read_confined(root, file, MAX_VECTOR_BYTES, store::Role::Export) {
+                    Ok(Some(b)) => b,
+                    Ok(None) => {
+                        problems.push(format!("{name}: {file}: no such file"));
+                        continue;
+                    }
+                    Err(e) => {
+                        problems.push(format!("{name}: {file}: {e}"));
+                        continue;
+                    }
+                };
             if call.file_sha256 != sha256_hex(&bytes) {
                 problems.push(format!(
                     "{name}: {file}: its sha256 is not the manifest's file_sha256"
@@ -493,6 +499,11 @@ pub fn verify(root: &Path, report: Option<&Path>) -> Result<Verified, VerifyErro
             &crate::candidate::signatures::from_manifest(&manifest),
         ));
         for case in cases {
+            // A case with no calls is already a problem ("lists no reference
+            // calls"): its calls were stripped, and docs/ops.md is not wrong.
+            if case.calls.is_empty() {
+                continue;
+            }
             let mut ops: Vec<String> = Vec::new();
             for call in &case.calls {
                 if !ops.contains(&call.op) {

@@ -107,10 +107,13 @@ pub fn read(dir: &Path, case: &str) -> Result<Option<Vec<(String, HostTensor)>>,
 /// link, a FIFO or a device there is an error, never followed, blocked on
 /// or read without end; so is a file over the candidate protocol's cap.
 pub fn read_file(path: &Path) -> Result<Vec<(String, HostTensor)>, String> {
-    let bytes =
-        crate::snapshots::store::read_limited(path, crate::candidate::wire::MAX_TENSORS_BYTES)
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("{}: no such file", path.display()))?;
+    let bytes = crate::snapshots::store::read_limited(
+        path,
+        crate::candidate::wire::MAX_TENSORS_BYTES,
+        crate::snapshots::store::Role::KeptOutputs,
+    )
+    .map_err(|e| e.to_string())?
+    .ok_or_else(|| format!("{}: no such file", path.display()))?;
     parse(&bytes, path)
 }
 

@@ -252,6 +252,7 @@ fn ops_signatures(dir: &std::path::Path) -> ExitCode {
         let bytes = conformance::snapshots::store::read_limited(
             &path,
             conformance::export::MAX_MANIFEST_BYTES,
+            conformance::snapshots::store::Role::Export,
         )
         .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("{}: no such file", path.display()))?;
@@ -332,12 +333,29 @@ fn parse() -> Result<Cli, Exit> {
             Err(Exit(ExitCode::SUCCESS))
         }
         Err(e) => {
-            // One line (clap's first), not its usage block.
+            // One line, not clap's usage block: its first paragraph (for
+            // a missing argument, the header and the names that follow it).
             let text = e.render().to_string();
-            let first = text.lines().next().unwrap_or("error: bad usage");
+            let first = usage_line(&text);
             errln!("{first} (see `conformance --help`)");
             Err(Exit(ExitCode::from(exit::ENVIRONMENT as u8)))
         }
+    }
+}
+
+/// clap's message up to its first blank line, joined into one line:
+/// "error: the following required arguments were not provided: --candidate
+/// <CMD>" (its first line alone dropped the names).
+fn usage_line(text: &str) -> String {
+    let first: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.is_empty())
+        .collect();
+    if first.is_empty() {
+        "error: bad usage".into()
+    } else {
+        first.join(" ")
     }
 }
 

@@ -158,7 +158,11 @@ pub fn claim(dir: &Path, kind: Kind) -> Result<Claim, OutDirError> {
     }
     let lock = lock_dir(dir)?;
     let marker = dir.join(MARKER);
-    match crate::snapshots::store::read_limited(&marker, 4096) {
+    match crate::snapshots::store::read_limited(
+        &marker,
+        4096,
+        crate::snapshots::store::Role::Marker,
+    ) {
         Ok(Some(bytes)) => {
             let text = String::from_utf8_lossy(&bytes);
             let found: Option<String> = serde_json::from_str::<serde_json::Value>(&text)

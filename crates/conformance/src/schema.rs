@@ -97,7 +97,11 @@ impl ReportFile {
     /// [`Self::MAX_BYTES`]; a link, FIFO or device is refused, not read or
     /// waited on); the error names it.
     pub fn read(path: &Path) -> Result<ReportFile, String> {
-        let bytes = match crate::snapshots::store::read_limited(path, Self::MAX_BYTES) {
+        let bytes = match crate::snapshots::store::read_limited(
+            path,
+            Self::MAX_BYTES,
+            crate::snapshots::store::Role::Report,
+        ) {
             Ok(Some(b)) => b,
             Ok(None) => return Err(format!("{}: no such file", path.display())),
             Err(crate::snapshots::store::StoreError::Link { .. }) => {
@@ -105,9 +109,13 @@ impl ReportFile {
                 // its target, with the same checks.
                 let target =
                     std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
-                crate::snapshots::store::read_limited(&target, Self::MAX_BYTES)
-                    .map_err(|e| e.to_string())?
-                    .ok_or_else(|| format!("{}: no such file", path.display()))?
+                crate::snapshots::store::read_limited(
+                    &target,
+                    Self::MAX_BYTES,
+                    crate::snapshots::store::Role::Report,
+                )
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("{}: no such file", path.display()))?
             }
             Err(e) => return Err(e.to_string()),
         };

@@ -269,6 +269,71 @@ fn a_nan_answer_fails_with_its_first_differing_element() {
     }
 }
 
+/// Issue 40, class 25 (re-check): a zero-length answer where the
+/// reference has 65536 elements compared no element. The console said so,
+/// but report.md's "Outside the exact bound" table said `flat [0] = NaN vs
+/// exact ... (65536 of 65536 outside)` and report.json `worst_index` 0,
+/// `worst_value` "NaN" next to `computed_len` 0: each now says what the
+/// console says.
+#[test]
+fn an_empty_answer_names_no_element_in_any_report() {
+    let (out, report, dir) = run_candidate(&bad("empty"), "position/rope2d/2d/hd64/f32/B1", &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let says = "0 elements where the definition has 65536: no element compared";
+    assert!(text(&out).contains(says), "{}", text(&out));
+    let markdown = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+    let table = markdown
+        .split("## Outside the exact bound")
+        .nth(1)
+        .expect("report.md has the table")
+        .split("\n## ")
+        .next()
+        .unwrap();
+    assert!(table.contains(says) && !table.contains("flat ["), "{table}");
+    let mut sides = 0;
+    for c in cases(&report) {
+        let port = &c["output"]["outputs"][0]["exact"]["port"];
+        if port.is_object() {
+            sides += 1;
+            assert_eq!(port["computed_len"], 0, "{port}");
+            for key in ["worst_index", "worst_value", "worst_exact", "worst_bound"] {
+                assert!(port.get(key).is_none(), "{key}: {port}");
+            }
+        }
+    }
+    assert!(sides > 0, "no exact check in report.json: {}", text(&out));
+}
+
+/// Issue 40 (re-check): through `cargo xtask conformance` (which runs the
+/// runner in the checkout's top level) a relative candidate path resolved
+/// from there, while `--cases` etc. resolved from the caller's directory.
+/// xtask now names the caller's directory in `MLX_CONFORMANCE_CANDIDATE_CWD`
+/// and the candidate command runs there: `cand.py` below exists only in
+/// that directory (before: `can't open file ... cand.py`, every row ERROR).
+#[test]
+fn a_relative_candidate_runs_in_the_directory_xtask_was_called_from() {
+    let caller = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        root().join("crates/conformance/tests/candidates/bad_candidate.py"),
+        caller.path().join("cand.py"),
+    )
+    .unwrap();
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args(["--device", "cpu", "--filter", TWO, "--candidate"])
+        .arg(format!("{} cand.py nan", python()))
+        .arg("--out")
+        .arg(out_dir.path())
+        .env_remove("MLX_CONFORMANCE_DEVICE_FAMILY")
+        .env("CI", "true")
+        .env("MLX_CONFORMANCE_CANDIDATE_CWD", caller.path())
+        .output()
+        .unwrap();
+    // The NaN answers FAIL (exit 1); a candidate that did not start is ERROR (3).
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(!text(&out).contains("cand.py"), "{}", text(&out));
+}
+
 /// Issue 42: a candidate run's words never call the candidate "the port":
 /// an answer outside the exact oracle's bound (NaN) is "candidate outside
 /// bound" in the console, report.md and junit.xml (junit's test names said
@@ -776,6 +841,9 @@ fn exports_own_their_directory_and_the_verifier_is_honest() {
         "{}",
         text(&out)
     );
+    // Not also a misleading "calls ops  but docs/ops.md lists ... (run
+    // `cargo xtask ops-doc`)": the calls were stripped, the doc is right.
+    assert!(!text(&out).contains("docs/ops.md lists"), "{}", text(&out));
     let other_seed = forged("seed", &|m| m["seed"] = serde_json::json!(5));
     let out = verify(&other_seed, true);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out));

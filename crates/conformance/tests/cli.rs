@@ -159,7 +159,7 @@ fn usage_problems_exit_3_before_any_case_runs() {
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("a-file");
     std::fs::write(&file, "x").unwrap();
-    let cases: [(&Path, &[&str], &str); 5] = [
+    let cases: [(&Path, &[&str], &str); 7] = [
         // The internal worker mode needs its backend.
         (&dir, &["--worker"], "--worker needs --worker-backend"),
         (&file, &[], "is not a directory"),
@@ -174,6 +174,18 @@ fn usage_problems_exit_3_before_any_case_runs() {
             "cannot name a snapshot set",
         ),
         (&dir, &["--jobs", "0"], "--jobs"),
+        // The missing argument is named (before: clap's first line only,
+        // "... were not provided: (see ...)", the name dropped).
+        (
+            &dir,
+            &["--same-verdicts-as", "x"],
+            "not provided: --candidate <CMD>",
+        ),
+        (
+            &dir,
+            &["--verify-against", "x"],
+            "not provided: --verify-export <DIR>",
+        ),
     ];
     for (out_dir, extra, says) in cases {
         let out = smoke(out_dir, extra);

@@ -10,7 +10,12 @@ use crate::Exact;
 /// JSON has no NaN or infinity: those values travel as the strings
 /// `"NaN"`, `"inf"` and `"-inf"` (an unwritten output holds NaN), so a
 /// check survives a worker's answer and reads plainly in report.json.
+///
+/// A side of another element count than the definition (`computed_len`
+/// set) compared no element: its JSON carries no `worst_*` fields, so
+/// report.json names no element that does not exist.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(into = "SideRepr", from = "SideRepr")]
 pub struct Side {
     /// Elements whose error exceeds their bound (a NaN or infinity where
     /// the exact value is finite always does).
@@ -18,22 +23,84 @@ pub struct Side {
     pub total: usize,
     /// The largest `|computed - exact| / bound` (0 when every element is
     /// exact; infinite for a non-finite value or a zero bound exceeded).
-    #[serde(with = "nonfinite")]
     pub max_ratio: f64,
     /// Row-major index of the worst element, its computed value, the
     /// exact value and its bound.
     pub worst_index: usize,
-    #[serde(with = "nonfinite")]
     pub worst_value: f64,
-    #[serde(with = "nonfinite")]
     pub worst_exact: f64,
-    #[serde(with = "nonfinite")]
     pub worst_bound: f64,
     /// Set when the computed output has another element count than the
     /// definition (an empty array, say): no element was compared, and
     /// `worst_index` names none.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub computed_len: Option<usize>,
+}
+
+/// [`Side`] as JSON: the worst element only where one was compared.
+#[derive(Serialize, Deserialize)]
+struct SideRepr {
+    outside: usize,
+    total: usize,
+    #[serde(with = "nonfinite")]
+    max_ratio: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    worst_index: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "nonfinite_opt")]
+    worst_value: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "nonfinite_opt")]
+    worst_exact: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "nonfinite_opt")]
+    worst_bound: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    computed_len: Option<usize>,
+}
+
+impl From<Side> for SideRepr {
+    fn from(s: Side) -> Self {
+        let compared = s.computed_len.is_none();
+        SideRepr {
+            outside: s.outside,
+            total: s.total,
+            max_ratio: s.max_ratio,
+            worst_index: compared.then_some(s.worst_index),
+            worst_value: compared.then_some(s.worst_value),
+            worst_exact: compared.then_some(s.worst_exact),
+            worst_bound: compared.then_some(s.worst_bound),
+            computed_len: s.computed_len,
+        }
+    }
+}
+
+impl From<SideRepr> for Side {
+    fn from(r: SideRepr) -> Self {
+        Side {
+            outside: r.outside,
+            total: r.total,
+            max_ratio: r.max_ratio,
+            worst_index: r.worst_index.unwrap_or(0),
+            worst_value: r.worst_value.unwrap_or(f64::NAN),
+            worst_exact: r.worst_exact.unwrap_or(0.0),
+            worst_bound: r.worst_bound.unwrap_or(0.0),
+            computed_len: r.computed_len,
+        }
+    }
+}
+
+mod nonfinite_opt {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => super::nonfinite::serialize(v, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        #[derive(Deserialize)]
+        struct W(#[serde(with = "super::nonfinite")] f64);
+        Ok(Option::<W>::deserialize(d)?.map(|W(v)| v))
+    }
 }
 
 /// f64 as a JSON number, or `"NaN"` / `"inf"` / `"-inf"`.
@@ -177,5 +244,27 @@ mod tests {
         let back: Side = serde_json::from_str(&text).unwrap();
         assert!(back.worst_value.is_nan() && back.max_ratio.is_infinite());
         assert_eq!(back.outside, 1);
+    }
+
+    /// Issue 40, class 25: an output of another length (an empty array)
+    /// compared no element, yet report.json named `worst_index` 0 and
+    /// `worst_value` "NaN". Such a side carries `computed_len` and no worst
+    /// element, and reads back the same.
+    #[test]
+    fn a_side_of_another_length_names_no_worst_element_in_json() {
+        let e = exact(&[1.0, 2.0], 0.1);
+        let s = check(&[], &e);
+        let text = serde_json::to_string(&s).unwrap();
+        assert!(text.contains("\"computed_len\":0"), "{text}");
+        for key in ["worst_index", "worst_value", "worst_exact", "worst_bound"] {
+            assert!(!text.contains(key), "{key} in {text}");
+        }
+        let back: Side = serde_json::from_str(&text).unwrap();
+        assert_eq!((back.computed_len, back.total, back.outside), (Some(0), 2, 2));
+        // A side of the right length keeps every field, as before.
+        let same = check(&[1.0, 2.5], &e);
+        let text = serde_json::to_string(&same).unwrap();
+        assert!(text.contains("\"worst_index\":1") && !text.contains("computed_len"), "{text}");
+        assert_eq!(serde_json::from_str::<Side>(&text).unwrap(), same);
     }
 }

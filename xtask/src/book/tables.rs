@@ -94,6 +94,7 @@ pub const ENV_VARS: &[EnvVar] = &[
     EnvVar { name: "MLX_CONFORMANCE_RUNNER_PID", kind: Kind::Internal, meaning: "a worker's runner, for dying with it" },
     EnvVar { name: "MLX_CONFORMANCE_PROTOCOL", kind: Kind::Internal, meaning: "the candidate protocol's version, for the candidate process" },
     EnvVar { name: "MLX_CONFORMANCE_LAUNCHER_PARENT", kind: Kind::Internal, meaning: "a candidate launcher's worker, for dying with it" },
+    EnvVar { name: "MLX_CONFORMANCE_CANDIDATE_CWD", kind: Kind::Internal, meaning: "`cargo xtask conformance` and `explore`: the directory they were run in, where the `--candidate` command runs (a relative path in it resolves from there, as `--cases` and `--out` do; unset: the runner's working directory)" },
     EnvVar { name: "MLX_CONFORMANCE_CANDIDATE_OWNER", kind: Kind::Internal, meaning: "a candidate's worker (`<pid>-<start>`), inherited by what the candidate starts: a later run ends what a SIGKILLed worker and launcher left" },
 ];
 

@@ -490,6 +490,32 @@ impl ExactCheck {
     pub fn line(&self, output: &str) -> String {
         self.line_as(output, "port")
     }
+    /// report.md's "worst element | ratio" cells of the "Outside the
+    /// exact bound" table, for the side the class names.
+    pub fn worst_cells(&self) -> String {
+        let s = match self.class {
+            ExactClass::PortOutside => &self.port,
+            _ => &self.reference,
+        };
+        // No element was compared (another element count): none is named,
+        // and the ratio is not a measure of any element.
+        if let Some(n) = s.computed_len {
+            return format!(
+                "{n} elements where the definition has {}: no element compared | —",
+                s.total
+            );
+        }
+        format!(
+            "flat [{}] = {} vs exact {} ± {:.3e} ({} of {} outside) | {:.3}",
+            s.worst_index,
+            s.worst_value,
+            s.worst_exact,
+            s.worst_bound,
+            s.outside,
+            s.total,
+            s.max_ratio,
+        )
+    }
     /// [`ExactCheck::line`], the checked side called `side` (the word
     /// for what stood for the port in this run).
     pub fn line_as(&self, output: &str, side: &str) -> String {
@@ -574,6 +600,14 @@ mod line_tests {
         assert!(
             line.contains("port has 0 elements where the definition has 2"),
             "{line}"
+        );
+        // report.md's table says the same as the console line (it named
+        // "flat [0] = NaN ... (2 of 2 outside)").
+        let cells = check.worst_cells();
+        assert!(!cells.contains("flat") && !cells.contains("NaN"), "{cells}");
+        assert!(
+            cells.contains("0 elements where the definition has 2: no element compared"),
+            "{cells}"
         );
         let within = exact::check(&[1.0, 2.0], &e);
         assert_eq!(within.computed_len, None);

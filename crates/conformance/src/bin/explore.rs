@@ -161,7 +161,11 @@ fn main() -> ExitCode {
         for path in &cli.merge {
             // A regular file only (a FIFO or /dev/zero is refused, not read
             // forever), at most 1 GiB.
-            let text = match conformance::snapshots::store::read_limited(path, 1 << 30) {
+            let text = match conformance::snapshots::store::read_limited(
+                path,
+                1 << 30,
+                conformance::snapshots::store::Role::ExplorerReport,
+            ) {
                 Ok(Some(bytes)) => match String::from_utf8(bytes) {
                     Ok(t) => t,
                     Err(_) => return fail(format!("--merge {}: not UTF-8 text", path.display())),

@@ -477,8 +477,17 @@ fn sweep_adopted() {
 }
 
 /// The command that starts the candidate: on Linux through its launcher
-/// (this executable again, [`super::launcher`]), elsewhere `sh -c CMD`.
+/// (this executable again, [`super::launcher`]), elsewhere `sh -c CMD`;
+/// in [`super::cwd`] when set (the caller's directory under `cargo xtask`).
 fn launch(command: &str, scratch: &std::path::Path) -> Command {
+    let mut c = launch_here(command, scratch);
+    if let Some(dir) = super::cwd() {
+        c.current_dir(dir);
+    }
+    c
+}
+
+fn launch_here(command: &str, scratch: &std::path::Path) -> Command {
     #[cfg(target_os = "linux")]
     if let Ok(exe) = std::env::current_exe() {
         let mut c = Command::new(exe);

@@ -210,7 +210,11 @@ pub const MAX_TENSORS_BYTES: u64 = 4 << 30;
 /// followed (a candidate's outputs linked to `/dev/zero` were read until
 /// memory ran out), no FIFO waited on. A missing file is an error.
 pub fn read_tensors(path: &std::path::Path) -> Result<BTreeMap<String, HostTensor>, String> {
-    let bytes = match crate::snapshots::store::read_limited(path, MAX_TENSORS_BYTES) {
+    let bytes = match crate::snapshots::store::read_limited(
+        path,
+        MAX_TENSORS_BYTES,
+        crate::snapshots::store::Role::CandidateOutputs,
+    ) {
         Ok(Some(b)) => b,
         Ok(None) => return Err(format!("{}: no such file", path.display())),
         Err(e) => return Err(e.to_string()),
@@ -299,6 +303,32 @@ mod tests {
         assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
         assert!(read_tensors(&fifo).unwrap_err().contains("FIFO"));
         assert!(started.elapsed().as_secs() < 5);
+    }
+
+    /// Issue 40 (re-check): a too-large file's fix fits its role. A
+    /// candidate's outputs file and a `--same-verdicts-as` report were told
+    /// "restore it (a snapshot from git; ...)".
+    #[test]
+    fn a_too_large_file_is_told_the_fix_of_its_role() {
+        let dir = tempfile::tempdir().unwrap();
+        let big = |name: &str, len: u64| {
+            let path = dir.path().join(name);
+            // Sparse: no disk used, nothing read (the size is refused first).
+            std::fs::File::create(&path).unwrap().set_len(len).unwrap();
+            path
+        };
+        let outputs = big("1.out.safetensors", MAX_TENSORS_BYTES + 1);
+        let e = read_tensors(&outputs).unwrap_err();
+        assert!(
+            !e.contains("git") && e.contains("the candidate wrote it"),
+            "{e}"
+        );
+        let report = big("report.json", crate::schema::ReportFile::MAX_BYTES + 1);
+        let e = crate::schema::ReportFile::read(&report).unwrap_err();
+        assert!(
+            !e.contains("git") && e.contains("report.json a run of this tool wrote"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -9,22 +9,28 @@ use crate::snapshots::Status;
 pub fn render(report: &Report) -> String {
     let mut junit = JUnit::new("mlx-conformance");
     let mut suites: std::collections::BTreeMap<String, TestSuite> = Default::default();
+    // A testing hook in the environment can turn passes into failures:
+    // every failure and error message names it, as report.md does.
+    let hooked = |m: String| match &report.environment.testing_hook {
+        Some(hook) => format!("{m} (testing hook set: {hook})"),
+        None => m,
+    };
     for row in &report.cases {
         let r = &row.result;
         let status = match (&r.verdict, &row.snapshot) {
             (Verdict::Fail, _) => {
                 let mut s = TestCaseStatus::non_success(NonSuccessKind::Failure);
-                s.set_message(format!("must-equal failure: {}", first_diff(r).0));
+                s.set_message(hooked(format!("must-equal failure: {}", first_diff(r).0)));
                 s
             }
             (Verdict::Error, _) => {
                 let mut s = TestCaseStatus::non_success(NonSuccessKind::Error);
-                s.set_message(r.message.clone().unwrap_or_default());
+                s.set_message(hooked(r.message.clone().unwrap_or_default()));
                 s
             }
             (_, Status::Drift { .. } | Status::Missing | Status::Invalid { .. }) => {
                 let mut s = TestCaseStatus::non_success(NonSuccessKind::Failure);
-                s.set_message("snapshot drift (see report.md)");
+                s.set_message(hooked("snapshot drift (see report.md)".into()));
                 s
             }
             (Verdict::Skip, _) => {
@@ -78,11 +84,11 @@ pub fn render(report: &Report) -> String {
         } else {
             TestCaseStatus::non_success(NonSuccessKind::Failure)
         };
-        status.set_message(format!(
+        status.set_message(hooked(format!(
             "{}{}",
             if pinned { "recorded: " } else { "" },
             e.line_as(output, report.environment.side())
-        ));
+        )));
         suites
             .entry("exact-oracle".into())
             .or_insert_with(|| TestSuite::new("exact-oracle"))

@@ -115,14 +115,9 @@ pub fn render(report: &Report) -> String {
         let _ = writeln!(md, "## Outside the exact bound ({})\n", outside.len());
         let _ = writeln!(md, "| case | output | class | op, model | worst element | ratio | snapshot |\n|---|---|---|---|---|---:|---|");
         for (row, output, e) in &outside {
-            let side = if e.class == crate::exactness::ExactClass::PortOutside {
-                &e.port
-            } else {
-                &e.reference
-            };
             let _ = writeln!(
                 md,
-                "| `{}` | {output} | {}{} | {} {} | flat [{}] = {} vs exact {} ± {:.3e} ({} of {} outside) | {:.3} | {} |",
+                "| `{}` | {output} | {}{} | {} {} | {} | {} |",
                 row.result.name,
                 e.class.word_as(report.environment.side()),
                 if e.bit_equal {
@@ -132,15 +127,10 @@ pub fn render(report: &Report) -> String {
                 },
                 e.op,
                 e.model,
-                side.worst_index,
-                side.worst_value,
-                side.worst_exact,
-                side.worst_bound,
-                side.outside,
-                side.total,
-                side.max_ratio,
+                e.worst_cells(),
                 match row.snapshot {
-                    crate::snapshots::Status::Match | crate::snapshots::Status::Written { .. } => "pinned",
+                    crate::snapshots::Status::Match | crate::snapshots::Status::Written { .. } =>
+                        "pinned",
                     crate::snapshots::Status::NotChecked => "not checked",
                     _ => "NOT PINNED (drift)",
                 }

@@ -870,6 +870,43 @@ pub(crate) mod tests {
         assert!(human::summary(&missed).contains("1 UNDETECTED"));
     }
 
+    /// Issue 40, class 18: a testing hook in the environment is named in
+    /// junit.xml's failure and error messages too, as the warning promises
+    /// ("Every report names it"); without one, the messages are unchanged.
+    #[test]
+    fn junit_failures_name_a_testing_hook() {
+        let fail = |hook: Option<&str>| {
+            let mut e = environment("cpu", "k", false);
+            e.testing_hook = hook.map(str::to_owned);
+            let mut out = CaseOutput::new("p");
+            let t = oracle::HostTensor::new(oracle::DType::Uint8, vec![1], vec![1]).unwrap();
+            let other = oracle::HostTensor::new(oracle::DType::Uint8, vec![1], vec![2]).unwrap();
+            out.compare("y", &t, &crate::case::Expected::for_tests(other));
+            let row = |verdict, name: &str| Row {
+                result: CaseResult {
+                    name: name.into(),
+                    expect: Expect::MustEqual,
+                    verdict,
+                    output: Some(out.clone()),
+                    message: Some("boom".into()),
+                    ..finding("m/a")
+                },
+                snapshot: Status::NotChecked,
+            };
+            let rows = vec![row(Verdict::Fail, "m/fail"), row(Verdict::Error, "m/error")];
+            junit::render(&Report::new(e, rows, &[], 1.0))
+        };
+        let hooked = fail(Some("MLX_CONFORMANCE_PLANT=m/fail"));
+        assert_eq!(
+            hooked
+                .matches("testing hook set: MLX_CONFORMANCE_PLANT=m/fail")
+                .count(),
+            2,
+            "{hooked}"
+        );
+        assert!(!fail(None).contains("testing hook"));
+    }
+
     /// `expected-failures.json` both ways, through the run's exit code: its
     /// listed case FAILing on its backend does not fail the run, the same
     /// case passing does, and elsewhere the list says nothing.

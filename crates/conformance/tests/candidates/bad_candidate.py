@@ -27,6 +27,7 @@ row, never the run.
     kill-launcher kills its launcher (SIGKILL), starts a detached child,
                  ignores SIGTERM and never answers
     other-libmlx names another file than the pinned libmlx in its hello
+    empty        answers a zero-length array (shape [0], right dtype)
 """
 
 import json
@@ -146,6 +147,8 @@ for line in sys.stdin:
     x = arrays["inputs"]
     if MODE == "nan":
         y = mx.full(x.shape, float("nan"), x.dtype)
+    elif MODE == "empty":
+        y = mx.zeros((0,), x.dtype)
     elif MODE == "wrong-dtype":
         y = x.astype(mx.float32)
     else:  # wrong-shape
