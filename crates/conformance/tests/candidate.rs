@@ -1545,19 +1545,22 @@ fn a_refusal_row_shows_the_candidates_own_message() {
             format!("the candidate refused too: op `rope2d_apply`: {theirs}"),
             "{c}"
         );
-        assert!(c["output"]["finding"]["reference"].as_str().is_some(), "{c}");
+        assert!(
+            c["output"]["finding"]["reference"].as_str().is_some(),
+            "{c}"
+        );
     }
     let md = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
     let section = md
         .split("## Refusals (")
         .nth(1)
         .unwrap_or_else(|| panic!("no Refusals section: {md}"));
-    let lines: Vec<&str> = section
-        .lines()
-        .filter(|l| l.starts_with("- `"))
-        .collect();
+    let lines: Vec<&str> = section.lines().filter(|l| l.starts_with("- `")).collect();
     assert_eq!(lines.len(), listed(REFUSED), "{section}");
     for line in lines {
-        assert!(line.contains(&format!("candidate: op `rope2d_apply`: {theirs}")), "{line}");
+        assert!(
+            line.contains(&format!("candidate: op `rope2d_apply`: {theirs}")),
+            "{line}"
+        );
     }
 }

@@ -384,7 +384,10 @@ pub fn sdpa_row(
     let mut s = vec![0.0; n];
     let mut ds = vec![0.0; n];
     for j in 0..n {
-        let kj: Vec<Tracked> = keys[j * d..(j + 1) * d].iter().map(|&k| operand(k)).collect();
+        let kj: Vec<Tracked> = keys[j * d..(j + 1) * d]
+            .iter()
+            .map(|&k| operand(k))
+            .collect();
         let (mut v, mut e, mut abs) = (0.0, 0.0, 0.0);
         for (a, b) in qs.iter().zip(&kj) {
             v += a.v * b.v;
@@ -961,14 +964,24 @@ mod tests {
             let n = k.len() / d;
             let qs: Vec<f32> = q.iter().map(|&x| tf32((scale as f32) * x as f32)).collect();
             let s: Vec<f32> = (0..n)
-                .map(|j| (0..d).map(|c| qs[c] * tf32(k[j * d + c] as f32)).sum::<f32>())
+                .map(|j| {
+                    (0..d)
+                        .map(|c| qs[c] * tf32(k[j * d + c] as f32))
+                        .sum::<f32>()
+                })
                 .collect();
             let m = s.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
             let e: Vec<f32> = s.iter().map(|&x| (x - m).exp()).collect();
             let z: f32 = e.iter().sum();
             let p: Vec<f32> = e.iter().map(|&x| tf32(x / z)).collect();
             (0..d)
-                .map(|c| f64::from((0..n).map(|j| p[j] * tf32(v[j * d + c] as f32)).sum::<f32>()))
+                .map(|c| {
+                    f64::from(
+                        (0..n)
+                            .map(|j| p[j] * tf32(v[j * d + c] as f32))
+                            .sum::<f32>(),
+                    )
+                })
                 .collect()
         }
         let mut outside_cpu = 0;
@@ -977,7 +990,9 @@ mod tests {
             let n = 2 + (seed as usize * 7) % 63;
             let mut r = Lcg(seed + 100);
             let q: Vec<f64> = (0..d).map(|_| f64::from((r.next() * 2.0) as f32)).collect();
-            let k: Vec<f64> = (0..n * d).map(|_| f64::from((r.next() * 2.0) as f32)).collect();
+            let k: Vec<f64> = (0..n * d)
+                .map(|_| f64::from((r.next() * 2.0) as f32))
+                .collect();
             let v: Vec<f64> = (0..n * d).map(|_| f64::from(r.next() as f32)).collect();
             let scale = (d as f64).powf(-0.5);
             let t = |x: &[f64]| x.iter().map(|&v| Tracked::exact(v)).collect::<Vec<_>>();
@@ -993,7 +1008,10 @@ mod tests {
                 }
             }
         }
-        assert!(outside_cpu > 100, "TF32 outputs outside the CPU bound: {outside_cpu} of 200");
+        assert!(
+            outside_cpu > 100,
+            "TF32 outputs outside the CPU bound: {outside_cpu} of 200"
+        );
     }
 
     /// A score error widens the weights' bound rigorously: a weight computed

@@ -45,11 +45,23 @@ struct SideRepr {
     max_ratio: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     worst_index: Option<usize>,
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "nonfinite_opt")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "nonfinite_opt"
+    )]
     worst_value: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "nonfinite_opt")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "nonfinite_opt"
+    )]
     worst_exact: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none", with = "nonfinite_opt")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "nonfinite_opt"
+    )]
     worst_bound: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     computed_len: Option<usize>,
@@ -260,11 +272,17 @@ mod tests {
             assert!(!text.contains(key), "{key} in {text}");
         }
         let back: Side = serde_json::from_str(&text).unwrap();
-        assert_eq!((back.computed_len, back.total, back.outside), (Some(0), 2, 2));
+        assert_eq!(
+            (back.computed_len, back.total, back.outside),
+            (Some(0), 2, 2)
+        );
         // A side of the right length keeps every field, as before.
         let same = check(&[1.0, 2.5], &e);
         let text = serde_json::to_string(&same).unwrap();
-        assert!(text.contains("\"worst_index\":1") && !text.contains("computed_len"), "{text}");
+        assert!(
+            text.contains("\"worst_index\":1") && !text.contains("computed_len"),
+            "{text}"
+        );
         assert_eq!(serde_json::from_str::<Side>(&text).unwrap(), same);
     }
 }

@@ -247,7 +247,9 @@ mod tests {
 
     #[test]
     fn read_bits_equals_reading_bit_by_bit() {
-        let bytes: Vec<u8> = (0..64u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+        let bytes: Vec<u8> = (0..64u32)
+            .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+            .collect();
         for bits in 1..=8 {
             for at in 0..(bytes.len() * 8 - bits) {
                 let slow = (0..bits).fold(0u32, |v, i| {
