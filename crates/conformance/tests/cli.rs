@@ -580,3 +580,35 @@ fn exact_faults_flag_every_planted_fault_in_the_attention_step() {
     assert!(md.contains("| `attention/decode` |"), "{md}");
     let _ = std::fs::remove_dir_all(&out_dir);
 }
+
+/// A candidate directory (`MLX_CONFORMANCE_CANDIDATE_CWD`, set by `cargo
+/// xtask`) that is no directory ends the run before any case with one line
+/// naming it (before: every case an ERROR with a bare spawn error).
+#[test]
+fn a_candidate_directory_that_is_no_directory_is_refused_up_front() {
+    let dir = scratch("cand-cwd");
+    std::fs::create_dir_all(&dir).unwrap();
+    let missing = dir.join("no-such-dir");
+    let out = Command::new(env!("CARGO_BIN_EXE_conformance"))
+        .args([
+            "--device",
+            "cpu",
+            "--filter",
+            SMOKE,
+            "--out",
+            dir.join("out").to_str().unwrap(),
+            "--candidate",
+            "true",
+        ])
+        .env_remove("MLX_CONFORMANCE_DEVICE_FAMILY")
+        .env("CI", "true")
+        .env("MLX_CONFORMANCE_CANDIDATE_CWD", &missing)
+        .output()
+        .expect("the conformance binary starts");
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(3), "{all}");
+    assert!(all.contains("MLX_CONFORMANCE_CANDIDATE_CWD"), "{all}");
+    assert!(all.contains("not a directory"), "{all}");
+    assert!(!all.contains("ERROR"), "no case ran: {all}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -48,6 +48,20 @@ impl Session {
                 Some(claim)
             }
         };
+        // The candidate's directory (`cargo xtask` sets it to the caller's):
+        // one that is not a directory would make every case an ERROR with a
+        // bare spawn error, so it ends the run before any case.
+        if cli.candidate.is_some() {
+            if let Some(dir) = conformance::candidate::cwd() {
+                if !dir.is_dir() {
+                    return Err(fail(format!(
+                        "{}={}: not a directory, so the --candidate command cannot run in it; unset it (the candidate then runs in this directory) or name an existing directory",
+                        conformance::candidate::CWD_ENV,
+                        dir.display()
+                    )));
+                }
+            }
+        }
         // `--same-verdicts-as REPORT` is read now, not after the whole run:
         // a missing file, a FIFO or a file that is no report.json ends the
         // run before any case (and is read again, whole, at the end).
