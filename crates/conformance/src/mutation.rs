@@ -32,6 +32,15 @@ impl Score {
         self.planted += 1;
         self.flagged += usize::from(flagged);
     }
+    /// `98.9% (5454 of 5513)`, as report.md writes a score.
+    pub fn percent(&self) -> String {
+        format!(
+            "{:.1}% ({} of {})",
+            100.0 * self.fraction(),
+            self.flagged,
+            self.planted
+        )
+    }
     /// The fraction flagged (1 when nothing was planted).
     pub fn fraction(&self) -> f64 {
         if self.planted == 0 {
@@ -193,14 +202,6 @@ pub fn markdown_recorded(list: &[RecordedScore], md: &mut String) {
     if list.is_empty() {
         return;
     }
-    let pct = |x: &Score| {
-        format!(
-            "{:.1}% ({} of {})",
-            100.0 * x.fraction(),
-            x.flagged,
-            x.planted
-        )
-    };
     let _ = writeln!(
         md,
         "## Mutation score of the exact oracle, as last recorded
@@ -222,14 +223,14 @@ The share of realistic kernel faults planted on the reference side that the exac
     for f in families {
         let _ = write!(md, "| `{f}` |");
         for r in list {
-            let cell = r.by_family.get(f).map_or("-".to_owned(), pct);
+            let cell = r.by_family.get(f).map_or("-".to_owned(), Score::percent);
             let _ = write!(md, " {cell} |");
         }
         let _ = writeln!(md);
     }
     let _ = write!(md, "| **total** |");
     for r in list {
-        let _ = write!(md, " **{}** |", pct(&r.total));
+        let _ = write!(md, " **{}** |", Score::percent(&r.total));
     }
     let _ = writeln!(md, "\n");
     for r in list {
@@ -254,19 +255,11 @@ The share of realistic kernel faults planted on the reference side that the exac
 /// `report.md`'s section.
 pub fn markdown(s: &MutationScore, md: &mut String) {
     use std::fmt::Write;
-    let pct = |x: &Score| {
-        format!(
-            "{:.1}% ({} of {})",
-            100.0 * x.fraction(),
-            x.flagged,
-            x.planted
-        )
-    };
     let _ = writeln!(
         md,
         "## Mutation score of the exact oracle ({})\n\nEach applicable fault of the catalogue (`exactness::faults`) planted into the reference side of every must-equal output with an exact value: **{}** flagged (outside the bound).\n",
         s.backend,
-        pct(&s.total)
+        Score::percent(&s.total)
     );
     if let Some(r) = &s.run {
         let _ = writeln!(
@@ -283,15 +276,15 @@ pub fn markdown(s: &MutationScore, md: &mut String) {
     }
     let _ = writeln!(md, "| family | flagged |\n|---|---:|");
     for (f, x) in &s.by_family {
-        let _ = writeln!(md, "| `{f}` | {} |", pct(x));
+        let _ = writeln!(md, "| `{f}` | {} |", Score::percent(x));
     }
     let _ = writeln!(md, "\n| kind | flagged |\n|---|---:|");
     for (k, x) in &s.by_kind {
-        let _ = writeln!(md, "| `{k}` | {} |", pct(x));
+        let _ = writeln!(md, "| `{k}` | {} |", Score::percent(x));
     }
     let _ = writeln!(md, "\n<details><summary>By family and kind</summary>\n\n| family · kind | flagged |\n|---|---:|");
     for (k, x) in &s.by_family_kind {
-        let _ = writeln!(md, "| `{k}` | {} |", pct(x));
+        let _ = writeln!(md, "| `{k}` | {} |", Score::percent(x));
     }
     let _ = writeln!(md, "\n</details>\n");
     if !s.escapes.is_empty() {
