@@ -215,6 +215,21 @@ pub struct DecodeInputs<'a> {
     /// the SDPA dtype), where it was recorded: `y` is then bounded given it
     /// (module doc, "y given attn").
     pub attn_read: Option<&'a [f64]>,
+    /// What the attention read, where it was recorded (`[T, n_heads *
+    /// head_dim]` q_proj's outputs before RoPE; `[T, n_kv_heads *
+    /// head_dim]` the keys after RoPE and the values, as cached): `attn`
+    /// is then bounded given them under the Gpu model (module doc, "attn
+    /// given what it read").
+    pub read: Option<DecodeRead<'a>>,
+}
+
+/// The arrays the attention itself read, recorded by the reference's
+/// glue ([`DecodeInputs::read`]).
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeRead<'a> {
+    pub queries: &'a [f64],
+    pub keys: &'a [f64],
+    pub values: &'a [f64],
 }
 
 /// The four outputs, token-major, each element tracked, and their dtypes.
@@ -636,6 +651,28 @@ fn decode(inp: &DecodeInputs, model: Model, with_attn: bool) -> Result<DecodeExa
     // x86-64 CPU, one dtype throughout: the enclosures of the emulated
     // kernel (module doc, "Emulated on enclosures").
     let one_dtype = [pk, pv, ck, cv, f, py].iter().all(|&x| x == pq);
+    // A GPU, given what the attention read (module doc, "attn given what
+    // it read").
+    if let (Model::Gpu, true, true, Some(read)) = (model, with_attn, one_dtype, inp.read) {
+        if let Some((enc, q_within)) = gpu_decode_attn_enclosures(inp, read, &q_all, pq) {
+            if enc.len() == out.attn.len() {
+                for (i, ok) in q_within.iter().enumerate() {
+                    let head = &mut out.attn[i * d..(i + 1) * d];
+                    if *ok {
+                        tighten(head, &enc[i * d..(i + 1) * d]);
+                    } else {
+                        // A recorded query outside q_proj's own bound: the
+                        // reference is wrong upstream of `attn`; that
+                        // head's `attn` is marked outside (bound 0 at the
+                        // definition's value).
+                        for a in head {
+                            a.e = 0.0;
+                        }
+                    }
+                }
+            }
+        }
+    }
     if model == Model::Cpu && one_dtype {
         if let Some(enc) = cpu_decode_enclosures(inp, pq, with_attn) {
             tighten(&mut out.attn, &enc.attn);
@@ -752,6 +789,287 @@ fn sdpa_row_iv(q: &[Iv], keys: &[Iv], values: &[Iv], scale: f64, t: Float) -> Ve
     (0..d)
         .map(|c| dot_iv((0..n).map(|j| (p[j], values[j * d + c]))).round(t))
         .collect()
+}
+
+/// The relative error factors `(lo, hi)` of one softmax numerator
+/// `e^{x}` whose argument's magnitude is at most `x` (>= 0), over every
+/// GPU path the module doc names: the unfused ops' `f32` subtraction and
+/// `exp` (CPU chain: argument scaling `K`, polynomial `eps_exp`), times the
+/// fused kernels' chain of `r_steps` rescales (`fast::exp` / `__expf` /
+/// `exp2f` within `2^-23 (3 + 2|x|)`, each multiply rounded), as
+/// [`sdpa_row`] counts them.
+fn gpu_exp_factors(x: f64, r_steps: usize) -> (f64, f64) {
+    let u32_ = Float::Float32.u();
+    let kx = (u32_ + exp_arg_k()) * x;
+    let chain = (2f64.powi(-23) * (3.0 * (r_steps as f64 + 1.0) + 4.0 * x)).exp()
+        * (1.0 + u32_).powi(2 * r_steps as i32 + 4);
+    let hi = kx.exp() * (1.0 + eps_exp(Model::Cpu)) * chain;
+    let lo = (-kx).exp() * (1.0 - eps_exp(Model::Cpu)) * (2.0 - chain).max(0.0);
+    (lo, hi)
+}
+
+/// The smallest interval holding both.
+fn hull(a: Iv, b: Iv) -> Iv {
+    Iv {
+        lo: a.lo.min(b.lo),
+        hi: a.hi.max(b.hi),
+    }
+}
+
+/// One head's RoPE on a GPU, on enclosures, from the exact query values
+/// q_proj returned (`x`, in `t`): the fused kernel (`rope.cu`,
+/// `rope.metal`: float32 cos / sin, `x1 c - x2 s` in float32, one
+/// rounding to `t`), hulled with the unfused ops (`rope_head_iv`: the
+/// trig cast to `t`, three roundings), so the enclosure also holds where
+/// the fallback runs (the CPU: what lets a CPU run test it).
+fn gpu_rope_head_iv(x: &[f64], trig: &[(Iv, Iv)], t: Float) -> Vec<Iv> {
+    let half = trig.len();
+    let u32_ = Float::Float32.u();
+    let eta = Float::Float32.eta();
+    let unfused: Vec<(Iv, Iv)> = trig.iter().map(|(c, s)| (c.round(t), s.round(t))).collect();
+    let points: Vec<Iv> = x.iter().map(|&v| Iv::point(v)).collect();
+    let mut out = rope_head_iv(&points, &unfused, t);
+    for (i, &(c, s)) in trig.iter().enumerate() {
+        let (x1, x2) = (Iv::point(x[i]), Iv::point(x[i + half]));
+        // Two float32 roundings (or one fma), relative to the terms.
+        let fused = |a: Iv, b: Iv, sign: f64| {
+            let (pa, pb) = (a, b.mul(Iv::point(sign)));
+            let lo = pa.lo + pb.lo;
+            let hi = pa.hi + pb.hi;
+            let w = 2.0 * u32_ * (pa.mag() + pb.mag()) + 2.0 * eta;
+            Iv::real(lo - w, hi + w).round(Float::Float32).round(t)
+        };
+        out[i] = hull(out[i], fused(x1.mul(c), x2.mul(s), -1.0));
+        out[i + half] = hull(out[i + half], fused(x1.mul(s), x2.mul(c), 1.0));
+    }
+    out
+}
+
+/// `a / b` for `b > 0`: the extreme quotients.
+fn div_pos(a: Iv, b: Iv) -> Iv {
+    let lo = if a.lo >= 0.0 {
+        a.lo / b.hi
+    } else {
+        a.lo / b.lo
+    };
+    let hi = if a.hi >= 0.0 {
+        a.hi / b.lo
+    } else {
+        a.hi / b.hi
+    };
+    Iv::real(lo, hi)
+}
+
+/// One query row of a GPU SDPA on enclosures (module doc, "attn given
+/// what it read"): `q` the roped query (enclosures in `t`), `keys` /
+/// `values` `[n, D]` the exact cached values, `t` a 16-bit dtype. The
+/// hull of the unfused ops (CUDA's fallback: `T(T(scale) q)`, a float32
+/// gemm / gemv rounded to `T`, the precise softmax's online normalizer
+/// with `__expf`, the weights in `T`, the second gemm rounded to `T`) and
+/// the fused kernels (Metal / CUDA `sdpa_vector`, the 2-pass variants,
+/// cuDNN: scores in float32, online softmax, numerators held in `T` at
+/// most twice (cuDNN's P tile, 2-pass partials), one division, one
+/// rounding to `T`).
+///
+/// The weights are computed against a fixed shift `m*` (the largest
+/// score's upper end), not the kernel's max `m_k`: `e^{s_j - m_k} =
+/// e^{s_j - m*} e^{m* - m_k}`, and the common factor cancels exactly in
+/// `e_j / sum_k e_k`; the kernel's `f32(s_j - m_k)` and `exp` errors are
+/// relative, at most those of an argument of magnitude `m* - lo(s_j)`.
+fn gpu_sdpa_row_iv(
+    q: &[Iv],
+    keys: &[f64],
+    values: &[f64],
+    scale: f64,
+    t: Float,
+    unfused: bool,
+) -> Vec<Iv> {
+    let d = q.len();
+    let n = keys.len() / d;
+    let f32_ = Float::Float32;
+    let (u32_, ut) = (f32_.u(), t.u());
+    let r_steps = n.div_ceil(32) + 3;
+    let key = |j: usize| keys[j * d..(j + 1) * d].iter().map(|&v| Iv::point(v));
+    // The softmax numerators against m*, and their normalizer, from
+    // enclosures of the scores.
+    let weights = |s: &[Iv]| -> (Vec<Iv>, Iv) {
+        let m_star = s.iter().map(|x| x.hi).fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<Iv> = s
+            .iter()
+            .map(|sj| {
+                let (lo_f, hi_f) = gpu_exp_factors(m_star - sj.lo, r_steps);
+                let lo = ((sj.lo - m_star).exp() * lo_f - EXP_ABS).max(0.0);
+                let hi = (sj.hi - m_star).exp() * hi_f + EXP_ABS;
+                Iv::real(lo, hi)
+            })
+            .collect();
+        let (zl, zh) = e.iter().fold((0.0, 0.0), |(a, b), x| (a + x.lo, b + x.hi));
+        let g = gamma(n.saturating_sub(1), u32_);
+        let w = n as f64 * f32_.eta() + gamma(n + 1, U64) * zh;
+        (e, Iv::real(zl * (1.0 - g) - w, zh * (1.0 + g) + w))
+    };
+    // The unfused ops.
+    let sc_t = Iv::point(crate::formats::round_to(scale, t));
+    let qs: Vec<Iv> = q.iter().map(|x| x.mul(sc_t).round32_then(t)).collect();
+    let s: Vec<Iv> = (0..n)
+        .map(|j| dot_iv(qs.iter().copied().zip(key(j))).round(t))
+        .collect();
+    let (e, z) = weights(&s);
+    let unfused: Vec<Iv> = if !unfused {
+        Vec::new()
+    } else if z.lo > 0.0 {
+        let p: Vec<Iv> = e
+            .iter()
+            .map(|ej| {
+                let r = div_pos(*ej, z);
+                // `e * (1 / Z)` or `e / Z`: two float32 roundings at most.
+                Iv::real(r.lo * (1.0 - u32_).powi(2), r.hi * (1.0 + u32_).powi(2)).round32_then(t)
+            })
+            .collect();
+        (0..d)
+            .map(|c| dot_iv((0..n).map(|j| (p[j], Iv::point(values[j * d + c])))).round(t))
+            .collect()
+    } else {
+        vec![Iv::real(f64::NEG_INFINITY, f64::INFINITY); d]
+    };
+    // The fused kernels.
+    let sc32 = Iv::point(f64::from(scale as f32));
+    let qs: Vec<Iv> = q
+        .iter()
+        .map(|x| {
+            let p = x.mul(sc32);
+            Iv::real(p.lo - u32_ * p.mag(), p.hi + u32_ * p.mag())
+        })
+        .collect();
+    let s: Vec<Iv> = (0..n)
+        .map(|j| dot_iv(qs.iter().copied().zip(key(j))))
+        .collect();
+    let (e, z) = weights(&s);
+    if z.lo <= 0.0 {
+        return vec![Iv::real(f64::NEG_INFINITY, f64::INFINITY); d];
+    }
+    // Numerators held in `T` once at most (cuDNN's P tile on CUDA, or
+    // the 2-pass kernels' unnormalized partials on Metal: never both).
+    let held = 1.0 + ut;
+    let e_held: Vec<Iv> = e
+        .iter()
+        .map(|x| Iv::real(x.lo * (2.0 - held), x.hi * held))
+        .collect();
+    (0..d)
+        .map(|c| {
+            let num = dot_iv((0..n).map(|j| (e_held[j], Iv::point(values[j * d + c]))));
+            let o = div_pos(num, z);
+            let w = u32_ * o.mag();
+            let fused = Iv::real(o.lo - w, o.hi + w).round(t);
+            unfused.get(c).map_or(fused, |&a| hull(a, fused))
+        })
+        .collect()
+}
+
+/// Whether some GPU backend runs MLX 0.32's SDPA of this shape as
+/// unfused ops (`use_fallback`): CUDA has `sdpa_vector` for head_dim 64 /
+/// 96 / 128 and fewer than 4 query rows without an array mask (else cuDNN
+/// for 16-bit head_dim <= 128, else the ops); Metal has `sdpa_vector` for
+/// head_dim 64 / 96 / 128 / 256 and at most 8 query rows, `rows * gqa <=
+/// 32` (else the full kernel above 8 rows, else the ops). Only where both
+/// run a fused kernel is the unfused path left out.
+pub fn gpu_may_run_unfused(head_dim: usize, rows: usize, gqa: usize, array_mask: bool) -> bool {
+    let vector_both = matches!(head_dim, 64 | 96 | 128) && rows < 4 && rows * gqa <= 32;
+    !(vector_both && !array_mask)
+}
+
+/// Narrows a Gpu-model SDPA row's bounds ([`sdpa_row`]) with the
+/// enclosure of every GPU path that may run it (module doc, "attn given
+/// what it read"), from exact 16-bit inputs: `q` `[D]`, `keys` / `values`
+/// `[n, D]`; `unfused` from [`gpu_may_run_unfused`]. A float32 SDPA keeps
+/// its bound (TF32 operands are not modelled on enclosures).
+pub fn tighten_gpu_sdpa_row(
+    out: &mut [Tracked],
+    q: &[f64],
+    keys: &[f64],
+    values: &[f64],
+    scale: f64,
+    t: Float,
+    unfused: bool,
+) {
+    if t == Float::Float32 || q.len() != out.len() {
+        return;
+    }
+    let q: Vec<Iv> = q.iter().map(|&v| Iv::point(v)).collect();
+    let enc = gpu_sdpa_row_iv(&q, keys, values, scale, t, unfused);
+    if enc.iter().all(|x| x.finite()) {
+        tighten(out, &enc);
+    }
+}
+
+/// `attn` of the decode given what the attention read (module doc, "attn
+/// given what it read"), every GPU path's enclosure; `None` where it does
+/// not apply (a float32 SDPA: TF32 operands are not modelled here) or an
+/// enclosure is not finite. Also returns, per token and head, whether the
+/// recorded query lies within q_proj's own bound (`q_bound`).
+fn gpu_decode_attn_enclosures(
+    inp: &DecodeInputs,
+    read: DecodeRead,
+    q_bound: &[Tracked],
+    t: Float,
+) -> Option<(Vec<Iv>, Vec<bool>)> {
+    if t == Float::Float32 {
+        return None;
+    }
+    let g = inp.graph;
+    let (h, hkv, d, rd) = (g.n_heads, g.n_kv_heads, g.head_dim, g.rotary_dims);
+    let tokens = read.queries.len() / (h * d).max(1);
+    let (l0, w) = (inp.l0, hkv * d);
+    if read.queries.len() != tokens * h * d
+        || read.keys.len() != tokens * w
+        || read.values.len() != tokens * w
+        || q_bound.len() != read.queries.len()
+        || inp.k0.len() != hkv * l0 * d
+    {
+        return None;
+    }
+    let scale = (d as f64).powf(-0.5);
+    // Each KV head's cache `[len, D]`: the prefill, then the keys and
+    // values each token cached.
+    let mut cache_k: Vec<Vec<f64>> = (0..hkv)
+        .map(|gh| inp.k0[gh * l0 * d..][..l0 * d].to_vec())
+        .collect();
+    let mut cache_v: Vec<Vec<f64>> = (0..hkv)
+        .map(|gh| inp.v0[gh * l0 * d..][..l0 * d].to_vec())
+        .collect();
+    let mut attn = Vec::with_capacity(read.queries.len());
+    let mut q_within = Vec::with_capacity(tokens * h);
+    for tok in 0..tokens {
+        for gh in 0..hkv {
+            cache_k[gh].extend(&read.keys[tok * w + gh * d..][..d]);
+            cache_v[gh].extend(&read.values[tok * w + gh * d..][..d]);
+        }
+        let trig: Vec<(Iv, Iv)> = rope_trig(l0 + tok, rd, g.rope_base, Model::Gpu)
+            .into_iter()
+            .map(|(c, s)| {
+                let iv = |x: Tracked| Iv::real(x.v - x.e, x.v + x.e).round(Float::Float32);
+                (iv(c), iv(s))
+            })
+            .collect();
+        for hh in 0..h {
+            let at = tok * h * d + hh * d;
+            let q = &read.queries[at..at + d];
+            q_within.push(
+                q.iter()
+                    .zip(&q_bound[at..at + d])
+                    .all(|(&v, b)| (v - b.v).abs() <= b.e),
+            );
+            let qr = gpu_rope_head_iv(q, &trig, t);
+            let gh = hh / (h / hkv);
+            let unfused = gpu_may_run_unfused(d, 1, h / hkv, false);
+            let row = gpu_sdpa_row_iv(&qr, &cache_k[gh], &cache_v[gh], scale, t, unfused);
+            if !row.iter().all(|x| x.finite()) {
+                return None;
+            }
+            attn.extend(row);
+        }
+    }
+    Some((attn, q_within))
 }
 
 /// The decode on enclosures, x86-64 CPU only (the projections' scalar
@@ -1209,6 +1527,7 @@ mod tests {
                 rope_base: 10000.0,
             },
             attn_read: None,
+            read: None,
         };
         let out = decode_m1(&inp, Model::Cpu).unwrap();
         assert_eq!(out.attn.len(), toks * h * d);

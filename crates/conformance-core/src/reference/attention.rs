@@ -88,9 +88,10 @@ pub fn attention_decode_m1(
     ]);
     let (value, calls) = ctx.call_sent(F, params)?;
     let rows = list(F, value)?;
-    let [attn, y, keys, values]: [oracle::Value; 4] = rows.try_into().map_err(|v: Vec<_>| {
-        CaseError::Harness(format!("`{F}` returned {} arrays, not 4", v.len()))
-    })?;
+    let [attn, y, keys, values, queries]: [oracle::Value; 5] =
+        rows.try_into().map_err(|v: Vec<_>| {
+            CaseError::Harness(format!("`{F}` returned {} arrays, not 5", v.len()))
+        })?;
     // One exact decode per side gives all four outputs; windows longer
     // than EXACT_MAX_KV are not checked (the float64 SDPA over every cached
     // key of every step costs seconds per thousand keys).
@@ -98,6 +99,13 @@ pub fn attention_decode_m1(
     let hidden = x.shape.last().copied().unwrap_or(0);
     let window = k0.shape.get(2).copied().unwrap_or(0) + x.len() / hidden.max(1);
     let attn = one_array(F, attn)?;
+    let read = |v: oracle::Value, what: &str| match v {
+        oracle::Value::Tensor(t) => Ok(oracle::Arg::Tensor(t)),
+        other => Err(CaseError::Harness(format!(
+            "`{F}` returned {other:?} as its {what}, not an array"
+        ))),
+    };
+    let (keys_read, values_read) = (keys.clone(), values.clone());
     // `y` is checked given the attention output o_proj read (the glue
     // records o_proj's input: `attn`, the reference's own): the reference
     // side's arguments carry it ([`ATTN_READ`]; `exact::attention`'s
@@ -106,7 +114,10 @@ pub fn attention_decode_m1(
     let calls = crate::exactness::Calls {
         reference: calls
             .reference
-            .with(ATTN_READ, oracle::Arg::Tensor(attn.tensor().clone())),
+            .with(ATTN_READ, oracle::Arg::Tensor(attn.tensor().clone()))
+            .with(QUERIES_READ, read(queries, "queries")?)
+            .with(KEYS_READ, read(keys_read, "keys")?)
+            .with(VALUES_READ, read(values_read, "values")?),
         ..calls
     };
     let exact = if window <= EXACT_MAX_KV {
@@ -158,6 +169,15 @@ pub fn attention_decode_m1(
 /// read (never a glue argument: added to the reference's side after the
 /// call).
 pub const ATTN_READ: &str = "attn_read_by_o_proj";
+
+/// The arguments the exact decode reads as what the attention itself
+/// read: q_proj's outputs (the glue's record), the keys and values the
+/// step cached (its outputs). Added to the reference's side after the
+/// call, like [`ATTN_READ`] (`exact::attention`'s module doc, "attn given
+/// what it read").
+pub const QUERIES_READ: &str = "queries_read_by_attention";
+pub const KEYS_READ: &str = "keys_read_by_attention";
+pub const VALUES_READ: &str = "values_read_by_attention";
 
 fn usize_arg(s: &Sent, name: &str) -> Result<usize, ExactError> {
     let v = s.int(name)?;
@@ -264,6 +284,14 @@ fn with_decode_inputs(
         (values(x), Vec::new(), Vec::new())
     };
     let attn_read = s.opt_tensor(ATTN_READ)?.map(values);
+    let read = match (
+        s.opt_tensor(QUERIES_READ)?,
+        s.opt_tensor(KEYS_READ)?,
+        s.opt_tensor(VALUES_READ)?,
+    ) {
+        (Some(q), Some(k), Some(v)) if prefill => Some((values(q), values(k), values(v))),
+        _ => None,
+    };
     let inputs = DecodeInputs {
         x: &xv,
         x_dtype: float_of(x)?,
@@ -276,6 +304,11 @@ fn with_decode_inputs(
         v0_dtype: if l0 > 0 { Some(float_of(v0)?) } else { None },
         graph,
         attn_read: attn_read.as_deref(),
+        read: read.as_ref().map(|(q, k, v)| exact::attention::DecodeRead {
+            queries: q,
+            keys: k,
+            values: v,
+        }),
     };
     f(&inputs)
 }
@@ -371,6 +404,20 @@ fn exact_sdpa(s: &Sent, model: Model) -> Result<Exact, ExactError> {
                     t,
                     model,
                 )?;
+                if model == Model::Gpu {
+                    // Every GPU path's enclosure (`exact::attention`,
+                    // "attn given what it read"): the inputs are exact.
+                    let pts = |x: &[Tracked]| x.iter().map(|t| t.v).collect::<Vec<_>>();
+                    exact::attention::tighten_gpu_sdpa_row(
+                        &mut o,
+                        &pts(&qv[row..row + d]),
+                        &pts(&kv[head..head + n * d]),
+                        &pts(&vv[head..head + n * d]),
+                        scale,
+                        t,
+                        exact::attention::gpu_may_run_unfused(d, m, h / hkv, false),
+                    );
+                }
                 if no_max {
                     let scores: Vec<f64> = (0..n)
                         .map(|j| {

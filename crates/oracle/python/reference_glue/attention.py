@@ -14,6 +14,22 @@ def _attention_qlinear(weight, scales, biases, group_size, bits):
     return _q_linear(weight, scales, biases, None, "affine", bits, group_size)
 
 
+class _RecordOutput(nn.Module):
+    """Instrumentation, not logic: wraps the real q_proj, records what it
+    returns (the queries before RoPE, which the module does not return)
+    and returns it unchanged."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+        self.outputs = []
+
+    def __call__(self, x):
+        y = self.layer(x)
+        self.outputs.append(y)
+        return y
+
+
 class _RecordInput(nn.Module):
     """Instrumentation, not logic: wraps the real o_proj, records the input
     it is called with (the attention output before o_proj, which the module
@@ -47,9 +63,12 @@ def attention_decode_m1(
     [1, 1, hidden] is called as `Glm4Model` calls its layers:
     `attn(h, mask=base.create_attention_mask(h, cache), cache=cache)` on an
     mlx_lm `KVCache` prefilled with k0/v0 [1, n_kv, L0, D] in one update.
-    o_proj is wrapped by `_RecordInput` (instrumentation, not logic) to
-    capture the attention output before it. Returns (attn [T, H*D] before
-    o_proj, y [T, hidden], keys [T, n_kv*D], values [T, n_kv*D]) per token."""
+    o_proj is wrapped by `_RecordInput` and q_proj by `_RecordOutput`
+    (instrumentation, not logic) to capture the attention output before
+    o_proj and the queries before RoPE. Returns (attn [T, H*D] before
+    o_proj, y [T, hidden], keys [T, n_kv*D], values [T, n_kv*D], queries
+    [T, H*D]) per token; the queries are a record for the exact oracle,
+    not compared (a candidate may return the first four only)."""
     base, cache_mod, glm4 = (load("mlx_lm.models.base"), load("mlx_lm.models.cache"),
                              load("mlx_lm.models.glm4"))
     hidden = x.shape[-1]
@@ -63,7 +82,8 @@ def attention_decode_m1(
     if attn.rope.dims != rotary_dims or attn.head_dim != head_dim:
         raise ValueError(f"Glm4Attention built rope dims {attn.rope.dims} / head_dim "
                          f"{attn.head_dim}, the case has {rotary_dims} / {head_dim}")
-    attn.q_proj = _attention_qlinear(q_w, q_s, q_b, group_size, bits)
+    q_proj = _RecordOutput(_attention_qlinear(q_w, q_s, q_b, group_size, bits))
+    attn.q_proj = q_proj
     attn.k_proj = _attention_qlinear(k_w, k_s, k_b, group_size, bits)
     attn.v_proj = _attention_qlinear(v_w, v_s, v_b, group_size, bits)
     o_proj = _RecordInput(_attention_qlinear(o_w, o_s, o_b, group_size, bits))
@@ -77,13 +97,14 @@ def attention_decode_m1(
         h = x[t : t + 1][None]
         y = attn(h, mask=base.create_attention_mask(h, cache), cache=cache)
         out = o_proj.inputs[-1]
-        mx.eval(out, y, cache.keys, cache.values)
+        mx.eval(out, y, q_proj.outputs[-1], cache.keys, cache.values)
         attn_rows.append(out[0])
         y_rows.append(y[0])
     T = x.shape[0]
     k_rows = cache.keys[:, :, start : start + T, :].transpose(2, 0, 1, 3).reshape(T, -1)
     v_rows = cache.values[:, :, start : start + T, :].transpose(2, 0, 1, 3).reshape(T, -1)
-    return mx.concatenate(attn_rows, 0), mx.concatenate(y_rows, 0), k_rows, v_rows
+    q_rows = mx.concatenate([q.reshape(1, -1) for q in q_proj.outputs], 0)
+    return mx.concatenate(attn_rows, 0), mx.concatenate(y_rows, 0), k_rows, v_rows, q_rows
 
 
 def sdpa_kv_cache(queries, keys, values, scale):

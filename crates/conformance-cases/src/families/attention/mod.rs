@@ -461,6 +461,7 @@ mod exact_tests {
 
     use super::scenario::Scenario;
     use super::step::{HostProjection, HostWeights, QWEN35_LIKE};
+    use oracle::HostTensor;
     use crate::exactness::values;
     use crate::inputs::Inputs;
 
@@ -527,6 +528,7 @@ mod exact_tests {
                     rope_base: f64::from(shape.rope_base),
                 },
                 attn_read: None,
+                read: None,
             };
             let mut d = decode_m1(&inp, Model::Cpu).unwrap();
             // y given the attention output o_proj read (the port's, as
@@ -558,6 +560,53 @@ mod exact_tests {
             let e = Exact::from_tracked("t", Model::Cpu, vec![given.y.len()], &given.y);
             let side = check(&values(&sc.m1.y), &e);
             assert!(side.within() && side.max_ratio == 0.0, "seed {seed} y given attn: {side:?}");
+            // The Gpu model given what the attention read (the port's q_proj
+            // on these rows, its cached keys and values): the CPU's `attn`
+            // (its unfused fallback, one of the paths the enclosure hulls)
+            // lies within it, and it is informative.
+            let q_layer = weights.q.layer(shape.spec).unwrap();
+            let xa = sc.x.to_array().reshape(&[1, (end - start) as i32, shape.hidden as i32]).unwrap();
+            let q_read = values(&HostTensor::from_array(&q_layer.forward(&xa).unwrap()).unwrap());
+            let (k_read, v_read) = (values(&sc.m1.keys), values(&sc.m1.values));
+            let read = exact::attention::DecodeRead {
+                queries: &q_read,
+                keys: &k_read,
+                values: &v_read,
+            };
+            let gpu = decode_m1(
+                &DecodeInputs {
+                    read: Some(read),
+                    projections: with_read.projections.clone(),
+                    ..with_read
+                },
+                Model::Gpu,
+            )
+            .unwrap();
+            let e = Exact::from_tracked("t", Model::Gpu, vec![gpu.attn.len()], &gpu.attn);
+            let side = check(&values(&sc.m1.attn), &e);
+            assert!(side.within(), "seed {seed} Gpu attn given what it read: {side:?}");
+            let informative = e.value.iter().zip(&e.bound).filter(|(v, b)| v.abs() > **b).count();
+            assert!(
+                informative * 2 > gpu.attn.len(),
+                "seed {seed} Gpu attn: {informative} of {} informative",
+                gpu.attn.len()
+            );
+            // A recorded query off its bound marks its head's attn outside.
+            let mut q_bad = q_read.clone();
+            q_bad[3] *= 1.5;
+            q_bad[3] += 1.0;
+            let bad = decode_m1(
+                &DecodeInputs {
+                    read: Some(exact::attention::DecodeRead { queries: &q_bad, ..read }),
+                    projections: with_read.projections.clone(),
+                    ..with_read
+                },
+                Model::Gpu,
+            )
+            .unwrap();
+            let e = Exact::from_tracked("t", Model::Gpu, vec![bad.attn.len()], &bad.attn);
+            let side = check(&values(&sc.m1.attn), &e);
+            assert!(!side.within(), "seed {seed}: a wrong recorded query passed");
             d.attn = given.attn;
             let outs = [&d.attn, &d.y, &d.keys, &d.values];
             for ((name, port), tracked) in super::OUTPUTS.iter().zip(sc.m1.outputs()).zip(outs) {

@@ -106,7 +106,7 @@ impl HostProjection {
         })
     }
 
-    fn layer(&self, spec: QuantSpec) -> Result<QuantizedLinear, CaseError> {
+    pub(crate) fn layer(&self, spec: QuantSpec) -> Result<QuantizedLinear, CaseError> {
         QuantizedLinear::from_arrays(
             self.weight.to_array(),
             self.scales.to_array(),
