@@ -159,8 +159,60 @@
 //! (conformance-cases) runs MLX's CPU decode over many seeds. Were MLX's
 //! CPU path to change (a float32 accumulator in the projections, another
 //! softmax), its outputs would land outside: the oracle then reports the
-//! reference outside, never a wrong pass. The Gpu model keeps the worst
-//! case.
+//! reference outside, never a wrong pass. The Gpu model uses what the
+//! attention read (next section).
+//!
+//! # attn given what it read (Gpu model)
+//! On a GPU the projections' order is not emulated, so q and k are only
+//! bounded (CUDA's `qmv` holds its accumulators in bf16) and the worst
+//! case is vacuous again. But the reference glue records what the
+//! attention itself read: q_proj's outputs (a wrapper that returns them
+//! unchanged) and the keys and values the step cached (its own outputs,
+//! the cache rows SDPA reads). Given those exact values
+//! ([`DecodeInputs::read`]) only RoPE of the query and the SDPA remain, and
+//! [`gpu_sdpa_row_iv`] runs them on enclosures over every GPU path of MLX
+//! 0.32 that may compute them, hulled:
+//! - RoPE: the fused kernel (`rope.cu` / `rope.metal`: float32 cos / sin
+//!   within the Gpu RoPE step's error, `x1 c − x2 s` with two float32
+//!   roundings, one rounding to `T`), hulled with the unfused ops of the
+//!   CPU section (which is what lets a CPU run test the model);
+//! - the unfused ops (CUDA's fallback at head_dim 256: no `sdpa_vector`,
+//!   no cuDNN above 128): `T(T(scale) q)`, scores a float32 gemm in any
+//!   order rounded to `T`, the precise softmax with CUDA's online
+//!   normalizer and `__expf` (each numerator within the factors of
+//!   [`gpu_exp_factors`]: the CPU chain times the fused chain of
+//!   [`sdpa_row`]), `e (1/Z)` or `e / Z` (two float32 roundings), the
+//!   weights in `T`, the second gemm in any order rounded to `T`;
+//! - the fused kernels (Metal `sdpa_vector` and its 2-pass variant, CUDA
+//!   `sdpa_vector`, cuDNN): `f32(scale) q` in float32, scores in float32 in
+//!   any order, the same numerator factors, each numerator held in `T`
+//!   once at most (cuDNN's P tile; the 2-pass kernels' unnormalized
+//!   partials, `static_cast<T>(o)`), `sum e v` in any order over the
+//!   normalizer, one rounding to `T`. The unfused path is left out where
+//!   both GPUs run a fused kernel ([`gpu_may_run_unfused`], read from both
+//!   backends' `use_fallback`).
+//!
+//! The numerators are taken against a fixed shift `m*` (the largest
+//! score's upper end): the kernel's max `m_k` differs from it by a common
+//! factor `e^{m* − m_k}` that cancels exactly in `e_j / sum e_k`, and the
+//! kernel's `f32(s_j − m_k)` and `exp` errors are relative, at most those
+//! of an argument of magnitude `m* − lo(s_j)`. So no interval grows with
+//! the max's own uncertainty.
+//!
+//! The recorded query is not an output: it must itself lie within q_proj's
+//! bound of the definition (the Gpu qmm bound on `x`), or the reference is
+//! wrong upstream of `attn`, and that head's `attn` is then marked outside
+//! (bound 0 at the definition's value). The keys and values are checked
+//! outputs. So the step stays covered: `attn` within the SDPA's enclosure
+//! given q, K, V; q within q_proj's bound; K and V within theirs; `y` given
+//! `attn`. The port's side under `--perturb` has no records and keeps the
+//! worst case. A float32 SDPA keeps [`sdpa_row`]'s bound (TF32 operands are
+//! not modelled on enclosures). The same enclosure narrows the
+//! `attention/sdpa` family's Gpu rows ([`tighten_gpu_sdpa_row`]: its inputs
+//! are exact). Evidence: the CPU's `attn` lies within the Gpu enclosure
+//! over many seeds (`the_cpu_attention_decode_stays_within_its_enclosure_over_many_seeds`:
+//! ratio 0.25, mean bound 7% of |attn|, none informative without the
+//! records), and the H200's under `fixtures/gpu-runs/`.
 //!
 //! # y given attn (every model)
 //! `y = o_proj(attn)` reads the attention output the kernel wrote; the

@@ -379,7 +379,7 @@ pub const OPS: &[Op] = &[
             i("n_heads", "int"), i("n_kv_heads", "int"), HEAD_DIM,
             i("rotary_dims", "int"), i("rope_base", "float"), GROUP, BITS,
         ],
-        outputs: "list of 4 arrays, token-major: `attn` [T, n_heads*head_dim] (the attention output before o_proj), `y` [T, hidden], this step's roped `keys` and `values` [T, n_kv_heads*head_dim]",
+        outputs: "list of 4 arrays, token-major: `attn` [T, n_heads*head_dim] (the attention output before o_proj), `y` [T, hidden], this step's roped `keys` and `values` [T, n_kv_heads*head_dim]; the reference also returns a fifth, `queries` [T, n_heads*head_dim] (q_proj's outputs before RoPE, recorded for the exact oracle, never compared: a candidate may leave it out)",
     },
     Op {
         name: "sdpa_kv_cache",
