@@ -74,8 +74,9 @@
 //!   float to a float32 array, which MLX casts to float32 first, to
 //!   nearest: `+inf`. The definition is the formula at that base
 //!   (`F32Base::Infinite`): `inf^0 = 1` and `inf^y = +inf` for `y > 0`
-//!   exactly (IEEE 754 §9.2.1, C Annex F; glibc, CUDA and Metal `pow`
-//!   document these cases), the exponent of `j = 0` being exactly 0 (`0 /
+//!   exactly (IEEE 754 §9.2.1, C Annex F; glibc's and CUDA's `powf`
+//!   document these cases; Metal's precise `pow` is assumed to keep them,
+//!   unverified: the Metal model has never run), the exponent of `j = 0` being exactly 0 (`0 /
 //!   d`, `(2 / c) * 0`: a zero numerator or factor gives 0 in any division
 //!   or product) and every other one positive. So `inv_freq = [1, 0, ...]`
 //!   (`1 / inf = +0` exactly) and Gemma's `timescale = [1, inf, ...]`
@@ -229,11 +230,12 @@ enum F32Base {
     /// The cast overflowed to `+inf` (`|base| >= f32::MAX + ulp / 2`).
     /// `inf^x` for the float32 exponent `x` the kernel computed:
     /// IEEE 754 (§9.2.1) and C's Annex F give `pow(+inf, ±0) = 1` and
-    /// `pow(+inf, y > 0) = +inf` exactly, as glibc `powf`, CUDA `powf` and
-    /// Metal's `pow` document; the exponents here are `0 / d` (exactly 0
-    /// for `j = 0`: the division or product of an exact zero) and positive
-    /// quotients or products of positive values for `j > 0` (at least
-    /// `2 / d`, far from underflow, whatever their rounding). So
+    /// `pow(+inf, y > 0) = +inf` exactly, as glibc's and CUDA's `powf`
+    /// document (Metal's `pow` assumed); the exponents here are `0 / d`
+    /// (exactly 0 for `j = 0`: the division or product of an exact zero)
+    /// and positive quotients or products of positive values for `j > 0`
+    /// (about `2 / d` or more, far from underflow, whatever their
+    /// rounding). So
     /// `inv_freq = [1, 0, 0, ...]` (`1 / 1`, `1 / inf = +0` exactly) and
     /// Gemma's `timescale = [1, inf, ...]`: bound 0; the angles are then
     /// `position * 1`, `position / 1` (f32 roundings of the position) and

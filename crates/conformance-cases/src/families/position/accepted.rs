@@ -11,6 +11,12 @@
 //! broadcast positions and odd rotary dims are reference hazards there
 //! (the port refuses them on that path). q, k, inputs and positions are
 //! perturbed under `--perturb`; the shapes are the cases' constants.
+//!
+//! Every q, k, inv_freq and 2-D RoPE output is exact-checked: the
+//! broadcast inputs through the 4-D models per leading index, the odd
+//! rotary dim and the bases beyond f32 as the reference's formulas compute
+//! them (`exact::rope`'s module doc, "What the reference computes at the
+//! edges").
 
 use layers::position::{apply_multidimensional_rope, Mrope, MropeConfig, MropePath};
 use oracle::DType;
