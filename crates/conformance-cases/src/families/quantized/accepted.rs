@@ -363,6 +363,9 @@ mod tests {
                 let (y, sent, f) = drawn(seed, name);
                 let e = f(&sent, Model::Cpu).unwrap();
                 assert_eq!(e.shape, y.shape, "{name}");
+                // The Gpu model takes the same layouts (no harness error
+                // on a GPU run).
+                assert_eq!(f(&sent, Model::Gpu).unwrap().shape, y.shape, "{name}");
                 let variants = FaultKind::ALL
                     .into_iter()
                     .filter_map(|kind| {
