@@ -80,6 +80,20 @@
 //! `CUBLAS_COMPUTE_32F_FAST_TF32`, the grouped gemm, and Metal's NAX path),
 //! so the Gpu model rounds each float32 operand to TF32 first (seen on an
 //! H200: float32 `nn.Linear` outputs exceeded the float32 bound by ~20x).
+//!
+//! **Layouts** (issue 41: `quantized/accepted`, `float/accepted`). The
+//! layers accept tensors of other layouts than a checkpoint's; the math
+//! and the kernels are the plain layer's, so each element gets the plain
+//! layer's model and bound, and only which values meet follows the
+//! layout: an additive bias broadcast as MLX's `add` / `addmm` broadcasts
+//! it ([`add_broadcast`]: a scalar, `[1]`, `[1, N]`, a row per row, a bias
+//! that widens the output; one rounding per sum, as [`add_bias`]); a
+//! quantized weight with leading axes of 1 (the same matrix); a LoRA
+//! `lora_b` of one column (its one delta per row broadcast over the
+//! outputs, [`lora_residual`]); an integer weight in a float matmul (cast
+//! to the activation dtype first, exact where every value is one of its
+//! values, which the caller checks); a per-expert bias `[E, 1]` (one value
+//! per routed row, broadcast over its outputs).
 
 use crate::formats::{Format, QuantizedMatrix};
 use crate::tracked::{gamma, sum_any_order, sum_in_order, Tracked};
@@ -593,6 +607,78 @@ pub(crate) fn tf32_round(x: Tracked) -> Tracked {
     x.widen(2.0 * TF32_U * (x.v.abs() + x.e))
 }
 
+/// The broadcast of two shapes (NumPy's rule, as MLX's `broadcast_shapes`):
+/// aligned at the last axis, each pair equal or one of them 1.
+pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>, ExactError> {
+    let r = a.len().max(b.len());
+    let at = |s: &[usize], i: usize| (i + s.len()).checked_sub(r).map_or(1, |j| s[j]);
+    (0..r)
+        .map(|i| match (at(a, i), at(b, i)) {
+            (x, y) if x == y || y == 1 => Ok(x),
+            (1, y) => Ok(y),
+            (x, y) => err(format!(
+                "shapes {a:?} and {b:?} do not broadcast ({x} vs {y})"
+            )),
+        })
+        .collect()
+}
+
+/// `y + bias` as MLX's `add` broadcasts them (`y` of `y_shape`, `bias` of
+/// `bias_shape`, any ranks), each sum rounded to `t`: the result and its
+/// shape. Each element is the same one rounding [`add_bias`] counts; only
+/// which bias element meets which `y` element follows the shapes (a scalar,
+/// `[1]`, `[1, N]`, one row per row of `y`, a bias that widens the
+/// output).
+pub fn add_broadcast(
+    y: &[Tracked],
+    y_shape: &[usize],
+    bias: &[f64],
+    bias_shape: &[usize],
+    t: Float,
+) -> Result<(Vec<Tracked>, Vec<usize>), ExactError> {
+    let count = |s: &[usize]| s.iter().product::<usize>();
+    if count(y_shape) != y.len() || count(bias_shape) != bias.len() {
+        return err(format!(
+            "{} and {} values for shapes {y_shape:?} and {bias_shape:?}",
+            y.len(),
+            bias.len()
+        ));
+    }
+    let shape = broadcast_shapes(y_shape, bias_shape)?;
+    let r = shape.len();
+    // Row-major strides of an operand against the result (0 on a
+    // broadcast axis).
+    let strides = |s: &[usize]| {
+        let mut st = vec![0usize; r];
+        let mut acc = 1;
+        for i in (0..s.len()).rev() {
+            let at = r - s.len() + i;
+            st[at] = if s[i] == 1 { 0 } else { acc };
+            acc *= s[i];
+        }
+        st
+    };
+    let (sy, sb) = (strides(y_shape), strides(bias_shape));
+    let total = count(&shape);
+    let mut out = Vec::with_capacity(total);
+    let mut index = vec![0usize; r];
+    for _ in 0..total {
+        let (iy, ib) = index
+            .iter()
+            .enumerate()
+            .fold((0, 0), |(a, b), (ax, &i)| (a + i * sy[ax], b + i * sb[ax]));
+        out.push(y[iy].add(Tracked::exact(bias[ib])).round(t));
+        for ax in (0..r).rev() {
+            index[ax] += 1;
+            if index[ax] < shape[ax] {
+                break;
+            }
+            index[ax] = 0;
+        }
+    }
+    Ok((out, shape))
+}
+
 /// `y + bias` broadcast over rows of `bias.len()`, rounded to `t`.
 pub fn add_bias(y: &[Tracked], bias: &[f64], t: Float) -> Vec<Tracked> {
     y.iter()
@@ -811,5 +897,47 @@ mod tests {
         assert!(s.within(), "{s:?}");
         let zeros = vec![0.0; computed.len()];
         assert!(!check(&zeros, &exact).within());
+    }
+
+    /// Issue 41: a bias broadcast as MLX broadcasts it (`quantized/accepted`):
+    /// a scalar, `[1]`, `[1, N]`, a row per row, `[2, 1, N]` widening a
+    /// `[2, N]` output to `[2, 2, N]`; shapes that do not broadcast are an
+    /// error.
+    #[test]
+    fn a_bias_broadcasts_as_mlx_broadcasts_it() {
+        let y: Vec<Tracked> = (0..6).map(|i| Tracked::exact(i as f64)).collect();
+        let t = Float::Float32;
+        let sums = |b: &[f64], s: &[usize]| {
+            let (v, shape) = add_broadcast(&y, &[2, 3], b, s, t).unwrap();
+            (v.iter().map(|v| v.v).collect::<Vec<_>>(), shape)
+        };
+        assert_eq!(
+            sums(&[10.0], &[]),
+            ((10..16).map(f64::from).collect(), vec![2, 3])
+        );
+        assert_eq!(sums(&[10.0], &[1]).0, sums(&[10.0], &[1, 1]).0);
+        assert_eq!(
+            sums(&[10.0, 20.0, 30.0], &[1, 3]).0,
+            vec![10.0, 21.0, 32.0, 13.0, 24.0, 35.0]
+        );
+        let rows = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0];
+        assert_eq!(
+            sums(&rows, &[2, 3]).0,
+            vec![10.0, 21.0, 32.0, 43.0, 54.0, 65.0]
+        );
+        let (wide, shape) = sums(&[100.0, 200.0, 300.0, 400.0, 500.0, 600.0], &[2, 1, 3]);
+        assert_eq!(shape, vec![2, 2, 3]);
+        assert_eq!(
+            wide,
+            vec![
+                100.0, 201.0, 302.0, 103.0, 204.0, 305.0, 400.0, 501.0, 602.0, 403.0, 504.0, 605.0
+            ]
+        );
+        assert!(add_broadcast(&y, &[2, 3], &[1.0, 2.0], &[2], t).is_err());
+        assert!(add_broadcast(&y, &[2, 3], &[1.0], &[2], t).is_err());
+        // Each sum is the one rounding add_bias counts.
+        let b = [0.1, 0.2, 0.3];
+        let (v, _) = add_broadcast(&y, &[2, 3], &b, &[3], Float::Bfloat16).unwrap();
+        assert_eq!(v, add_bias(&y, &b, Float::Bfloat16));
     }
 }

@@ -56,6 +56,37 @@
 //!
 //! Positions are integers, exact in float32 below 2^24 (rounded for real
 //! past that).
+//!
+//! # What the reference computes at the edges (issue 41)
+//! - **An odd rotary dim** (`int(head_dim * partial_rotary_factor)` odd,
+//!   `position/mrope/accepted/odd-rotary-dim-15-head-16`): mlx-vlm's
+//!   `compute_inv_freq(d, base)` is `1 / base^(arange(0, d, 2) / d)`, so
+//!   `ceil(d / 2)` frequencies with exponents `2j / d`; cos / sin are those
+//!   twice (`concatenate([freqs, freqs])`), `ceil(d / 2) * 2 = d + 1`
+//!   channels, and the apply rotates `q[..., :cos.shape[-1]]` with
+//!   `rotate_half` (channel `j` with `j + ceil(d / 2)`). The definition is
+//!   exactly that: [`mrope_apply`] rotates `d + 1` channels (an error
+//!   where they exceed the head, as the reference's broadcast is) at the
+//!   exponents [`inv_freq`] already computes for any `d`. Every rounding
+//!   point is the even case's; the bound is derived the same way.
+//! - **A base beyond float32** (`rope_theta = 1e39`,
+//!   `position/rope2d/accepted/base-1e39`): both formulas raise a Python
+//!   float to a float32 array, which MLX casts to float32 first, to
+//!   nearest: `+inf`. The definition is the formula at that base
+//!   (`F32Base::Infinite`): `inf^0 = 1` and `inf^y = +inf` for `y > 0`
+//!   exactly (IEEE 754 §9.2.1, C Annex F; glibc's and CUDA's `powf`
+//!   document these cases; Metal's precise `pow` is assumed to keep them,
+//!   unverified: the Metal model has never run), the exponent of `j = 0` being exactly 0 (`0 /
+//!   d`, `(2 / c) * 0`: a zero numerator or factor gives 0 in any division
+//!   or product) and every other one positive. So `inv_freq = [1, 0, ...]`
+//!   (`1 / inf = +0` exactly) and Gemma's `timescale = [1, inf, ...]`
+//!   (`p / inf = ±0` exactly): bound 0 on those; the angles are the f32
+//!   position and exactly 0; the rotation keeps the model's cos / sin and
+//!   rounding errors above. Nothing there is NaN (no `0 * inf` or `inf /
+//!   inf` arises: positions are finite). A real base `1e39` (`1e39^(-2j/d)`,
+//!   what float64 would compute) is another value, which the bound
+//!   separates from the reference's on float32 activations (test
+//!   `odd_rotary_dims_and_bases_beyond_f32_are_the_formula_the_reference_computes`).
 
 use crate::{err, Exact, ExactError, Float, Model, Tracked};
 
@@ -140,6 +171,17 @@ fn pow(base: Tracked, x: Tracked, f: &Functions) -> Result<Tracked, ExactError> 
 /// then the division's rounding (the standard model when correctly
 /// rounded).
 fn divide(n: Tracked, d: Tracked, f: &Functions) -> Result<Tracked, ExactError> {
+    // A finite value over an exactly infinite one (a timescale of an f32
+    // base that overflowed: [`F32Base`]) is exactly ±0 in IEEE arithmetic.
+    if d.v.is_infinite() && d.e == 0.0 && (n.v + n.e).is_finite() {
+        return Ok(Tracked::zero());
+    }
+    // An exact zero over a finite nonzero divisor is exactly 0 however
+    // the division is carried out (correctly rounded, or `n * (1 / d)`
+    // with an approximate reciprocal: the product of 0 is 0).
+    if n.v == 0.0 && n.e == 0.0 && d.v.is_finite() && d.v.abs() > d.e {
+        return Ok(Tracked::zero());
+    }
     let ad = d.v.abs();
     if ad.is_nan() || ad <= d.e {
         return err(format!("divisor {} within its error {} of zero", d.v, d.e));
@@ -175,6 +217,58 @@ fn sin(a: Tracked, f: &Functions) -> Tracked {
     }
 }
 
+/// A rotary base as the kernels read it: the Python float cast to float32
+/// (MLX casts a Python scalar to the array's dtype, to nearest). A base
+/// beyond float32's range is `+inf` there, and the reference's formula is
+/// evaluated at that base: the definition of `rope_theta = 1e39` is
+/// what its formula gives, not `1e39^x` (see [`F32Base::Infinite`]).
+#[derive(Debug, Clone, Copy)]
+enum F32Base {
+    /// A finite float32 base: the base, its cast to f32 counted as an
+    /// error ([`Tracked::round`]).
+    Finite(Tracked),
+    /// The cast overflowed to `+inf` (`|base| >= f32::MAX + ulp / 2`).
+    /// `inf^x` for the float32 exponent `x` the kernel computed:
+    /// IEEE 754 (§9.2.1) and C's Annex F give `pow(+inf, ±0) = 1` and
+    /// `pow(+inf, y > 0) = +inf` exactly, as glibc's and CUDA's `powf`
+    /// document (Metal's `pow` assumed); the exponents here are `0 / d`
+    /// (exactly 0 for `j = 0`: the division or product of an exact zero)
+    /// and positive quotients or products of positive values for `j > 0`
+    /// (about `2 / d` or more, far from underflow, whatever their
+    /// rounding). So
+    /// `inv_freq = [1, 0, 0, ...]` (`1 / 1`, `1 / inf = +0` exactly) and
+    /// Gemma's `timescale = [1, inf, ...]`: bound 0; the angles are then
+    /// `position * 1`, `position / 1` (f32 roundings of the position) and
+    /// exactly 0, and cos / sin keep the model's function error.
+    Infinite,
+}
+
+impl F32Base {
+    fn of(base: f64) -> Result<Self, ExactError> {
+        let b32 = base as f32;
+        if b32 == f32::INFINITY {
+            Ok(F32Base::Infinite)
+        } else if b32.is_finite() && b32 > 0.0 {
+            Ok(F32Base::Finite(Tracked::exact(base).round(F32)))
+        } else {
+            err(format!("rotary base {base} is not positive in float32"))
+        }
+    }
+    /// `base^x` as the kernel computes it ([`pow`]; an infinite base as
+    /// its doc says).
+    fn pow(self, x: Tracked, f: &Functions) -> Result<Tracked, ExactError> {
+        match self {
+            F32Base::Finite(base) => pow(base, x, f),
+            F32Base::Infinite if x.v == 0.0 && x.e == 0.0 => Ok(Tracked::exact(1.0)),
+            F32Base::Infinite if x.v - x.e > 0.0 => Ok(Tracked::exact(f64::INFINITY)),
+            F32Base::Infinite => err(format!(
+                "an infinite base to an exponent {} ± {} not known positive or zero",
+                x.v, x.e
+            )),
+        }
+    }
+}
+
 /// A position as the kernel reads it: `astype(float32)` of an integer.
 fn position(p: f64) -> Tracked {
     Tracked::exact(p).round(F32)
@@ -189,7 +283,7 @@ pub fn inv_freq(
     model: Model,
 ) -> Result<Vec<Tracked>, ExactError> {
     let f = Functions::of(model);
-    let base = Tracked::exact(rope_theta).round(F32);
+    let base = F32Base::of(rope_theta)?;
     (0..rotary_dim.div_ceil(2))
         .map(|j| {
             let x = divide(
@@ -197,7 +291,7 @@ pub fn inv_freq(
                 Tracked::exact(rotary_dim as f64),
                 &f,
             )?;
-            divide(Tracked::exact(1.0), pow(base, x, &f)?, &f)
+            divide(Tracked::exact(1.0), base.pow(x, &f)?, &f)
         })
         .collect()
 }
@@ -211,10 +305,10 @@ fn timescale(
     model: Model,
 ) -> Result<Vec<Tracked>, ExactError> {
     let f = Functions::of(model);
-    let base = Tracked::exact(base_frequency).round(F32);
+    let base = F32Base::of(base_frequency)?;
     let step = Tracked::exact(2.0 / channels as f64).round(F32);
     (0..channels / 2)
-        .map(|j| pow(base, step.mul(Tracked::exact(j as f64)).round(F32), &f))
+        .map(|j| base.pow(step.mul(Tracked::exact(j as f64)).round(F32), &f))
         .collect()
 }
 
@@ -347,11 +441,17 @@ pub fn mrope_apply(
     if x.len() != b * heads * l * d {
         return err(format!("x holds {} values for shape {shape:?}", x.len()));
     }
+    // `compute_inv_freq(rotary_dim)` has `ceil(rotary_dim / 2)`
+    // frequencies (`arange(0, rotary_dim, 2)`), cos / sin twice that many
+    // channels, and the apply rotates that many (`q[..., :cos.shape[-1]]`,
+    // `rotate_half` pairing): an odd rotary dim rotates `rotary_dim + 1`
+    // channels with exponents `2j / rotary_dim`.
     let rotary_dim = rotary.rotary_dim;
-    if !rotary_dim.is_multiple_of(2) || rotary_dim > d {
+    let half = rotary_dim.div_ceil(2);
+    if 2 * half > d {
         return err(format!("rotary_dim {rotary_dim} for head_dim {d}"));
     }
-    let half = rotary_dim / 2;
+    let rotated = 2 * half;
     let streams = match position_shape {
         [pb, pl] if *pb == b && *pl == l => vec![0; half],
         [3, pb, pl] if *pb == b && *pl == l => interleaved_streams(rotary.mrope_section, half)?,
@@ -374,8 +474,8 @@ pub fn mrope_apply(
                     })
                     .collect();
                 let row = &x[((bi * heads + hi) * l + t) * d..][..d];
-                rotate_half(&row[..rotary_dim], &angles, &f, rounding, &mut out);
-                out.extend(row[rotary_dim..].iter().map(|&v| Tracked::exact(v)));
+                rotate_half(&row[..rotated], &angles, &f, rounding, &mut out);
+                out.extend(row[rotated..].iter().map(|&v| Tracked::exact(v)));
             }
         }
     }
@@ -524,7 +624,8 @@ mod tests {
         }
     }
 
-    /// The CPU pure-MLX mRoPE as MLX computes it, emulated in f32 / bf16.
+    /// The CPU pure-MLX mRoPE as MLX computes it, emulated in f32 / bf16
+    /// (rotary dim `2 * streams.len()`).
     fn emulate_mrope(
         x: &[f64],
         shape: [usize; 4],
@@ -532,10 +633,23 @@ mod tests {
         streams: &[usize],
         theta: f32,
     ) -> Vec<f64> {
+        emulate_mrope_dim(x, shape, pos, streams, theta, 2 * streams.len())
+    }
+
+    /// [`emulate_mrope`] with `compute_inv_freq(dim, theta)`'s exponents
+    /// `2j / dim` (an odd `dim` has `streams.len() = ceil(dim / 2)`).
+    fn emulate_mrope_dim(
+        x: &[f64],
+        shape: [usize; 4],
+        pos: &[f64],
+        streams: &[usize],
+        theta: f32,
+        dim: usize,
+    ) -> Vec<f64> {
         let [b, heads, l, d] = shape;
         let half = streams.len();
         let inv: Vec<f32> = (0..half)
-            .map(|j| 1.0 / theta.powf((2 * j) as f32 / (2 * half) as f32))
+            .map(|j| 1.0 / theta.powf((2 * j) as f32 / dim as f32))
             .collect();
         let r = |v: f32| f64::from(bf16::from_f32(v));
         let mut out = Vec::new();
@@ -619,6 +733,128 @@ mod tests {
         // One stream for all frequencies (the section layout ignored).
         let other = emulate_mrope(&x, shape, &pos, &[0; 32], 1e7);
         assert!(!check(&other, &exact).within());
+    }
+
+    /// Issue 41: an odd rotary dim (15 of head 16: `compute_inv_freq(15)`'s
+    /// 8 frequencies, exponents `2j / 15`, 16 channels rotated) and a theta
+    /// beyond float32 (the f32 base `+inf`: inv_freq `[1, 0, ...]`) are
+    /// defined as the reference's formula computes them: MLX's CPU apply,
+    /// emulated, is within over many seeds; the same apply with the
+    /// exponents of rotary 16 (the odd dim read as the next even one), or
+    /// with 1e39 taken as a real base (`1e39^(-2j/d)`, what float64 would
+    /// give), is not.
+    #[test]
+    fn odd_rotary_dims_and_bases_beyond_f32_are_the_formula_the_reference_computes() {
+        let bf = Float::Bfloat16;
+        let shape = [1, 2, 3, 16];
+        let section = [3, 3, 2];
+        let streams = interleaved_streams(&section, 8).unwrap();
+        let exact_in = |dtype: Float, x: &[f64], pos: &[f64], dim: usize, theta: f64| {
+            let rotary = Mrope {
+                rotary_dim: dim,
+                rope_theta: theta,
+                mrope_section: &section,
+            };
+            mrope_apply(
+                x,
+                &shape,
+                dtype,
+                dtype,
+                pos,
+                &[3, 1, 3],
+                rotary,
+                Path::PureMlx,
+                Model::Cpu,
+            )
+            .unwrap()
+        };
+        let exact_of =
+            |x: &[f64], pos: &[f64], dim: usize, theta: f64| exact_in(bf, x, pos, dim, theta);
+        for seed in 0..32u64 {
+            let x = bf16_inputs(96, 100 + seed);
+            let pos: Vec<f64> = (0..9)
+                .map(|i| ((seed * 37 + i * 11) % 100) as f64)
+                .collect();
+            // Odd rotary dim 15.
+            let exact = exact_of(&x, &pos, 15, 1e4);
+            let got = emulate_mrope_dim(&x, shape, &pos, &streams, 1e4, 15);
+            let side = check(&got, &exact);
+            assert!(side.within(), "seed {seed}: {side:?}");
+            let even = emulate_mrope_dim(&x, shape, &pos, &streams, 1e4, 16);
+            assert!(!check(&even, &exact).within(), "seed {seed}: dim 16");
+            // Theta 1e39: f32 infinity.
+            let exact = exact_of(&x, &pos, 16, 1e39);
+            let got = emulate_mrope(&x, shape, &pos, &streams, f32::INFINITY);
+            let side = check(&got, &exact);
+            assert!(side.within(), "seed {seed}: {side:?}");
+            // 1e39 as a real base: inv_freq_j = 1e39^(-2j/16), in
+            // float64 (no f32 cast of the base), on float32 q as the case
+            // sends it (in bf16 its angles, ~1e-3 rad at position 100,
+            // stay below the output's own rounding).
+            let exact = exact_in(Float::Float32, &x, &pos, 16, 1e39);
+            let inv: Vec<f64> = (0..8)
+                .map(|j| 1e39f64.powf(-(2.0 * j as f64) / 16.0))
+                .collect();
+            let mut wrong = Vec::new();
+            let r = |v: f64| f64::from(v as f32);
+            for hi in 0..2 {
+                for t in 0..3 {
+                    let row = &x[(hi * 3 + t) * 16..][..16];
+                    let a: Vec<f64> = (0..8).map(|j| pos[streams[j] * 3 + t] * inv[j]).collect();
+                    for j in 0..8 {
+                        wrong.push(r(row[j] * a[j].cos() - row[j + 8] * a[j].sin()));
+                    }
+                    for j in 0..8 {
+                        wrong.push(r(row[j + 8] * a[j].cos() + row[j] * a[j].sin()));
+                    }
+                }
+            }
+            // Positions 0 everywhere would rotate nothing either way.
+            if pos.iter().any(|&p| p >= 10.0) {
+                assert!(!check(&wrong, &exact).within(), "seed {seed}: a real base");
+            }
+        }
+        // inv_freq at theta 1e39: [1, 0, ...] exactly, bound 0.
+        let inv = inv_freq(32, 1e39, Model::Cpu).unwrap();
+        assert_eq!(inv[0], Tracked::exact(1.0));
+        assert!(inv[1..].iter().all(|t| t.v == 0.0 && t.e == 0.0));
+        // The same on the Gpu model.
+        let inv = inv_freq(32, 1e39, Model::Gpu).unwrap();
+        assert!(inv[1..].iter().all(|t| t.v == 0.0 && t.e == 0.0));
+        // A base below f32's range stays an error.
+        assert!(inv_freq(8, -1e39, Model::Cpu).is_err());
+    }
+
+    /// Issue 41: 2-D RoPE at a base beyond float32 (timescale `[1, inf,
+    /// ...]`): frequency 0 of each part rotates by the position, every
+    /// other channel passes through (angle exactly 0).
+    #[test]
+    fn rope2d_at_a_base_beyond_f32_rotates_frequency_0_alone() {
+        let shape = [1, 3, 1, 8];
+        let x = bf16_inputs(24, 13);
+        let pos = [-1.0, 0.0, 3.0, 2.0, 15.0, 7.0];
+        let e = rope2d(
+            &x,
+            &shape,
+            Float::Float32,
+            &pos,
+            &[1, 3, 2],
+            1e39,
+            Model::Cpu,
+        )
+        .unwrap();
+        for t in 0..3 {
+            for a in 0..2 {
+                let part = t * 8 + a * 4;
+                let p = pos[t * 2 + a];
+                let (c, s) = (p.cos(), p.sin());
+                let want0 = x[part] * c - x[part + 2] * s;
+                assert!((e.value[part] - want0).abs() < 1e-12, "t {t} axis {a}");
+                assert_eq!(e.value[part + 1], x[part + 1]);
+                assert_eq!(e.value[part + 3], x[part + 3]);
+            }
+        }
+        assert!(e.bound.iter().all(|b| b.is_finite() && *b < 1e-5));
     }
 
     #[test]

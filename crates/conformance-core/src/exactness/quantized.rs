@@ -1,7 +1,7 @@
 //! Exact values of the quantized and float layers' outputs, from the glue
 //! arguments the reference received (names as the glue's parameters).
 
-use exact::matmul::{add_bias, gather_qmm, lora_residual, matmul, quantized_matmul};
+use exact::matmul::{add_bias, add_broadcast, gather_qmm, lora_residual, matmul, quantized_matmul};
 use exact::{Exact, ExactError, Float, Format, Model, QuantizedMatrix, Tracked};
 use oracle::{DType, HostTensor};
 
@@ -108,14 +108,47 @@ fn out_shape(x: &HostTensor, n: usize) -> Vec<usize> {
     s
 }
 
-/// Adds the additive `bias` argument when present (`x + bias`).
-fn with_bias(sent: &Sent, y: Vec<Tracked>, t: Float) -> Result<(Vec<Tracked>, Float), ExactError> {
+/// The shape `mx.quantized_matmul(x, w, transpose=True)` gives for a
+/// weight `w` `[.., N, K']` whose leading axes are all 1 (a batched weight
+/// of one matrix: the same matmul as the plain weight): x 1-D or 2-D keeps
+/// its rows (`[.., N]`, the weight's batch not added, as MLX 0.32 does);
+/// x of three axes or more broadcasts its batch axes with the weight's,
+/// then `[M, N]`. A weight of several matrices is not modelled (an
+/// error: no such layer is exact-checked).
+fn qmm_shape(x: &HostTensor, w: &HostTensor, n: usize) -> Result<Vec<usize>, ExactError> {
+    let wb = &w.shape[..w.shape.len().saturating_sub(2)];
+    if wb.iter().any(|&d| d != 1) {
+        return Err(ExactError(format!(
+            "a weight of shape {:?} holds several matrices (not modelled)",
+            w.shape
+        )));
+    }
+    if x.shape.len() <= 2 || wb.is_empty() {
+        return Ok(out_shape(x, n));
+    }
+    let r = x.shape.len();
+    let mut s = exact::matmul::broadcast_shapes(&x.shape[..r - 2], wb)?;
+    s.extend([x.shape[r - 2], n]);
+    Ok(s)
+}
+
+/// Adds the additive `bias` argument when present (`x + bias`, or
+/// `addmm`'s `bias`), broadcast against `shape` as MLX broadcasts it (a
+/// scalar, `[1]`, `[N]`, `[1, N]`, a row per row, a bias that widens the
+/// output): the sums, their dtype and shape.
+fn with_bias(
+    sent: &Sent,
+    y: Vec<Tracked>,
+    t: Float,
+    shape: Vec<usize>,
+) -> Result<(Vec<Tracked>, Float, Vec<usize>), ExactError> {
     Ok(match sent.opt_tensor("bias")? {
         Some(b) => {
             let out = t.promote(float_of(b)?);
-            (add_bias(&y, &values(b), out), out)
+            let (y, shape) = add_broadcast(&y, &shape, &values(b), &b.shape, out)?;
+            (y, out, shape)
         }
-        None => (y, t),
+        None => (y, t, shape),
     })
 }
 
@@ -168,19 +201,15 @@ pub fn linear(sent: &Sent, model: Model, weight: &str, lora: bool) -> Result<Exa
     let x = sent.tensor("x")?;
     let m = Matrix::from_sent(sent, weight)?;
     let t = m.out_dtype(x)?;
+    let shape = qmm_shape(x, sent.tensor(weight)?, m.n)?;
     let y = quantized_matmul(&values(x), &m.view(), t, model)?;
-    let (y, t) = with_bias(sent, y, t)?;
+    let (y, t, shape) = with_bias(sent, y, t, shape)?;
     let (y, _) = if lora {
         with_adapters(sent, x, y, t, model)?
     } else {
         (y, t)
     };
-    Ok(Exact::from_tracked(
-        "quantized_matmul",
-        model,
-        out_shape(x, m.n),
-        &y,
-    ))
+    Ok(Exact::from_tracked("quantized_matmul", model, shape, &y))
 }
 
 /// The expert index of every (token, slot) of `indices` (any integer dtype).
@@ -228,7 +257,9 @@ fn switch_with(sent: &Sent, model: Model, expert0: bool) -> Result<Exact, ExactE
     Ok(Exact::from_tracked("gather_qmm", model, shape, &y))
 }
 
-/// `y + bias[indices]` per (token, slot) row when the layer has a bias.
+/// `y + bias[indices]` per (token, slot) row when the layer has a bias
+/// (`x + expand_dims(bias[indices], -2)`): each expert's bias row `[N]`,
+/// or `[1]` (a bias `[E, 1]`) broadcast over the row's `n` outputs.
 fn with_expert_bias(
     sent: &Sent,
     y: Vec<Tracked>,
@@ -241,25 +272,60 @@ fn with_expert_bias(
     };
     let out = t.promote(float_of(b)?);
     let bv = values(b);
+    let e_count = b.shape.first().copied().unwrap_or(0);
+    let per = bv.len().checked_div(e_count).unwrap_or(0);
+    if b.shape.len() < 2 || !(per == n || per == 1) {
+        return Err(ExactError(format!(
+            "an expert bias of shape {:?} for {n} outputs (not [E, N] or [E, 1])",
+            b.shape
+        )));
+    }
+    if let Some(&e) = experts.iter().find(|&&e| e >= e_count) {
+        return Err(ExactError::undefined(format!(
+            "expert index {e} of {e_count} expert biases"
+        )));
+    }
     let y = y
         .chunks(n)
         .zip(experts)
-        .flat_map(|(row, &e)| add_bias(row, &bv[e * n..(e + 1) * n], out))
+        .flat_map(|(row, &e)| add_bias(row, &bv[e * per..(e + 1) * per], out))
         .collect();
     Ok((y, out))
 }
 
-/// `nn.Linear`: `x @ weight.T + bias`.
+/// The dtype `x @ w` computes in (MLX's promotion: a float dtype with an
+/// integer one is the float one), and w's values as the matmul reads them:
+/// an integer weight is cast to that dtype first, which is exact where
+/// every value is one of its values (otherwise not modelled: an error).
+fn float_weight(x: &HostTensor, w: &HostTensor) -> Result<(Float, Vec<f64>), ExactError> {
+    let xt = float_of(x)?;
+    let wv = values(w);
+    match float_of(w) {
+        Ok(wt) => Ok((xt.promote(wt), wv)),
+        Err(_) if w.dtype.name().contains("int") => {
+            if let Some(v) = wv.iter().find(|&&v| exact::formats::round_to(v, xt) != v) {
+                return Err(ExactError(format!(
+                    "integer weight value {v} is no {xt:?} value (its cast rounds: not modelled)"
+                )));
+            }
+            Ok((xt, wv))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// `nn.Linear`: `x @ weight.T + bias` (`addmm`), the bias broadcast as
+/// MLX broadcasts it; an integer weight read as x's dtype.
 pub fn float_linear(sent: &Sent, model: Model) -> Result<Exact, ExactError> {
     let x = sent.tensor("x")?;
     let w = sent.tensor("weight")?;
     let (n, k) = (w.shape[0], w.shape[1]);
-    let t = float_of(x)?.promote(float_of(w)?);
-    let wt = transpose(&values(w), n, k);
+    let (t, wv) = float_weight(x, w)?;
+    let wt = transpose(&wv, n, k);
     let xt: Vec<Tracked> = values(x).into_iter().map(Tracked::exact).collect();
     let y = matmul(&xt, &wt, k, n, t, model)?;
-    let (y, _) = with_bias(sent, y, t)?;
-    Ok(Exact::from_tracked("matmul", model, out_shape(x, n), &y))
+    let (y, _, shape) = with_bias(sent, y, t, out_shape(x, n))?;
+    Ok(Exact::from_tracked("matmul", model, shape, &y))
 }
 
 /// mlx-lm's `SwitchLinear` driven as `SwitchGLU` drives it (`gather_mm`).
@@ -268,10 +334,9 @@ pub fn float_switch(sent: &Sent, model: Model) -> Result<Exact, ExactError> {
     let indices = sent.tensor("indices")?;
     let w = sent.tensor("weight")?;
     let (n, k) = (w.shape[1], w.shape[2]);
-    let t = float_of(x)?.promote(float_of(w)?);
+    let (t, wv) = float_weight(x, w)?;
     let top_k = *indices.shape.last().unwrap_or(&1);
     let experts = expert_ids(indices)?;
-    let wv = values(w);
     let xs = rows_per_slot(x, top_k);
     let mut y = Vec::with_capacity(experts.len() * n);
     for (r, &e) in experts.iter().enumerate() {

@@ -221,7 +221,7 @@ impl MropeExact {
 }
 
 /// `compute_inv_freq(d, base)` for each of `dims`, concatenated.
-fn inv_freq_exact(dims: &[usize], base: f64, model: Model) -> Result<Exact, ExactError> {
+pub fn inv_freq_exact(dims: &[usize], base: f64, model: Model) -> Result<Exact, ExactError> {
     let mut all = Vec::new();
     for &d in dims {
         all.extend(rope::inv_freq(d, base, model)?);
@@ -252,8 +252,9 @@ pub struct MropeDirect {
 /// five axes, head dims that differ, odd rotary dims, a base beyond f32).
 /// The exact q / k / inv_freq are attached by [`mrope_broadcast_exact`]
 /// (the 4-D model per leading index, positions broadcast as the reference
-/// broadcasts them); an odd rotary dim or a theta beyond f32 stays
-/// bit-compared only (the model takes neither).
+/// broadcasts them); an odd rotary dim rotates `rotary_dim + 1` channels
+/// and a theta beyond f32 is the formula at the f32 base `+inf`, as the
+/// reference computes them ([`exact::rope`]).
 pub fn position_mrope_apply(
     ctx: &Ctx,
     q: &HostTensor,
@@ -280,7 +281,7 @@ pub fn position_mrope_apply(
     };
     let (q_exact, k_exact) = (rotated("q")?, rotated("k")?);
     let inv_exact = calls.exact_if_defined(F, |s, m| {
-        let rotary = supported_rotary(s)?;
+        let rotary = sent_rotary(s)?;
         inv_freq_exact(&[rotary.rotary_dim], rotary.rope_theta, m)
     })?;
     let attach = |e: Expected, x: Option<crate::exactness::ExactPair>| match x {
@@ -296,20 +297,6 @@ pub fn position_mrope_apply(
     })
 }
 
-/// The rotary of an apply's arguments where the exact model takes it: an
-/// even rotary dim and a theta finite in float32; otherwise undefined
-/// (the output stays bit-compared only).
-fn supported_rotary(sent: &Sent) -> Result<RotaryArgs, ExactError> {
-    let rotary = sent_rotary(sent)?;
-    if !rotary.rotary_dim.is_multiple_of(2) || !(rotary.rope_theta as f32).is_finite() {
-        return Err(ExactError::undefined(format!(
-            "rotary dim {} / theta {} (the model takes even dims and float32 thetas)",
-            rotary.rotary_dim, rotary.rope_theta
-        )));
-    }
-    Ok(rotary)
-}
-
 /// The exact rotated `which` (`q` or `k`: `[.., B, H, L, D]`, any rank of
 /// at least 3) of `MRoPERotaryEmbedding.apply_rotary` on `position_ids`
 /// `[S, Bp, Lp]` as the reference broadcasts them: cos / sin `[Bp, 1, Lp,
@@ -317,13 +304,13 @@ fn supported_rotary(sent: &Sent) -> Result<RotaryArgs, ExactError> {
 /// leading index of x reads the same positions; the selector reads
 /// streams 0 to 2 only (a fourth is never read). Each leading index is the
 /// 4-D model ([`rope::mrope_apply`]) on positions expanded to `[3, B, L]`.
-fn mrope_broadcast_exact(
+pub fn mrope_broadcast_exact(
     sent: &Sent,
     model: Model,
     which: &str,
     path: Path,
 ) -> Result<Exact, ExactError> {
-    let rotary = supported_rotary(sent)?;
+    let rotary = sent_rotary(sent)?;
     let x = sent.tensor(which)?;
     let k = sent.tensor("k")?;
     let p = sent.tensor("position_ids")?;
@@ -694,7 +681,8 @@ pub fn position_rope2d(
 /// [`position_rope2d`] for inputs the reference broadcasts (ranks other
 /// than 4, a base beyond f32): the exact value from the `[B, L, N, H]`
 /// model per leading index ([`rope2d_broadcast_exact`]); a base beyond
-/// float32 stays bit-compared only (the model takes finite bases).
+/// float32 is the formula at the f32 base `+inf` (timescale `[1, inf,
+/// ...]`, [`exact::rope`]).
 pub fn position_rope2d_broadcast(
     ctx: &Ctx,
     inputs: &HostTensor,
@@ -718,12 +706,7 @@ pub fn position_rope2d_broadcast(
 /// inputs' `B` (axis −4, 1 for rank 3) and every leading index reads the
 /// same positions. Each leading index is the 4-D model on positions
 /// expanded to `[B, L, A]`.
-fn rope2d_broadcast_exact(sent: &Sent, base: f64, model: Model) -> Result<Exact, ExactError> {
-    if !(base as f32).is_finite() {
-        return Err(ExactError::undefined(format!(
-            "base {base} (the model takes float32 bases)"
-        )));
-    }
+pub fn rope2d_broadcast_exact(sent: &Sent, base: f64, model: Model) -> Result<Exact, ExactError> {
     let inputs = sent.tensor("inputs")?;
     let positions = sent.tensor("positions")?;
     let r = inputs.shape.len();
@@ -863,7 +846,10 @@ mod broadcast_tests {
     /// through the 4-D models: positions broadcast over tokens equal the
     /// same positions written out per token, a fourth stream is never
     /// read, a leading axis repeats the 4-D value, rank-3 2-D RoPE inputs
-    /// are a batch of one; an odd rotary dim stays undefined.
+    /// are a batch of one. An odd rotary dim (7 of head 8) rotates all 8
+    /// channels at `compute_inv_freq(7)`'s four frequencies: frequency 0
+    /// (inv_freq 1) as rotary 8 does, frequency 1 not; 9 of head 8 (10
+    /// channels) is an error, as the reference's broadcast is.
     #[test]
     fn broadcast_inputs_reduce_to_the_4d_models() {
         let m = Model::Cpu;
@@ -898,10 +884,15 @@ mod broadcast_tests {
                 .unwrap();
         assert_eq!(five.value.len(), 2 * four_d.value.len());
         assert_eq!(five.value[..four_d.value.len()], four_d.value[..]);
-        let odd = mrope_sent(&[1, 2, 4, 8], p).with("partial_rotary_factor", Arg::Float(0.875));
-        assert!(mrope_broadcast_exact(&odd, m, "q", Path::PureMlx)
-            .unwrap_err()
-            .is_undefined());
+        let odd =
+            mrope_sent(&[1, 2, 4, 8], p.clone()).with("partial_rotary_factor", Arg::Float(0.875));
+        let odd = mrope_broadcast_exact(&odd, m, "q", Path::PureMlx).unwrap();
+        assert_eq!(odd.value.len(), four_d.value.len());
+        // Row 1 (position 1), channel 0 (frequency 0) and channel 1.
+        assert_eq!(odd.value[8], four_d.value[8]);
+        assert_ne!(odd.value[9], four_d.value[9]);
+        let wide = mrope_sent(&[1, 2, 4, 8], p).with("partial_rotary_factor", Arg::Float(1.125));
+        assert!(mrope_broadcast_exact(&wide, m, "q", Path::PureMlx).is_err());
         let rope2d = |shape: &[usize]| {
             let s = Sent::new(vec![
                 (

@@ -87,7 +87,9 @@ pub fn smoke_quantized_matmul(
     Ok(one_array(F, value)?.with_exact(exact))
 }
 
-/// `mlx.nn.QuantizedLinear.__call__(x)` holding `layer`.
+/// `mlx.nn.QuantizedLinear.__call__(x)` holding `layer` (the exact value
+/// broadcasts any bias `x + bias` broadcasts, and takes a weight with
+/// leading axes of 1: `quantized/accepted`).
 pub fn quantized_linear(
     ctx: &Ctx,
     x: &HostTensor,
@@ -110,9 +112,9 @@ fn quantized_linear_call(
     ctx.call_sent(QUANTIZED_LINEAR, params)
 }
 
-/// [`quantized_linear`] for tensors the reference broadcasts (biases of
-/// other shapes, a batched weight): bit-compared only, the exact model
-/// covers the `[out]` bias and 2-D weight of a checkpoint's layer.
+/// [`quantized_linear`] bit-compared only: for measurements that compare
+/// the reference with itself (a finder's batched call against its calls
+/// per row), where no output of the case is exact-checked.
 pub fn quantized_linear_unchecked(
     ctx: &Ctx,
     x: &HostTensor,
@@ -302,7 +304,9 @@ pub fn quantized_switch_as_pinned(
     })
 }
 
-/// `mlx.nn.Linear` holding `weight` [N, K] and `bias`, on x.
+/// `mlx.nn.Linear` holding `weight` [N, K] and `bias`, on x (the exact
+/// value broadcasts any bias `addmm` broadcasts and reads an integer weight
+/// as x's dtype: `float/accepted`).
 pub fn float_linear(
     ctx: &Ctx,
     x: &HostTensor,
@@ -330,32 +334,8 @@ fn float_linear_call(
     ctx.call_sent(FLOAT_LINEAR, params)
 }
 
-/// [`float_linear`] for tensors the reference broadcasts or promotes (a
-/// bias per row, an integer weight): bit-compared only.
-pub fn float_linear_unchecked(
-    ctx: &Ctx,
-    x: &HostTensor,
-    weight: &HostTensor,
-    bias: Option<&HostTensor>,
-) -> Result<Expected, CaseError> {
-    one_array(FLOAT_LINEAR, float_linear_call(ctx, x, weight, bias)?.0)
-}
-
-/// [`float_switch`] (unsorted) for a bias the reference broadcasts (`[E,
-/// 1]`): bit-compared only.
-pub fn float_switch_unchecked(
-    ctx: &Ctx,
-    x: &HostTensor,
-    indices: &HostTensor,
-    weight: &HostTensor,
-    bias: Option<&HostTensor>,
-) -> Result<Expected, CaseError> {
-    let call = float_switch_call(ctx, x, indices, weight, bias, false)?;
-    one_array(FLOAT_SWITCH, call.0)
-}
-
-/// mlx-lm's `SwitchLinear` holding `weight` [E, N, K] and `bias`, driven
-/// as `SwitchGLU` drives it.
+/// mlx-lm's `SwitchLinear` holding `weight` [E, N, K] and `bias` ([E, N],
+/// or [E, 1] broadcast over the outputs), driven as `SwitchGLU` drives it.
 pub fn float_switch(
     ctx: &Ctx,
     x: &HostTensor,

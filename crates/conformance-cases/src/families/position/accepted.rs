@@ -11,6 +11,12 @@
 //! broadcast positions and odd rotary dims are reference hazards there
 //! (the port refuses them on that path). q, k, inputs and positions are
 //! perturbed under `--perturb`; the shapes are the cases' constants.
+//!
+//! Every q, k, inv_freq and 2-D RoPE output is exact-checked: the
+//! broadcast inputs through the 4-D models per leading index, the odd
+//! rotary dim and the bases beyond f32 as the reference's formulas compute
+//! them (`exact::rope`'s module doc, "What the reference computes at the
+//! edges").
 
 use layers::position::{apply_multidimensional_rope, Mrope, MropeConfig, MropePath};
 use oracle::DType;
@@ -259,4 +265,141 @@ fn run_rope2d(ctx: &Ctx, r: &Rope2dInput) -> Result<CaseOutput, CaseError> {
     let mut out = CaseOutput::new("pure-mlx");
     out.compare("out", &host(&y)?, &expected);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use exact::rope::Path;
+    use exact::{Exact, Model};
+    use oracle::{Arg, HostTensor};
+
+    use super::*;
+    use crate::exactness::faults::{inject_all, FaultKind, Variant};
+    use crate::exactness::{ExactCheck, ExactClass, ExactPair, Sent};
+    use crate::inputs::Inputs;
+    use crate::reference::position::{
+        inv_freq_exact, mrope_broadcast_exact, rope2d_broadcast_exact,
+    };
+
+    /// `y` measured against `exact` (both sides MLX's output), with every
+    /// catalogue fault that applies planted: within, informative, every
+    /// fault flagged. Returns the ratio and the faults planted.
+    fn measured(
+        at: &str,
+        y: &HostTensor,
+        sent: &Sent,
+        f: &dyn Fn(&Sent) -> Option<Exact>,
+    ) -> (f64, usize) {
+        let e = f(sent).unwrap();
+        assert_eq!(e.value.len(), y.len(), "{at}");
+        let variants = FaultKind::ALL
+            .into_iter()
+            .filter_map(|kind| {
+                let value = f(&kind.mutate(sent)?)?.value;
+                Some(Variant { kind, value })
+            })
+            .collect();
+        let pair = ExactPair {
+            reference: Arc::new(e.clone()),
+            port: Arc::new(e),
+            variants,
+        };
+        let c = ExactCheck::measure(y, y, &pair, true);
+        assert_eq!(c.class, ExactClass::Within, "{at}: {}", c.line(at));
+        assert!(c.informative, "{at}");
+        let faults = inject_all(at, y, &pair);
+        for fault in &faults {
+            assert!(fault.flagged, "{at}: {fault:?}");
+        }
+        (c.reference.max_ratio, faults.len())
+    }
+
+    /// Issue 41: `odd-rotary-dim-15-head-16`, `rope-theta-1e39` (q, k,
+    /// inv_freq) and `base-1e39` are within their exact bounds over 32
+    /// seeds on MLX's CPU kernels (the port's apply: the same ops, bit-equal
+    /// to the reference in the suite), and every planted fault that applies
+    /// is flagged.
+    #[test]
+    fn odd_rotary_dims_and_bases_beyond_f32_are_within_and_faults_are_flagged() {
+        let (mut worst, mut planted) = (0f64, 0);
+        let model = Model::Cpu;
+        for seed in 0..32u64 {
+            for m in MROPE
+                .iter()
+                .filter(|m| m.name.starts_with("odd") || m.name.contains("1e39"))
+            {
+                let mut inputs = Inputs::new(seed);
+                let q = inputs.uniform(DType::Float32, m.q, 2.0);
+                let k = inputs.uniform(DType::Float32, m.k, 2.0);
+                let positions = inputs.integers(DType::Int32, m.positions, 0, 100);
+                let rope = Mrope::new(MropeConfig::qwen3_5(
+                    m.head_dim,
+                    m.partial_rotary_factor,
+                    m.rope_theta,
+                    m.mrope_section.to_vec(),
+                ))
+                .unwrap();
+                let (qp, kp) = rope
+                    .apply_with_path(
+                        MropePath::PureMlx,
+                        &q.to_array(),
+                        &k.to_array(),
+                        &positions.to_array(),
+                    )
+                    .unwrap();
+                let sent = Sent::new(vec![
+                    ("q", Arg::Tensor(q)),
+                    ("k", Arg::Tensor(k)),
+                    ("position_ids", Arg::Tensor(positions)),
+                    ("head_dim", Arg::from(m.head_dim)),
+                    ("partial_rotary_factor", Arg::Float(m.partial_rotary_factor)),
+                    ("rope_theta", Arg::Float(m.rope_theta)),
+                    (
+                        "mrope_section",
+                        Arg::List(m.mrope_section.iter().map(|&s| Arg::from(s)).collect()),
+                    ),
+                ]);
+                for (which, y) in [("q", &qp), ("k", &kp)] {
+                    let at = format!("seed {seed} {} {which}", m.name);
+                    let (r, n) = measured(&at, &host(y).unwrap(), &sent, &|s| {
+                        mrope_broadcast_exact(s, model, which, Path::PureMlx).ok()
+                    });
+                    worst = worst.max(r);
+                    planted += n;
+                }
+                let dim = (m.head_dim as f64 * m.partial_rotary_factor) as usize;
+                let at = format!("seed {seed} {} inv_freq", m.name);
+                let (r, n) = measured(&at, &host(rope.inv_freq()).unwrap(), &sent, &|s| {
+                    inv_freq_exact(&[dim], s.float("rope_theta").ok()?, model).ok()
+                });
+                worst = worst.max(r);
+                planted += n;
+            }
+            for r in ROPE2D.iter().filter(|r| r.name.contains("1e39")) {
+                let mut inputs = Inputs::new(seed);
+                let x = inputs.uniform(DType::Float32, r.inputs, 2.0);
+                let positions = inputs.integers(DType::Int32, r.positions, -1, 16);
+                let y = apply_multidimensional_rope(
+                    &x.to_array(),
+                    &positions.to_array(),
+                    r.base_frequency,
+                )
+                .unwrap();
+                let sent = Sent::new(vec![
+                    ("inputs", Arg::Tensor(x)),
+                    ("positions", Arg::Tensor(positions)),
+                ]);
+                let at = format!("seed {seed} {}", r.name);
+                let (ratio, n) = measured(&at, &host(&y).unwrap(), &sent, &|s| {
+                    rope2d_broadcast_exact(s, r.base_frequency, model).ok()
+                });
+                worst = worst.max(ratio);
+                planted += n;
+            }
+        }
+        println!("worst ratio {worst}, {planted} faults flagged");
+        assert!(worst < 1.0 && planted > 0);
+    }
 }
