@@ -308,7 +308,7 @@ fn cast(t: Tracked, from: Float, to: Float) -> Tracked {
 
 /// Rounding errors of the exp and trig functions per model (see the
 /// module doc).
-fn eps_exp(model: Model) -> f64 {
+pub(crate) fn eps_exp(model: Model) -> f64 {
     match model {
         Model::Cpu => 2f64.powi(-21),
         Model::Gpu => 2f64.powi(-20),
@@ -319,7 +319,7 @@ fn eps_exp(model: Model) -> f64 {
 /// the softmax's main loop) scales its argument by the float constant
 /// `1.442695f` and rounds: `2^{x c'(1 + u)}` is `e^x` times at most
 /// `e^{|x| K}`, `K = ln 2 (|c' - log2 e| + c' u32)` (about 1.2 u32).
-fn exp_arg_k() -> f64 {
+pub(crate) fn exp_arg_k() -> f64 {
     // MLX's own float literal for log2(e), not the exact constant.
     #[allow(clippy::approx_constant)]
     let c = f64::from(1.442_695_f32);
@@ -328,7 +328,7 @@ fn exp_arg_k() -> f64 {
 
 /// The absolute error of that `exp` near underflow (it flushes below -88
 /// and builds `2^ipart` from the bits: at most `2^-125`).
-const EXP_ABS: f64 = 2.350_988_701_644_575_e-38;
+pub(crate) const EXP_ABS: f64 = 2.350_988_701_644_575_e-38;
 
 /// The (cos, sin) of each rotated pair `i < rotary_dims / 2` at `pos`, as
 /// the kernel holds them in `t` (see the module doc's RoPE step).
@@ -347,7 +347,7 @@ pub fn rope_tables(
 
 /// The (cos, sin) of each rotated pair as the kernel computes them in
 /// float32, before the cast to `T` (see the module doc's RoPE step).
-fn rope_trig(
+pub(crate) fn rope_trig(
     pos: usize,
     rotary_dims: usize,
     rope_base: f64,
@@ -565,6 +565,168 @@ pub fn decode_m1_without_attention(
     decode(inp, model, false)
 }
 
+/// [`decode_m1_without_attention`] plus `attn` given what the attention
+/// read, where the x86-64 CPU's SDPA fallback is emulated in its own order
+/// ([`cpu_emulates_sdpa`]; module doc, "attn given what it read, x86-64
+/// CPU"; [`crate::sdpa_cpu`]): needs the prefill `k0` / `v0` and
+/// [`DecodeInputs::read`]. No float64 SDPA over the cache is evaluated,
+/// so windows of tens of thousands of keys cost seconds. `attn` is left
+/// empty where the emulation does not apply (another model or
+/// architecture, a float32 or mixed-dtype step).
+pub fn decode_m1_attn_given_read(
+    inp: &DecodeInputs,
+    model: Model,
+) -> Result<DecodeExact, ExactError> {
+    let mut out = decode_m1_without_attention(inp, model)?;
+    if !cpu_emulates_sdpa(inp, model) {
+        return Ok(out);
+    }
+    let Some(read) = inp.read else {
+        return err("attn given what it read needs the recorded queries, keys and values");
+    };
+    out.attn = cpu_attn_given_read(inp, read)?;
+    Ok(out)
+}
+
+/// The one dtype of every step of the decode (projections, cache, SDPA,
+/// o_proj), if there is one.
+fn step_dtype(inp: &DecodeInputs) -> Option<Float> {
+    let p: Vec<Float> = inp
+        .scales_dtypes
+        .iter()
+        .map(|s| inp.x_dtype.promote(*s))
+        .collect();
+    let ck = inp.k0_dtype.unwrap_or(p[1]);
+    let cv = inp.v0_dtype.unwrap_or(p[2]);
+    let f = p[0].promote(ck).promote(cv);
+    let py = f.promote(inp.scales_dtypes[3]);
+    [p[1], p[2], ck, cv, f, py]
+        .iter()
+        .all(|&x| x == p[0])
+        .then_some(p[0])
+}
+
+/// Whether [`decode_m1_attn_given_read`] computes `attn`: the Cpu model
+/// on an x86-64 build (one SIMD lane: [`crate::sdpa_cpu`]'s module doc),
+/// every step in one 16-bit dtype (bfloat16 or float16: `simd_gemm<T,
+/// float>`; float32 matmuls go to BLAS, whose order is not known).
+pub fn cpu_emulates_sdpa(inp: &DecodeInputs, model: Model) -> bool {
+    model == Model::Cpu
+        && cfg!(target_arch = "x86_64")
+        && matches!(step_dtype(inp), Some(Float::Bfloat16 | Float::Float16))
+}
+
+/// `attn` `[T, n_heads * head_dim]` of the decode given what the attention
+/// read, the x86-64 CPU's fallback emulated on enclosures (module doc,
+/// "attn given what it read, x86-64 CPU"). Each element: the enclosure's
+/// midpoint and half-width (0 for a point: the kernel's value bit for
+/// bit). A recorded query that is not q_proj's emulated value on `x`
+/// marks its head: that head is computed from q_proj's value instead, at
+/// bound 0 (outside unless equal). A head whose enclosure is not finite
+/// gets an infinite bound (uninformative, reported as such).
+fn cpu_attn_given_read(inp: &DecodeInputs, read: DecodeRead) -> Result<Vec<Tracked>, ExactError> {
+    use crate::sdpa_cpu::{rope_trig_emulated, sdpa_heads, KvHead};
+    let g = inp.graph;
+    let (h, hkv, d, rd) = (g.n_heads, g.n_kv_heads, g.head_dim, g.rotary_dims);
+    let Some(t) = step_dtype(inp) else {
+        return err("attn given what it read: not one dtype");
+    };
+    let hidden = inp.projections[0].cols;
+    let tokens = inp.x.len() / hidden.max(1);
+    let (l0, w) = (inp.l0, hkv * d);
+    if read.queries.len() != tokens * h * d
+        || read.keys.len() != tokens * w
+        || read.values.len() != tokens * w
+        || inp.k0.len() != hkv * l0 * d
+        || inp.v0.len() != hkv * l0 * d
+    {
+        return err(format!(
+            "attn given what it read: queries {}, keys {}, values {}, prefill {} / {} for {tokens} tokens of [{h}, {hkv}, {d}] after {l0}",
+            read.queries.len(),
+            read.keys.len(),
+            read.values.len(),
+            inp.k0.len(),
+            inp.v0.len()
+        ));
+    }
+    let scale = (d as f64).powf(-0.5);
+    // q_proj's emulated loop on `x`: what the recorded queries must be.
+    let x: Vec<Iv> = inp.x.iter().map(|&v| Iv::point(v)).collect();
+    let q_proj =
+        crate::matmul::CpuAffineKernel::new(&inp.projections[0], t).and_then(|k| k.enclosure(&x));
+    let caches: Vec<KvHead> = (0..hkv)
+        .map(|gh| {
+            KvHead::new(
+                d,
+                (0..l0 + tokens).map(|j| {
+                    if j < l0 {
+                        let at = (gh * l0 + j) * d;
+                        (&inp.k0[at..at + d], &inp.v0[at..at + d])
+                    } else {
+                        let at = (j - l0) * w + gh * d;
+                        (&read.keys[at..at + d], &read.values[at..at + d])
+                    }
+                }),
+            )
+        })
+        .collect();
+    let group = h / hkv;
+    let unknown = Tracked {
+        v: 0.0,
+        e: f64::INFINITY,
+        mag: 0.0,
+    };
+    let mut attn = vec![unknown; tokens * h * d];
+    for tok in 0..tokens {
+        let pos = l0 + tok;
+        // The emulated cos / sin; the RoPE step's bound for a pair MLX
+        // sends to libm.
+        let bounded = rope_trig(pos, rd, g.rope_base, Model::Cpu);
+        let tables: Vec<(Iv, Iv)> = rope_trig_emulated(pos, rd, g.rope_base, t)
+            .into_iter()
+            .zip(bounded)
+            .map(|(e, (c, s))| {
+                e.unwrap_or_else(|| {
+                    let iv = |x: Tracked| Iv::real(x.v - x.e, x.v + x.e).round32_then(t);
+                    (iv(c), iv(s))
+                })
+            })
+            .collect();
+        for gh in 0..hkv {
+            let mut qs = Vec::with_capacity(group);
+            let mut marked = Vec::with_capacity(group);
+            for hh in gh * group..(gh + 1) * group {
+                let at = tok * h * d + hh * d;
+                let rec = &read.queries[at..at + d];
+                let proj = q_proj.as_ref().map(|e| &e[at..at + d]);
+                let within =
+                    proj.is_none_or(|e| rec.iter().zip(e).all(|(&v, iv)| iv.lo <= v && v <= iv.hi));
+                let src: Vec<Iv> = match proj {
+                    Some(e) if !within => e.to_vec(),
+                    _ => rec.iter().map(|&v| Iv::point(v)).collect(),
+                };
+                qs.push(rope_head_iv(&src, &tables, t));
+                marked.push(!within);
+            }
+            let Some(rows) = sdpa_heads(&qs, &caches[gh], l0 + tok + 1, scale, t) else {
+                continue;
+            };
+            for (i, row) in rows.into_iter().enumerate() {
+                let at = tok * h * d + (gh * group + i) * d;
+                for (c, iv) in row.into_iter().enumerate() {
+                    let half_width = (iv.hi - iv.lo) / 2.0;
+                    attn[at + c] = Tracked {
+                        v: iv.lo + half_width,
+                        e: if marked[i] { 0.0 } else { half_width },
+                        mag: iv.mag(),
+                    };
+                }
+            }
+        }
+    }
+    Ok(attn)
+}
+
 fn decode(inp: &DecodeInputs, model: Model, with_attn: bool) -> Result<DecodeExact, ExactError> {
     let g = inp.graph;
     let (h, hkv, d, rd) = (g.n_heads, g.n_kv_heads, g.head_dim, g.rotary_dims);
@@ -749,7 +911,7 @@ struct DecodeEnclosures {
 
 /// `T(T(x1 c) - T(x2 s))`, `T(T(x1 s) + T(x2 c))` on enclosures (the CPU
 /// rope fallback's MLX ops, each computed in float32 and stored in `t`).
-fn rope_head_iv(x: &[Iv], tables: &[(Iv, Iv)], t: Float) -> Vec<Iv> {
+pub(crate) fn rope_head_iv(x: &[Iv], tables: &[(Iv, Iv)], t: Float) -> Vec<Iv> {
     let half = tables.len();
     let mut out = x.to_vec();
     for (i, &(c, s)) in tables.iter().enumerate() {

@@ -42,6 +42,7 @@ pub mod formats;
 pub mod interval;
 pub mod matmul;
 pub mod rope;
+pub mod sdpa_cpu;
 pub mod tracked;
 
 pub use check::{check, Side};

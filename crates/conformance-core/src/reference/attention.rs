@@ -5,7 +5,8 @@
 //! perturbable; the graph's shape is constant.
 
 use exact::attention::{
-    decode_m1, decode_m1_without_attention, DecodeExact, DecodeInputs, Graph as ExactGraph,
+    decode_m1, decode_m1_attn_given_read, decode_m1_without_attention, DecodeExact, DecodeInputs,
+    Graph as ExactGraph,
 };
 use exact::{Exact, ExactError, Format, Model, QuantizedMatrix, Tracked};
 use oracle::{DType, HostTensor};
@@ -46,8 +47,13 @@ pub struct DecodeRows {
 }
 
 /// The longest KV window (prefill plus decoded rows) whose attention
-/// output the exact oracle checks; longer windows get `keys`, `values` and
-/// `y` given `attn` checked ([`decode_m1_without_attention`]).
+/// output the exact oracle checks with the float64 definition and its
+/// worst-case bound (intersected with the enclosures); longer windows get
+/// `keys`, `values` and `y` given `attn` checked
+/// ([`decode_m1_without_attention`]), and on x86-64 CPU `attn` given what
+/// the attention read, MLX's fallback emulated in its order
+/// ([`decode_m1_attn_given_read`], `exact::sdpa_cpu`); a GPU's `attn`
+/// above it stays unchecked.
 pub const EXACT_MAX_KV: usize = 8192;
 
 /// Decodes the rows of `x` [T, hidden] one token at a time (M = 1) after a
@@ -93,8 +99,8 @@ pub fn attention_decode_m1(
             CaseError::Harness(format!("`{F}` returned {} arrays, not 5", v.len()))
         })?;
     // One exact decode per side gives all four outputs; windows longer
-    // than EXACT_MAX_KV are not checked (the float64 SDPA over every cached
-    // key of every step costs seconds per thousand keys).
+    // than EXACT_MAX_KV skip the float64 SDPA over every cached key of
+    // every step (seconds per thousand keys): see the branches below.
     let (h, hkv, dd) = (graph.n_heads, graph.n_kv_heads, graph.head_dim);
     let hidden = x.shape.last().copied().unwrap_or(0);
     let window = k0.shape.get(2).copied().unwrap_or(0) + x.len() / hidden.max(1);
@@ -133,23 +139,39 @@ pub fn attention_decode_m1(
         })?;
         pairs.into_iter().map(Some).collect()
     } else if calls.port.is_none() {
-        // A longer window: the attention over every cached key of every
-        // step is not evaluated (host cost: +12 s to +65 s on CPU per
-        // window); the cached keys and values and y given attn cost the
-        // projections alone. (Under --perturb the port's side has no
-        // recorded attn: not checked.)
+        // A longer window: the float64 SDPA over every cached key of
+        // every step is not evaluated (host cost: +12 s to +65 s on CPU
+        // per window); the cached keys and values and y given attn cost
+        // the projections alone. On x86-64 CPU `attn` is checked given
+        // what the attention read, MLX's fallback emulated in its own
+        // order (`exact::sdpa_cpu`: seconds); a GPU's stays unchecked
+        // here. (Under --perturb the port's side has no records: not
+        // checked.)
         let pairs = calls.exact_all(F, |s, m| {
-            let d = exact_decode_without_attention(s, m)?;
+            let d = exact_decode_long(s, m)?;
             let rows = s.tensor("x")?.len() / hidden.max(1);
-            Ok(vec![
+            let mut out = Vec::with_capacity(4);
+            if !d.attn.is_empty() {
+                out.push(Exact::from_tracked(
+                    "attention_sdpa",
+                    m,
+                    vec![rows, h * dd],
+                    &d.attn,
+                ));
+            }
+            out.extend([
                 Exact::from_tracked("attention_o_proj", m, vec![rows, hidden], &d.y),
                 Exact::from_tracked("attention_keys", m, vec![rows, hkv * dd], &d.keys),
                 Exact::from_tracked("attention_values", m, vec![rows, hkv * dd], &d.values),
-            ])
+            ]);
+            Ok(out)
         })?;
-        std::iter::once(None)
-            .chain(pairs.into_iter().map(Some))
-            .collect()
+        let pairs: Vec<_> = pairs.into_iter().map(Some).collect();
+        if pairs.len() == 4 {
+            pairs
+        } else {
+            std::iter::once(None).chain(pairs).collect()
+        }
     } else {
         vec![None; 4]
     };
@@ -235,11 +257,18 @@ fn exact_decode(s: &Sent, model: Model) -> Result<DecodeExact, ExactError> {
     with_decode_inputs(s, true, |inputs| decode_m1(inputs, model))
 }
 
-/// [`exact_decode`] without the attention ([`decode_m1_without_attention`]).
-fn exact_decode_without_attention(s: &Sent, model: Model) -> Result<DecodeExact, ExactError> {
-    with_decode_inputs(s, false, |inputs| {
-        decode_m1_without_attention(inputs, model)
-    })
+/// A window longer than [`EXACT_MAX_KV`]: on x86-64 CPU `attn` given
+/// what the attention read ([`decode_m1_attn_given_read`]: the prefill
+/// and the records are read), elsewhere without the attention
+/// ([`decode_m1_without_attention`]: the prefill is not read).
+fn exact_decode_long(s: &Sent, model: Model) -> Result<DecodeExact, ExactError> {
+    if model == Model::Cpu && cfg!(target_arch = "x86_64") {
+        with_decode_inputs(s, true, |inputs| decode_m1_attn_given_read(inputs, model))
+    } else {
+        with_decode_inputs(s, false, |inputs| {
+            decode_m1_without_attention(inputs, model)
+        })
+    }
 }
 
 /// The exact decode's inputs from the arguments one side computed from.
