@@ -616,6 +616,31 @@ pub fn cpu_emulates_sdpa(inp: &DecodeInputs, model: Model) -> bool {
         && matches!(step_dtype(inp), Some(Float::Bfloat16 | Float::Float16))
 }
 
+/// The x86-64 CPU rope fallback's `(cos, sin)` per rotated pair at `pos`
+/// in `t`: emulated ([`crate::sdpa_cpu::rope_trig_emulated`]), or the RoPE
+/// step's bound for a pair MLX sends to libm.
+fn cpu_rope_tables(pos: usize, g: Graph, t: Float) -> Vec<(Iv, Iv)> {
+    let bounded = rope_trig(pos, g.rotary_dims, g.rope_base, Model::Cpu);
+    crate::sdpa_cpu::rope_trig_emulated(pos, g.rotary_dims, g.rope_base, t)
+        .into_iter()
+        .zip(bounded)
+        .map(|(e, (c, s))| {
+            e.unwrap_or_else(|| {
+                let iv = |x: Tracked| Iv::real(x.v - x.e, x.v + x.e).round32_then(t);
+                (iv(c), iv(s))
+            })
+        })
+        .collect()
+}
+
+/// One query head (`head_dim` values in `t`, exact) roped at `pos` by the
+/// x86-64 CPU's rope fallback, on enclosures (points where the trig is
+/// emulated): what [`crate::sdpa_cpu::sdpa_heads`] reads.
+pub fn cpu_roped_query(q: &[f64], pos: usize, g: Graph, t: Float) -> Vec<Iv> {
+    let points: Vec<Iv> = q.iter().map(|&v| Iv::point(v)).collect();
+    rope_head_iv(&points, &cpu_rope_tables(pos, g, t), t)
+}
+
 /// `attn` `[T, n_heads * head_dim]` of the decode given what the attention
 /// read, the x86-64 CPU's fallback emulated on enclosures (module doc,
 /// "attn given what it read, x86-64 CPU"). Each element: the enclosure's
@@ -625,9 +650,9 @@ pub fn cpu_emulates_sdpa(inp: &DecodeInputs, model: Model) -> bool {
 /// bound 0 (outside unless equal). A head whose enclosure is not finite
 /// gets an infinite bound (uninformative, reported as such).
 fn cpu_attn_given_read(inp: &DecodeInputs, read: DecodeRead) -> Result<Vec<Tracked>, ExactError> {
-    use crate::sdpa_cpu::{rope_trig_emulated, sdpa_heads, KvHead};
+    use crate::sdpa_cpu::{sdpa_heads, KvHead};
     let g = inp.graph;
-    let (h, hkv, d, rd) = (g.n_heads, g.n_kv_heads, g.head_dim, g.rotary_dims);
+    let (h, hkv, d) = (g.n_heads, g.n_kv_heads, g.head_dim);
     let Some(t) = step_dtype(inp) else {
         return err("attn given what it read: not one dtype");
     };
@@ -679,19 +704,7 @@ fn cpu_attn_given_read(inp: &DecodeInputs, read: DecodeRead) -> Result<Vec<Track
     let mut attn = vec![unknown; tokens * h * d];
     for tok in 0..tokens {
         let pos = l0 + tok;
-        // The emulated cos / sin; the RoPE step's bound for a pair MLX
-        // sends to libm.
-        let bounded = rope_trig(pos, rd, g.rope_base, Model::Cpu);
-        let tables: Vec<(Iv, Iv)> = rope_trig_emulated(pos, rd, g.rope_base, t)
-            .into_iter()
-            .zip(bounded)
-            .map(|(e, (c, s))| {
-                e.unwrap_or_else(|| {
-                    let iv = |x: Tracked| Iv::real(x.v - x.e, x.v + x.e).round32_then(t);
-                    (iv(c), iv(s))
-                })
-            })
-            .collect();
+        let tables = cpu_rope_tables(pos, g, t);
         for gh in 0..hkv {
             let mut qs = Vec::with_capacity(group);
             let mut marked = Vec::with_capacity(group);

@@ -620,4 +620,153 @@ mod exact_tests {
             }
         }
     }
+
+    /// Issue 41, item 5: a window above `EXACT_MAX_KV` (8192 + 2 keys) on
+    /// x86-64 CPU. `attn` given what the attention read
+    /// (`exact::attention::decode_m1_attn_given_read`, MLX's fallback
+    /// emulated in its order: `exact::sdpa_cpu`) holds MLX's CPU output
+    /// (the port's, bit-equal to the reference) as a point, bit for bit,
+    /// over 2 seeds; planted faults are flagged: the last key dropped from
+    /// the last token's attention, the last 32 value rows accumulated twice
+    /// (both computed by the same emulation), a recorded query off q_proj's
+    /// value, and the reference's output with one element moved by one bf16
+    /// ulp.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_cpu_attn_above_exact_max_kv_is_the_emulated_fallback_and_faults_are_flagged() {
+        use exact::interval::Iv;
+        use exact::sdpa_cpu::{sdpa_heads, KvHead};
+        let shape = QWEN35_LIKE;
+        let (start, end) = (crate::reference::attention::EXACT_MAX_KV, crate::reference::attention::EXACT_MAX_KV + 2);
+        let (h, hkv, d) = (shape.n_heads, shape.n_kv_heads, shape.head_dim);
+        let graph = Graph {
+            n_heads: h,
+            n_kv_heads: hkv,
+            head_dim: d,
+            rotary_dims: shape.rotary_dims,
+            rope_base: f64::from(shape.rope_base),
+        };
+        for seed in 0..2u64 {
+            let weights =
+                Arc::new(HostWeights::seeded(&mut Inputs::new(7100 + seed), &shape).unwrap());
+            let sc = Scenario::generate(shape, weights.clone(), 9100 + seed, start, end).unwrap();
+            let ps = [&weights.q, &weights.k, &weights.v, &weights.o];
+            let sb: Vec<(Vec<f64>, Vec<f64>)> = ps
+                .iter()
+                .map(|p| (values(&p.scales), values(&p.biases)))
+                .collect();
+            let projections =
+                std::array::from_fn(|i| matrix(ps[i], &ps[i].weight.bytes, &sb[i].0, &sb[i].1));
+            let (x, k0, v0) = (values(&sc.x), values(&sc.k0), values(&sc.v0));
+            let attn_read = values(&sc.m1.attn);
+            let q_layer = weights.q.layer(shape.spec).unwrap();
+            let xa = sc.x.to_array().reshape(&[1, (end - start) as i32, shape.hidden as i32]).unwrap();
+            let q_read = values(&HostTensor::from_array(&q_layer.forward(&xa).unwrap()).unwrap());
+            let (k_read, v_read) = (values(&sc.m1.keys), values(&sc.m1.values));
+            let read = exact::attention::DecodeRead {
+                queries: &q_read,
+                keys: &k_read,
+                values: &v_read,
+            };
+            let inp = DecodeInputs {
+                x: &x,
+                x_dtype: Float::Bfloat16,
+                projections,
+                scales_dtypes: [Float::Bfloat16; 4],
+                k0: &k0,
+                v0: &v0,
+                l0: start,
+                k0_dtype: Some(Float::Bfloat16),
+                v0_dtype: Some(Float::Bfloat16),
+                graph,
+                attn_read: Some(&attn_read),
+                read: Some(read),
+            };
+            let out = exact::attention::decode_m1_attn_given_read(&inp, Model::Cpu).unwrap();
+            assert_eq!(out.attn.len(), attn_read.len());
+            let e = Exact::from_tracked("t", Model::Cpu, vec![out.attn.len()], &out.attn);
+            let side = check(&attn_read, &e);
+            assert!(side.within() && side.max_ratio == 0.0, "seed {seed} attn: {side:?}");
+            // Every element a point: the bound is float64's slack alone.
+            let worst = e
+                .value
+                .iter()
+                .zip(&e.bound)
+                .map(|(v, b)| b / v.abs().max(1e-30))
+                .fold(0.0, f64::max);
+            assert!(out.attn.iter().all(|a| a.e == 0.0) && worst < 1e-9, "seed {seed}: {worst:e}");
+            // One element one bf16 ulp off: outside.
+            let mut moved = attn_read.clone();
+            moved[7] = f64::from(half::bf16::from_bits(half::bf16::from_f64(moved[7]).to_bits() + 1));
+            assert!(!check(&moved, &e).within(), "seed {seed}: one ulp passed");
+            // The last token's heads: its key dropped, the last 32 value
+            // rows twice.
+            let tok = end - start - 1;
+            let w = hkv * d;
+            let rows = |vscale: &dyn Fn(usize) -> f64, upto: usize| {
+                let owned: Vec<(Vec<f64>, Vec<f64>)> = (0..upto)
+                    .map(|j| {
+                        let (k, v) = if j < start {
+                            (&k0[j * d..(j + 1) * d], &v0[j * d..(j + 1) * d])
+                        } else {
+                            let at = (j - start) * w;
+                            (&k_read[at..at + d], &v_read[at..at + d])
+                        };
+                        (k.to_vec(), v.iter().map(|&x| x * vscale(j)).collect())
+                    })
+                    .collect();
+                KvHead::new(d, owned.iter().map(|(k, v)| (k.as_slice(), v.as_slice())))
+            };
+            let qs: Vec<Vec<Iv>> = (0..h)
+                .map(|hh| {
+                    let at = (tok * h + hh) * d;
+                    exact::attention::cpu_roped_query(&q_read[at..at + d], end - 1, graph, Float::Bfloat16)
+                })
+                .collect();
+            let last = |heads: Vec<Vec<Iv>>| -> Vec<f64> {
+                let mut a = attn_read.clone();
+                for (hh, row) in heads.iter().enumerate() {
+                    for (c, iv) in row.iter().enumerate() {
+                        a[(tok * h + hh) * d + c] = iv.lo;
+                    }
+                }
+                a
+            };
+            let kv = rows(&|_| 1.0, end);
+            // The emulation at every key reproduces the checked value.
+            let same = last(sdpa_heads(&qs, &kv, end, 0.0625, Float::Bfloat16).unwrap());
+            assert!(check(&same, &e).within(), "seed {seed}");
+            let dropped = last(sdpa_heads(&qs, &kv, end - 1, 0.0625, Float::Bfloat16).unwrap());
+            let s = check(&dropped, &e);
+            assert!(!s.within(), "seed {seed}: a dropped last key passed");
+            let twice = rows(&|j| if j + 32 >= end { 2.0 } else { 1.0 }, end);
+            let doubled = last(sdpa_heads(&qs, &twice, end, 0.0625, Float::Bfloat16).unwrap());
+            assert!(!check(&doubled, &e).within(), "seed {seed}: a doubled tail passed");
+            // A recorded query off q_proj's value marks its head.
+            let mut q_bad = q_read.clone();
+            q_bad[3] = f64::from(half::bf16::from_f64(q_bad[3] * 1.5 + 1.0));
+            let bad = exact::attention::decode_m1_attn_given_read(
+                &DecodeInputs {
+                    read: Some(exact::attention::DecodeRead { queries: &q_bad, ..read }),
+                    projections: inp.projections.clone(),
+                    ..inp
+                },
+                Model::Cpu,
+            )
+            .unwrap();
+            // Token 0, head 0 marked: bound 0 at q_proj's value, which the
+            // kernel reading the wrong query does not compute.
+            assert!(bad.attn[..d].iter().all(|a| a.e == 0.0), "seed {seed}");
+            let e = Exact::from_tracked("t", Model::Cpu, vec![bad.attn.len()], &bad.attn);
+            let q_wrong =
+                exact::attention::cpu_roped_query(&q_bad[..d], start, graph, Float::Bfloat16);
+            let kv0 = rows(&|_| 1.0, start + 1);
+            let wrong = sdpa_heads(&[q_wrong], &kv0, start + 1, 0.0625, Float::Bfloat16).unwrap();
+            let mut from_wrong = attn_read.clone();
+            for (c, iv) in wrong[0].iter().enumerate() {
+                from_wrong[c] = iv.lo;
+            }
+            assert!(!check(&from_wrong, &e).within(), "seed {seed}: a wrong query passed");
+        }
+    }
 }
