@@ -214,6 +214,35 @@
 //! ratio 0.25, mean bound 7% of |attn|, none informative without the
 //! records), and the H200's under `fixtures/gpu-runs/`.
 //!
+//! # attn given what it read, x86-64 CPU (windows above 8192 keys)
+//! The enclosures above carry the keys' RoPE and the whole float64
+//! definition (the Tracked SDPA over every key: +12 s, +29 s and +65 s on
+//! CPU at the suite's windows of 8198, 32770 and 65540 keys), and at 65540
+//! keys the any-order float32 normalizer and `p · v` bounds
+//! (`gamma_n(u32)`) are wider than the values. So for windows longer than
+//! the harness's `EXACT_MAX_KV` the Cpu model on x86-64 evaluates neither:
+//! [`decode_m1_attn_given_read`] takes what the attention read (the
+//! recorded q_proj outputs, the cached keys and values, the prefill, as the
+//! Gpu model does) and runs MLX's CPU fallback in its own order of
+//! operations on enclosures ([`crate::sdpa_cpu`], whose module doc names
+//! every rounding: RoPE's `exp` and Cephes `sincos` ported bit for bit with
+//! `logf`'s candidates hulled, `simd_gemm`'s index order, the precise
+//! softmax's index-order normalizer). With exact inputs each element is
+//! one point, so `attn` must be the kernel's value bit for bit; the bound
+//! is float64's slack alone. The recorded query must be q_proj's emulated
+//! value on `x` (the scalar loop: a point), or its head is computed from
+//! that value at bound 0 (outside unless equal): the step stays covered as
+//! in the Gpu section. Nothing is intersected with a worst case here (none
+//! is computed); an enclosure that is not finite leaves `attn` at an
+//! infinite bound (uninformative, reported as such). Where the order is not
+//! known (arm64's SIMD lanes, a GPU, a float32 step whose matmuls go to
+//! BLAS) `attn` above 8192 keys stays unchecked. Evidence: at the suite's
+//! three long windows the reference's `attn` lies on its points (ratio 0),
+//! and
+//! `the_cpu_attn_above_exact_max_kv_is_the_emulated_fallback_and_faults_are_flagged`
+//! (conformance-cases) checks MLX's CPU output at 8194 keys and flags a
+//! dropped last key, a doubled tail, a wrong recorded query and one ulp.
+//!
 //! # y given attn (every model)
 //! `y = o_proj(attn)` reads the attention output the kernel wrote; the
 //! reference glue records exactly that array (o_proj's input), and it is
