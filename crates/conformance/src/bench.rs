@@ -34,9 +34,9 @@ pub fn select_backend(oracle: &Oracle) -> Backend {
     backend
 }
 
-/// The floor of the benches: bytes read plus written per second by `y = x
-/// + 1` over an f32 array far larger than any cache (256 MiB on CPU, 2 GiB
-/// on a GPU), best of 5.
+/// The floor of the benches: bytes read plus written per second by
+/// `y = x + 1` over an f32 array far larger than any cache (256 MiB on CPU,
+/// 2 GiB on a GPU), best of 5.
 ///
 /// # Panics
 /// When MLX fails (benches are run by hand; a panic is their report).

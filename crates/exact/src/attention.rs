@@ -734,7 +734,7 @@ fn cpu_attn_given_read(inp: &DecodeInputs, read: DecodeRead) -> Result<Vec<Track
     for tok in 0..tokens {
         let pos = l0 + tok;
         let tables = cpu_rope_tables(pos, g, t);
-        for gh in 0..hkv {
+        for (gh, cache) in caches.iter().enumerate() {
             let mut qs = Vec::with_capacity(group);
             let mut marked = Vec::with_capacity(group);
             for hh in gh * group..(gh + 1) * group {
@@ -750,7 +750,7 @@ fn cpu_attn_given_read(inp: &DecodeInputs, read: DecodeRead) -> Result<Vec<Track
                 qs.push(rope_head_iv(&src, &tables, t));
                 marked.push(!within);
             }
-            let Some(rows) = sdpa_heads(&qs, &caches[gh], l0 + tok + 1, scale, t) else {
+            let Some(rows) = sdpa_heads(&qs, cache, l0 + tok + 1, scale, t) else {
                 continue;
             };
             for (i, row) in rows.into_iter().enumerate() {
@@ -1231,7 +1231,7 @@ fn gpu_sdpa_row_iv(
 /// run a fused kernel is the unfused path left out.
 pub fn gpu_may_run_unfused(head_dim: usize, rows: usize, gqa: usize, array_mask: bool) -> bool {
     let vector_both = matches!(head_dim, 64 | 96 | 128) && rows < 4 && rows * gqa <= 32;
-    !(vector_both && !array_mask)
+    !vector_both || array_mask
 }
 
 /// Narrows a Gpu-model SDPA row's bounds ([`sdpa_row`]) with the
