@@ -72,6 +72,16 @@
 //! keeps them (no flush-to-zero). With exact inputs and a single `logf`
 //! candidate every enclosure is one point: the kernel's value bit for bit.
 //!
+//! # Evidence
+//! `the_ported_exp_sin_cos_are_mlx_cpu_kernels_bit_for_bit`
+//! (conformance-cases) compares [`mlx_exp`] and [`mlx_sincos`] with MLX's
+//! CPU `exp`, `sin`, `cos` on 60 000 arguments each (0 differ; replacing
+//! one `fma` of the reduction by a product and a difference makes 175
+//! differ); `the_cpu_attn_above_exact_max_kv_is_the_emulated_fallback_and_faults_are_flagged`
+//! compares the whole emulation with MLX's decode at 8194 keys (summing the
+//! normalizer in reverse order puts 83 of 3072 elements outside); the test
+//! below compares it with the fallback written out as scalar loops.
+//!
 //! # Cost
 //! Plain `f32` loops the compiler vectorizes: the scores over a block of
 //! 16 keys at a time (keys stored `[block][D][16]`), the output over the

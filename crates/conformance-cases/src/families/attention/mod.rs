@@ -769,4 +769,45 @@ mod exact_tests {
             assert!(!check(&from_wrong, &e).within(), "seed {seed}: a wrong query passed");
         }
     }
+
+    /// The ports of MLX's CPU `simd::exp` and Cephes `sin` / `cos`
+    /// (`exact::sdpa_cpu::{mlx_exp, mlx_sincos}`, what the emulated RoPE and
+    /// softmax use) are MLX's CPU kernels bit for bit, on 60 000 arguments
+    /// each: softmax arguments down to -90 (the flush below -88), angles up
+    /// to 70 000 (the RoPE positions of the longest window) and around 0.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_ported_exp_sin_cos_are_mlx_cpu_kernels_bit_for_bit() {
+        use exact::sdpa_cpu::{mlx_exp, mlx_sincos};
+        use mlx_rs::{Array, Stream};
+        let mut state = 12345u64;
+        let mut next = || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let xs: Vec<f32> = (0..60_000)
+            .map(|i| match i % 3 {
+                0 => (-90.0 + 91.0 * next()) as f32,
+                1 => (70_000.0 * next()) as f32,
+                _ => (-20.0 + 40.0 * next()) as f32,
+            })
+            .collect();
+        let a = Array::from_slice(&xs, &[xs.len() as i32]);
+        let (c, s, e) = mlx_rs::with_stream(&Stream::cpu(), || {
+            (a.cos().unwrap(), a.sin().unwrap(), a.exp().unwrap())
+        });
+        for t in [&c, &s, &e] {
+            t.eval().unwrap();
+        }
+        let (c, s, e) = (c.as_slice::<f32>(), s.as_slice::<f32>(), e.as_slice::<f32>());
+        let mut differ = [0usize; 3];
+        for (i, &x) in xs.iter().enumerate() {
+            differ[0] += usize::from(mlx_sincos(x, false).map(f32::to_bits) != Some(c[i].to_bits()));
+            differ[1] += usize::from(mlx_sincos(x, true).map(f32::to_bits) != Some(s[i].to_bits()));
+            differ[2] += usize::from(mlx_exp(x).to_bits() != e[i].to_bits());
+        }
+        assert_eq!(differ, [0, 0, 0], "cos, sin, exp arguments whose bits differ");
+    }
 }
