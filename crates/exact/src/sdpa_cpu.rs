@@ -481,16 +481,9 @@ mod tests {
 
     /// MLX's CPU fallback for one bf16 query row, written out from the
     /// source as plain scalar loops (module doc, steps 2 to 5), with a
-    /// fault hook: `keys_used` of the `n` keys attended, and the last
+    /// fault hook: the first `keys_used` keys attended, and the last
     /// `doubled` products of the output sums added twice.
-    fn fallback_row(
-        q: &[f32],
-        k: &[f32],
-        v: &[f32],
-        n: usize,
-        keys_used: usize,
-        doubled: usize,
-    ) -> Vec<f32> {
+    fn fallback_row(q: &[f32], k: &[f32], v: &[f32], keys_used: usize, doubled: usize) -> Vec<f32> {
         let d = q.len();
         let bf = |x: f32| f32::from(half::bf16::from_f32(x));
         let sc = bf(0.0625);
@@ -510,7 +503,6 @@ mod tests {
         }
         let r = 1.0 / z;
         let p: Vec<f32> = s.iter().map(|&x| bf(mlx_exp(x - m) * r)).collect();
-        let _ = n;
         (0..d)
             .map(|c| {
                 let mut o = 0f32;
@@ -557,14 +549,12 @@ mod tests {
             .iter()
             .map(|h| h.iter().map(|&x| Iv::point(x)).collect())
             .collect();
-        let scale = 0.0625f64.powi(1) * 1.0;
-        let _ = scale;
         let (mut dropped, mut doubled) = (0, 0);
         for used in [1, 2, 17, 333, 599, 600] {
             let out = sdpa_heads(&qp, &kv, used, 0.0625, Float::Bfloat16).unwrap();
             for (h, row) in out.iter().enumerate() {
                 let q32: Vec<f32> = q[h].iter().map(|&x| x as f32).collect();
-                let want = fallback_row(&q32, &k32, &v32, used, used, 0);
+                let want = fallback_row(&q32, &k32, &v32, used, 0);
                 for (c, iv) in row.iter().enumerate() {
                     assert!(
                         iv.is_point() && iv.lo == f64::from(want[c]),
@@ -573,13 +563,13 @@ mod tests {
                     );
                 }
                 if used > 1 {
-                    let short = fallback_row(&q32, &k32, &v32, used, used - 1, 0);
+                    let short = fallback_row(&q32, &k32, &v32, used - 1, 0);
                     dropped += usize::from(
                         row.iter()
                             .zip(&short)
                             .any(|(iv, &x)| f64::from(x) < iv.lo || f64::from(x) > iv.hi),
                     );
-                    let twice = fallback_row(&q32, &k32, &v32, used, used, 32.min(used));
+                    let twice = fallback_row(&q32, &k32, &v32, used, 32.min(used));
                     doubled += usize::from(
                         row.iter()
                             .zip(&twice)
@@ -621,7 +611,7 @@ mod tests {
                         }
                     })
                     .collect();
-                let got = fallback_row(&q32, &k32, &v32, n, n, 0);
+                let got = fallback_row(&q32, &k32, &v32, n, 0);
                 for (iv, &x) in row.iter().zip(&got) {
                     assert!(iv.lo <= f64::from(x) && f64::from(x) <= iv.hi, "{iv:?} {x}");
                 }
