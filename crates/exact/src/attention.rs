@@ -257,6 +257,7 @@
 //! that `attn`. An input fault upstream of `attn` (a K tail of `x`) then
 //! moves `attn`, where it is measured, not `y` given `attn`.
 
+use crate::exp_bound::{eps_exp, exp_arg_k, EXP_ABS};
 use crate::formats::QuantizedMatrix;
 use crate::interval::Iv;
 use crate::matmul::{quantized_matmul, quantized_matmul_tracked, tf32_round, TF32_U};
@@ -334,30 +335,6 @@ fn cast(t: Tracked, from: Float, to: Float) -> Tracked {
         t.round(to)
     }
 }
-
-/// Rounding errors of the exp and trig functions per model (see the
-/// module doc).
-pub(crate) fn eps_exp(model: Model) -> f64 {
-    match model {
-        Model::Cpu => 2f64.powi(-21),
-        Model::Gpu => 2f64.powi(-20),
-    }
-}
-
-/// MLX's CPU `simd::exp` (`cpu/simd/math.h`, every CPU `exp`: unary ops and
-/// the softmax's main loop) scales its argument by the float constant
-/// `1.442695f` and rounds: `2^{x c'(1 + u)}` is `e^x` times at most
-/// `e^{|x| K}`, `K = ln 2 (|c' - log2 e| + c' u32)` (about 1.2 u32).
-pub(crate) fn exp_arg_k() -> f64 {
-    // MLX's own float literal for log2(e), not the exact constant.
-    #[allow(clippy::approx_constant)]
-    let c = f64::from(1.442_695_f32);
-    std::f64::consts::LN_2 * ((c - std::f64::consts::LOG2_E).abs() + c * Float::Float32.u())
-}
-
-/// The absolute error of that `exp` near underflow (it flushes below -88
-/// and builds `2^ipart` from the bits: at most `2^-125`).
-pub(crate) const EXP_ABS: f64 = 2.350_988_701_644_575_e-38;
 
 /// The (cos, sin) of each rotated pair `i < rotary_dims / 2` at `pos`, as
 /// the kernel holds them in `t` (see the module doc's RoPE step).

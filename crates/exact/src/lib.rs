@@ -38,6 +38,7 @@
 
 pub mod attention;
 pub mod check;
+mod exp_bound;
 pub mod formats;
 pub mod interval;
 pub mod matmul;

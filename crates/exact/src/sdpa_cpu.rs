@@ -89,7 +89,7 @@
 //! block and row while it is in cache; a path for point operands (one
 //! accumulator) and one for intervals (two).
 
-use crate::attention::{eps_exp, exp_arg_k, EXP_ABS};
+use crate::exp_bound::{eps_exp, exp_arg_k, EXP_ABS};
 use crate::interval::Iv;
 use crate::Float;
 
