@@ -62,6 +62,7 @@
 
 mod append;
 mod error;
+mod grid;
 mod metal_kernel;
 mod mrope;
 mod rope2d;

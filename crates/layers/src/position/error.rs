@@ -4,7 +4,7 @@ use std::fmt;
 
 use mlx_rs::error::Exception;
 
-use super::rope_index::GridThw;
+use super::grid::GridThw;
 
 /// Which kind of vision span a rope-index error is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

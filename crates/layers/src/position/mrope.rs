@@ -6,7 +6,6 @@
 //! `mlx_vlm.models.qwen3_5.language.Qwen3_5RotaryEmbedding`.
 
 use std::cell::RefCell;
-use std::sync::OnceLock;
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{take_axis, Ellipsis, TryIndexOp};
@@ -15,31 +14,8 @@ use mlx_rs::transforms::compile::compile;
 use mlx_rs::{Array, Dtype};
 
 use super::error::PositionError;
+pub use super::metal_kernel::{metal_is_available, Pairing};
 use super::metal_kernel::{mrope_kernel_launch, mrope_kernel_spec, run_mrope_kernel};
-
-/// How a rotated channel is paired with its partner.
-///
-/// Mirrors `rope_utils._pairing_for_style` (mlx-vlm 0.7.6). Qwen3.5's
-/// `"interleaved"` style uses [`Pairing::HalfSplit`]; [`Pairing::EvenOdd`]
-/// exists for the kernel text of the even/odd styles.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Pairing {
-    /// Channel `d` pairs with `d + rotary_dim/2` (`rotate_half`).
-    HalfSplit,
-    /// Channel `2i` pairs with `2i + 1` (`rotate_half_even_odd`).
-    EvenOdd,
-}
-
-impl Pairing {
-    /// The reference's string for this pairing (`_HALF_SPLIT`,
-    /// `_EVEN_ODD`), as it appears in kernel names.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Pairing::HalfSplit => "half_split",
-            Pairing::EvenOdd => "even_odd",
-        }
-    }
-}
 
 /// Which implementation of the mRoPE apply runs.
 ///
@@ -95,32 +71,6 @@ impl MropePath {
             MropePath::PureMlx => "pure-mlx",
         }
     }
-}
-
-/// Whether this libmlx has a usable Metal back end
-/// (`mx.metal.is_available()`, MLX 0.32.2). Cached for the process, as the
-/// reference caches it in `_HAS_METAL`.
-///
-/// # Errors
-/// [`PositionError::MetalKernel`] if the mlx-c call fails;
-/// [`PositionError::Mlx`] if MLX cannot report a default device.
-pub fn metal_is_available() -> Result<bool, PositionError> {
-    static HAS_METAL: OnceLock<bool> = OnceLock::new();
-    if let Some(&known) = HAS_METAL.get() {
-        return Ok(known);
-    }
-    // Any wrapped op installs mlx-rs's error handler; without it a failing
-    // raw mlx-c call would print and exit the process.
-    mlx_rs::Device::try_default()?;
-    let mut available = false;
-    // SAFETY: `available` is a valid out-pointer for the duration of the call.
-    let status = unsafe { mlx_sys::mlx_metal_is_available(&mut available) };
-    if status != 0 {
-        return Err(PositionError::MetalKernel {
-            call: "mlx_metal_is_available",
-        });
-    }
-    Ok(*HAS_METAL.get_or_init(|| available))
 }
 
 /// Configuration of one mRoPE: the fields `MRoPERotaryEmbedding.__init__`
