@@ -9,7 +9,7 @@
 
 use std::time::Instant;
 
-use conformance::families::{self, attention};
+use conformance::families::attention;
 use conformance::runner::{self, RunOptions, Verdict};
 use oracle::Oracle;
 
@@ -22,7 +22,7 @@ fn main() {
         jobs: 1,
         perturb: false,
     };
-    let cases = families::all();
+    let cases = conformance::registry::all();
     let check_a: Vec<_> = cases
         .iter()
         .filter(|c| {

@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use conformance::families;
 use conformance::runner::{self, RunOptions};
 use oracle::Oracle;
 
@@ -15,7 +14,7 @@ fn main() {
     let oracle = Oracle::start().expect("oracle starts (run `cargo xtask setup`)");
     let backend = conformance::bench::select_backend(&oracle);
     let startup = started.elapsed();
-    let cases = families::all();
+    let cases = conformance::registry::all();
     let selected = runner::select(&cases, None).expect("all");
     for jobs in [1, 2] {
         // Cold per pass: the attention family memoises its M=1 runs.

@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::case::Backend;
-use crate::families::Registry;
 use crate::hooks::{Hooks, Interceptor, Substitute};
+use crate::registry::Registry;
 
 /// The device asked for on the command line (`--device cpu|gpu`). `gpu` is
 /// the GPU backend of the linked libmlx (Metal on macOS, CUDA with the

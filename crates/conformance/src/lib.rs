@@ -31,5 +31,5 @@ pub mod scratch;
 pub mod snapshots;
 
 // The core and the cases, at the paths they had before the split.
-pub use conformance_cases::{families, home};
+pub use conformance_cases::{families, home, registry};
 pub use conformance_core::{case, exactness, hooks, inputs, reference, relation, result};

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 use clap::{Parser, ValueEnum};
 use conformance::config::Device;
 use conformance::config::RunConfig;
-use conformance::families::Registry;
+use conformance::registry::Registry;
 use conformance::report::exit;
 use conformance::runner::{self, RunOptions};
 use oracle::Oracle;
@@ -268,7 +268,7 @@ fn ops_signatures(dir: &std::path::Path) -> ExitCode {
                 path.display()
             ));
         }
-        let families: std::collections::BTreeMap<String, &str> = conformance::families::all()
+        let families: std::collections::BTreeMap<String, &str> = conformance::registry::all()
             .into_iter()
             .map(|c| (c.name, c.family))
             .collect();

@@ -1,6 +1,6 @@
 //! Case parameters as data. Every registered case is a [`Described`]: its
 //! name, its seed and its family's typed parameters (serde). The registry
-//! ([`super::Registry`]) lists descriptions and builds each case from its
+//! ([`crate::registry::Registry`]) lists descriptions and builds each case from its
 //! description alone, through the builder its `builder` key names
 //! (the `families!` list in `families/mod.rs`), so a
 //! case can be printed (`conformance --describe`), persisted, edited and
@@ -360,7 +360,7 @@ mod tests {
     /// the fixed cases keep the seeds their names gave them.
     #[test]
     fn every_fixed_case_round_trips_through_its_json_description() {
-        let registered: Vec<String> = crate::families::all().iter().map(identity).collect();
+        let registered: Vec<String> = crate::registry::all().iter().map(identity).collect();
         let fixed = crate::families::fixed_descriptions();
         assert!(fixed.len() > 400, "{} fixed descriptions", fixed.len());
         for (i, d) in fixed.iter().enumerate() {

@@ -5,8 +5,8 @@ use std::io::IsTerminal;
 
 use conformance::case::{Backend, Case};
 use conformance::config::Device;
-use conformance::families::Registry;
 use conformance::home::Home;
+use conformance::registry::Registry;
 use conformance::report::{self, Environment};
 use conformance::runner::{self, RunOptions};
 use conformance::snapshots::{self, Mode};
