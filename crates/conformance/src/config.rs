@@ -6,12 +6,14 @@
 
 use std::ffi::OsString;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::case::Backend;
-use crate::hooks::{Hooks, Interceptor, Substitute};
+use crate::hooks::{Hooks, Substitute};
 use crate::registry::Registry;
+use crate::runner::worker::{WorkerCommand, WORKER_FLAG};
 
 /// The device asked for on the command line (`--device cpu|gpu`). `gpu` is
 /// the GPU backend of the linked libmlx (Metal on macOS, CUDA with the
@@ -53,20 +55,6 @@ pub struct RunConfig {
     pub registry: Registry,
 }
 
-/// The hooks the environment asks for, whatever the command line says:
-/// poisoning (on unless `MLX_CONFORMANCE_POISON` turns it off) and the
-/// explorer's planted fault (`MLX_CONFORMANCE_PLANT`, a testing hook).
-pub fn environment_interceptors() -> Vec<Box<dyn Interceptor>> {
-    let mut interceptors: Vec<Box<dyn Interceptor>> = Vec::new();
-    if crate::poison::enabled() {
-        interceptors.push(Box::new(crate::poison::Poison));
-    }
-    if let Some(plant) = crate::explore::plant::Plant::from_env() {
-        interceptors.push(Box::new(plant));
-    }
-    interceptors
-}
-
 /// The testing hooks set in the environment, each with what it does, for
 /// the warning and every report (`None` when none is): a leftover one
 /// never passes for a real FAIL or a real crash. Whatever a value says
@@ -74,7 +62,7 @@ pub fn environment_interceptors() -> Vec<Box<dyn Interceptor>> {
 pub fn testing_hooks() -> Option<String> {
     let hooks: Vec<String> = [
         (
-            crate::explore::plant::PLANT_ENV,
+            crate::plant::PLANT_ENV,
             "port bits flipped on purpose; FAIL rows of its region are planted",
         ),
         (
@@ -97,7 +85,7 @@ impl RunConfig {
     /// and writes at a case's end after the kept outputs); the candidate
     /// as the substitute.
     pub fn hooks(&self) -> Hooks {
-        let mut interceptors = environment_interceptors();
+        let mut interceptors = crate::runner::environment_interceptors();
         if let Some(dir) = &self.keep_outputs {
             interceptors.push(Box::new(crate::kept::KeepOutputs::new(dir.clone())));
         }
@@ -157,5 +145,20 @@ impl RunConfig {
             args.extend(["--explore-seed".into(), seed.to_string().into()]);
         }
         Ok(args)
+    }
+}
+
+// The worker's command line is the run's configuration: it is built here,
+// where the configuration is, so the runner never names `RunConfig`.
+impl WorkerCommand {
+    /// This executable as a worker of the run `config` describes.
+    pub fn for_run(config: &RunConfig, case_timeout: Option<Duration>) -> std::io::Result<Self> {
+        let mut args: Vec<OsString> = vec![WORKER_FLAG.into()];
+        args.extend(config.worker_args()?);
+        Ok(WorkerCommand {
+            program: std::env::current_exe()?,
+            args,
+            case_timeout,
+        })
     }
 }

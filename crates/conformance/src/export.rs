@@ -373,7 +373,7 @@ pub struct Verified {
 /// every must-equal case that reached a verdict there (pass or FAIL) is
 /// in the manifest. Every problem is listed, by file.
 pub fn verify(root: &Path, report: Option<&Path>) -> Result<Verified, VerifyError> {
-    use crate::snapshots::store;
+    use conformance_cases::store;
     let manifest_path = root.join("manifest.json");
     let bytes = match store::read_confined(
         root,

@@ -8,6 +8,10 @@ use std::path::{Path, PathBuf};
 use oracle::{DType, HostTensor};
 use safetensors::tensor::{Dtype, TensorView};
 
+/// The largest tensors file read from a candidate (or handed to one):
+/// a larger one is refused unread.
+pub const MAX_TENSORS_BYTES: u64 = 4 << 30;
+
 /// The file a case's tensors go to.
 pub fn file(dir: &Path, case: &str) -> PathBuf {
     dir.join(format!("{}.safetensors", crate::case::file_stem(case)))
@@ -103,14 +107,14 @@ pub fn read(dir: &Path, case: &str) -> Result<Option<Vec<(String, HostTensor)>>,
 /// Reads every tensor of a safetensors file, in the file's order; the
 /// error names the file and the tensor.
 ///
-/// Read as a snapshot is ([`crate::snapshots::store::read_limited`]): a
+/// Read as a snapshot is ([`conformance_cases::store::read_limited`]): a
 /// link, a FIFO or a device there is an error, never followed, blocked on
 /// or read without end; so is a file over the candidate protocol's cap.
 pub fn read_file(path: &Path) -> Result<Vec<(String, HostTensor)>, String> {
-    let bytes = crate::snapshots::store::read_limited(
+    let bytes = conformance_cases::store::read_limited(
         path,
-        crate::candidate::wire::MAX_TENSORS_BYTES,
-        crate::snapshots::store::Role::KeptOutputs,
+        MAX_TENSORS_BYTES,
+        conformance_cases::store::Role::KeptOutputs,
     )
     .map_err(|e| e.to_string())?
     .ok_or_else(|| format!("{}: no such file", path.display()))?;

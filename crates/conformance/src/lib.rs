@@ -23,6 +23,7 @@ pub mod kept;
 pub mod kernel_settings;
 pub mod mutation;
 pub mod outdir;
+pub mod plant;
 pub mod poison;
 pub mod report;
 pub mod runner;

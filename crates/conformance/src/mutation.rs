@@ -9,8 +9,6 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::report::Row;
-
 /// The interceptor of `--exact-faults`.
 pub struct PlantFaults;
 
@@ -28,7 +26,7 @@ pub struct Score {
 }
 
 impl Score {
-    fn add(&mut self, flagged: bool) {
+    pub(crate) fn add(&mut self, flagged: bool) {
         self.planted += 1;
         self.flagged += usize::from(flagged);
     }
@@ -92,57 +90,6 @@ pub struct MutationScore {
     /// `family · kind`.
     pub by_family_kind: BTreeMap<String, Score>,
     pub escapes: Vec<Escape>,
-}
-
-impl MutationScore {
-    /// Over the must-equal rows' planted faults.
-    pub fn of(rows: &[Row], backend: &str) -> Self {
-        let mut s = MutationScore {
-            backend: backend.to_owned(),
-            ..Self::default()
-        };
-        s.add_rows(rows);
-        s
-    }
-    /// [`MutationScore::of`], naming the run that produced it.
-    pub fn of_run(rows: &[Row], backend: &str, run: MutationRun) -> Self {
-        let mut s = Self::of(rows, backend);
-        s.run = Some(run);
-        s
-    }
-    fn add_rows(&mut self, rows: &[Row]) {
-        let s = self;
-        for row in rows {
-            let r = &row.result;
-            if r.expect != crate::case::Expect::MustEqual {
-                continue;
-            }
-            let Some(out) = &r.output else { continue };
-            for f in &out.faults {
-                let kind = f.kind.name();
-                s.total.add(f.flagged);
-                s.by_family
-                    .entry(r.family.clone())
-                    .or_default()
-                    .add(f.flagged);
-                s.by_kind.entry(kind.to_owned()).or_default().add(f.flagged);
-                s.by_family_kind
-                    .entry(format!("{} · {kind}", r.family))
-                    .or_default()
-                    .add(f.flagged);
-                if !f.flagged {
-                    s.escapes.push(Escape {
-                        case: r.name.clone(),
-                        output: f.output.clone(),
-                        kind: kind.to_owned(),
-                        max_ratio: f.max_ratio,
-                        changed: f.changed,
-                        total: f.total,
-                    });
-                }
-            }
-        }
-    }
 }
 
 /// The latest measured score of one backend, as recorded in

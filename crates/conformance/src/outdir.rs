@@ -158,10 +158,10 @@ pub fn claim(dir: &Path, kind: Kind) -> Result<Claim, OutDirError> {
     }
     let lock = lock_dir(dir)?;
     let marker = dir.join(MARKER);
-    match crate::snapshots::store::read_limited(
+    match conformance_cases::store::read_limited(
         &marker,
         4096,
-        crate::snapshots::store::Role::Marker,
+        conformance_cases::store::Role::Marker,
     ) {
         Ok(Some(bytes)) => {
             let text = String::from_utf8_lossy(&bytes);

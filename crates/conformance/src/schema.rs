@@ -3,10 +3,10 @@
 //! as the gate, the protocol's self-test (`--same-verdicts-as`) and the
 //! export's check (`--verify-against`) read it; the export's
 //! `manifest.json` ([`Manifest`]), written and verified as this type.
-//! The other writers' types are [`crate::report::Report`] (report.json),
-//! [`crate::gate::Gate`] (gate.json, read by no program) and
-//! [`crate::explore::Search`] (explore.json, read back by `--merge` as the
-//! same type).
+//! The other writers' types live with their writers, above this module
+//! (which names none of them): `report::Report` (report.json),
+//! `gate::Gate` (gate.json, read by no program) and `explore::Search`
+//! (explore.json, read back by `--merge` as the same type).
 //!
 //! A reader takes what it needs and tolerates fields it does not know (a
 //! newer writer's additions); a missing required field is an error
@@ -97,22 +97,22 @@ impl ReportFile {
     /// [`Self::MAX_BYTES`]; a link, FIFO or device is refused, not read or
     /// waited on); the error names it.
     pub fn read(path: &Path) -> Result<ReportFile, String> {
-        let bytes = match crate::snapshots::store::read_limited(
+        let bytes = match conformance_cases::store::read_limited(
             path,
             Self::MAX_BYTES,
-            crate::snapshots::store::Role::Report,
+            conformance_cases::store::Role::Report,
         ) {
             Ok(Some(b)) => b,
             Ok(None) => return Err(format!("{}: no such file", path.display())),
-            Err(crate::snapshots::store::StoreError::Link { .. }) => {
+            Err(conformance_cases::store::StoreError::Link { .. }) => {
                 // A report named through a link is the user's choice: read
                 // its target, with the same checks.
                 let target =
                     std::fs::canonicalize(path).map_err(|e| format!("{}: {e}", path.display()))?;
-                crate::snapshots::store::read_limited(
+                conformance_cases::store::read_limited(
                     &target,
                     Self::MAX_BYTES,
-                    crate::snapshots::store::Role::Report,
+                    conformance_cases::store::Role::Report,
                 )
                 .map_err(|e| e.to_string())?
                 .ok_or_else(|| format!("{}: no such file", path.display()))?

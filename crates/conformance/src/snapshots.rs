@@ -22,7 +22,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use crate::runner::{CaseResult, Verdict};
+use crate::result::{CaseResult, Verdict};
 
 /// What the gate does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

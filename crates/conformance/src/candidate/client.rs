@@ -28,6 +28,20 @@ pub const PROTOCOL: u64 = 1;
 /// How many of the candidate's last stderr lines an error quotes.
 const STDERR_TAIL: usize = 8;
 
+/// The directory the candidate command runs in, when set (else the
+/// runner's own). `cargo xtask conformance` runs the runner in the
+/// checkout's top level and sets this to the caller's directory, so a
+/// relative path in `--candidate` resolves where the user ran it, as
+/// `--cases`, `--out` and the other paths do.
+pub const CWD_ENV: &str = "MLX_CONFORMANCE_CANDIDATE_CWD";
+
+/// [`CWD_ENV`]'s directory, when set and not empty.
+pub fn cwd() -> Option<std::path::PathBuf> {
+    std::env::var_os(CWD_ENV)
+        .filter(|d| !d.is_empty())
+        .map(std::path::PathBuf::from)
+}
+
 /// What `--candidate` configured.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -478,10 +492,10 @@ fn sweep_adopted() {
 
 /// The command that starts the candidate: on Linux through its launcher
 /// (this executable again, [`super::launcher`]), elsewhere `sh -c CMD`;
-/// in [`super::cwd`] when set (the caller's directory under `cargo xtask`).
+/// in [`cwd`] when set (the caller's directory under `cargo xtask`).
 fn launch(command: &str, scratch: &std::path::Path) -> Command {
     let mut c = launch_here(command, scratch);
-    if let Some(dir) = super::cwd() {
+    if let Some(dir) = cwd() {
         c.current_dir(dir);
     }
     c

@@ -18,20 +18,6 @@
 //!   array they stand beside.
 
 pub mod client;
-
-/// The directory the candidate command runs in, when set (else the
-/// runner's own). `cargo xtask conformance` runs the runner in the
-/// checkout's top level and sets this to the caller's directory, so a
-/// relative path in `--candidate` resolves where the user ran it, as
-/// `--cases`, `--out` and the other paths do.
-pub const CWD_ENV: &str = "MLX_CONFORMANCE_CANDIDATE_CWD";
-
-/// [`CWD_ENV`]'s directory, when set and not empty.
-pub fn cwd() -> Option<std::path::PathBuf> {
-    std::env::var_os(CWD_ENV)
-        .filter(|d| !d.is_empty())
-        .map(std::path::PathBuf::from)
-}
 #[cfg(target_os = "linux")]
 pub mod launcher;
 pub mod ops;
@@ -43,7 +29,7 @@ use std::sync::Mutex;
 
 use oracle::{Arg, HostTensor, Value};
 
-pub use client::{CallError, Config, Reply};
+pub use client::{cwd, CallError, Config, Reply, CWD_ENV};
 
 use crate::hooks::{Answer, Counterpart, Substitute, SubstituteError};
 

@@ -4,7 +4,7 @@
 //! `compared`); [`from_manifest`] folds them into one [`Signatures`] per
 //! op. `docs/ops.json` is that of a whole export (`cargo xtask test`'s,
 //! CPU, deep tier: `cargo xtask ops-doc`), and `docs/ops.md` is rendered
-//! from it ([`super::ops::markdown`]). [`check`] is the doc's test: an
+//! from it (`ops::markdown`, which reads [`documented`]). [`check`] is the doc's test: an
 //! export that sends or compares anything `docs/ops.json` does not list,
 //! or in another JSON type, dtype or rank, is a problem
 //! (`--verify-export` runs it).

@@ -16,6 +16,8 @@ use std::collections::HashMap;
 
 use oracle::{HostTensor, Value};
 
+use super::client::Reply;
+
 /// The candidate's array at a reference array's place, or why it has none.
 pub use crate::hooks::Counterpart;
 
@@ -46,13 +48,13 @@ pub fn begin() {
 
 /// Records one call: the reference's result (or that it raised) and the
 /// candidate's reply.
-pub fn record(op: &str, reference: Option<&Value>, candidate: &super::Reply) {
+pub fn record(op: &str, reference: Option<&Value>, candidate: &Reply) {
     TAPE.with(|t| {
         let mut tape = t.borrow_mut();
-        tape.last_raised = Some(matches!(candidate, super::Reply::Raised(_)));
+        tape.last_raised = Some(matches!(candidate, Reply::Raised(_)));
         tape.last_refusal = match candidate {
-            super::Reply::Raised(m) => Some(format!("op `{op}`: {m}")),
-            super::Reply::Value(_) => None,
+            Reply::Raised(m) => Some(format!("op `{op}`: {m}")),
+            Reply::Value(_) => None,
         };
         let Some(reference) = reference else { return };
         for (path, _, digest) in super::signatures::value_nodes(reference) {
@@ -60,7 +62,7 @@ pub fn record(op: &str, reference: Option<&Value>, candidate: &super::Reply) {
                 .entry(digest)
                 .or_insert_with(|| format!("op `{op}`, result `{path}`"));
         }
-        if let (Value::Dict(r), super::Reply::Value(Value::Dict(c))) = (reference, candidate) {
+        if let (Value::Dict(r), Reply::Value(Value::Dict(c))) = (reference, candidate) {
             let internal = super::ops::by_name(op).map_or(&[][..], super::ops::Op::internal);
             for (k, v) in r {
                 if internal.contains(&k.as_str()) && !c.contains_key(k) {
@@ -70,8 +72,8 @@ pub fn record(op: &str, reference: Option<&Value>, candidate: &super::Reply) {
             }
         }
         let candidate = match candidate {
-            super::Reply::Value(v) => Ok(v),
-            super::Reply::Raised(m) => Err(format!("the candidate raised: {m}")),
+            Reply::Value(v) => Ok(v),
+            Reply::Raised(m) => Err(format!("the candidate raised: {m}")),
         };
         pair(reference, candidate, "(the result)", &mut tape.by_reference);
     });

@@ -20,6 +20,9 @@ use std::collections::BTreeMap;
 use oracle::{Arg, HostTensor, Value};
 use serde_json::{json, Map, Value as Json};
 
+/// The cap on a tensors file, kept with the safetensors reader.
+pub use crate::kept::MAX_TENSORS_BYTES;
+
 /// A tree and the arrays its `$tensor` leaves name.
 #[derive(Debug, Default)]
 pub struct Encoded {
@@ -201,19 +204,15 @@ pub fn decode_args(
         .collect()
 }
 
-/// The largest tensors file read from a candidate (or handed to one):
-/// a larger one is refused unread.
-pub const MAX_TENSORS_BYTES: u64 = 4 << 30;
-
 /// The tensors of a safetensors file by key, read through the one safe
 /// reader: a regular file of at most [`MAX_TENSORS_BYTES`], no link
 /// followed (a candidate's outputs linked to `/dev/zero` were read until
 /// memory ran out), no FIFO waited on. A missing file is an error.
 pub fn read_tensors(path: &std::path::Path) -> Result<BTreeMap<String, HostTensor>, String> {
-    let bytes = match crate::snapshots::store::read_limited(
+    let bytes = match conformance_cases::store::read_limited(
         path,
         MAX_TENSORS_BYTES,
-        crate::snapshots::store::Role::CandidateOutputs,
+        conformance_cases::store::Role::CandidateOutputs,
     ) {
         Ok(Some(b)) => b,
         Ok(None) => return Err(format!("{}: no such file", path.display())),

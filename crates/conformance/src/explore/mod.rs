@@ -24,7 +24,6 @@
 //! vision grids, decode offsets; a batch against each row alone). Each family's description is the
 //! serde data its fixed cases are built from (`families::describe`).
 
-pub mod plant;
 pub mod rate;
 pub mod report;
 

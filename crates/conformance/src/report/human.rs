@@ -1,6 +1,6 @@
 //! The terminal table.
 
-use super::{first_diff, snapshot_note, verdict_word, Report, Row};
+use super::model::{first_diff, snapshot_note, verdict_word, Report, Row};
 use crate::snapshots::SetCommands;
 
 /// One line per case (plain output when not on a terminal).
@@ -34,7 +34,7 @@ pub fn line(row: &Row, commands: &SetCommands, side: &str) -> String {
         notes.push(format!("not compared: {}", list.join("; ")));
     }
     // Under the row: every output outside the exact oracle's bound.
-    for (_, output, e) in super::exact_outside(std::slice::from_ref(row)) {
+    for (_, output, e) in super::model::exact_outside(std::slice::from_ref(row)) {
         notes.push(format!("exact oracle: {}", e.line_as(output, side)));
     }
     for m in notes {
@@ -54,8 +54,8 @@ pub fn header() -> String {
 /// Whether a row needs attention (anything but a clean pass or finding,
 /// or an output outside the exact oracle's bound).
 pub fn notable(row: &Row) -> bool {
-    !matches!(super::verdict_word(row), "pass" | "finding")
-        || !super::exact_outside(std::slice::from_ref(row)).is_empty()
+    !matches!(super::model::verdict_word(row), "pass" | "finding")
+        || !super::model::exact_outside(std::slice::from_ref(row)).is_empty()
 }
 
 /// The summary printed after the table.
@@ -127,7 +127,7 @@ pub fn summary(report: &Report) -> String {
         x.reference_outside.len(),
         x.port_outside.len()
     ));
-    for (row, output, e) in super::exact_outside(&report.cases) {
+    for (row, output, e) in super::model::exact_outside(&report.cases) {
         out.push_str(&format!(
             "  !! {} {}\n",
             row.result.name,
@@ -176,7 +176,7 @@ pub fn summary(report: &Report) -> String {
 
 /// The line saying how many selected cases this tier left to a deeper
 /// one (none when it left none).
-pub(crate) fn deep_only_line(e: &super::Environment) -> Option<String> {
+pub(crate) fn deep_only_line(e: &super::model::Environment) -> Option<String> {
     (e.deep_only_not_run > 0).then(|| {
         format!(
             "tier {}: {} selected case(s) run only in the deep tier (findings over another schedule, a sweep or a long window); `--tier deep` runs them, as CI and the gate do",

@@ -2,7 +2,7 @@
 
 use quick_junit::{NonSuccessKind, Report as JUnit, TestCase, TestCaseStatus, TestSuite};
 
-use super::{first_diff, Report};
+use super::model::{first_diff, Report};
 use crate::runner::Verdict;
 use crate::snapshots::Status;
 
@@ -77,7 +77,7 @@ pub fn render(report: &Report) -> String {
     // The exact oracle's outside-the-bound outputs, one test each: a
     // failure unless the case's snapshot pins it (then skipped, with the
     // recorded fault as its message, so it still shows).
-    for (row, output, e) in super::exact_outside(&report.cases) {
+    for (row, output, e) in super::model::exact_outside(&report.cases) {
         let pinned = matches!(row.snapshot, Status::Match | Status::Written { .. });
         let mut status = if pinned {
             TestCaseStatus::skipped()

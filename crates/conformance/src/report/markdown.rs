@@ -3,7 +3,7 @@
 
 use std::fmt::Write;
 
-use super::{first_diff, verdict_word, Report};
+use super::model::{first_diff, verdict_word, Report};
 use crate::runner::Verdict;
 use crate::snapshots::Status;
 
@@ -110,7 +110,7 @@ pub fn render(report: &Report) -> String {
         crate::mutation::markdown(m, &mut md);
     }
     crate::mutation::markdown_recorded(&s.mutation_recorded, &mut md);
-    let outside = super::exact_outside(&report.cases);
+    let outside = super::model::exact_outside(&report.cases);
     if !outside.is_empty() {
         let _ = writeln!(md, "## Outside the exact bound ({})\n", outside.len());
         let _ = writeln!(md, "| case | output | class | op, model | worst element | ratio | snapshot |\n|---|---|---|---|---|---:|---|");
@@ -203,7 +203,7 @@ pub fn render(report: &Report) -> String {
                 }
             }
             Status::Missing | Status::Invalid { .. } => {
-                if let Some(note) = super::snapshot_note(&row.snapshot, &e.set_commands) {
+                if let Some(note) = super::model::snapshot_note(&row.snapshot, &e.set_commands) {
                     let _ = writeln!(md, "- {note}");
                 }
             }

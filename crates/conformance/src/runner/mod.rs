@@ -167,13 +167,27 @@ fn skipped(case: &Case, backend: Backend) -> Option<CaseResult> {
     Some(result)
 }
 
+/// The hooks the environment asks for, whatever the command line says:
+/// poisoning (on unless `MLX_CONFORMANCE_POISON` turns it off) and the
+/// explorer's planted fault (`MLX_CONFORMANCE_PLANT`, a testing hook).
+pub fn environment_interceptors() -> Vec<Box<dyn crate::hooks::Interceptor>> {
+    let mut interceptors: Vec<Box<dyn crate::hooks::Interceptor>> = Vec::new();
+    if crate::poison::enabled() {
+        interceptors.push(Box::new(crate::poison::Poison));
+    }
+    if let Some(plant) = crate::plant::Plant::from_env() {
+        interceptors.push(Box::new(plant));
+    }
+    interceptors
+}
+
 /// The hooks of a run that names none (tests, benches, the explorer):
-/// what the environment asks for ([`crate::config::environment_interceptors`]),
+/// what the environment asks for ([`environment_interceptors`]),
 /// built once per process (a planted fault counts the cases it saw).
 pub fn default_hooks() -> &'static Hooks {
     static DEFAULT: std::sync::OnceLock<Hooks> = std::sync::OnceLock::new();
     DEFAULT.get_or_init(|| Hooks {
-        interceptors: crate::config::environment_interceptors(),
+        interceptors: environment_interceptors(),
         substitute: None,
     })
 }

@@ -169,22 +169,6 @@ pub struct WorkerCommand {
     pub case_timeout: Option<Duration>,
 }
 
-impl WorkerCommand {
-    /// This executable as a worker of the run `config` describes.
-    pub fn for_run(
-        config: &crate::config::RunConfig,
-        case_timeout: Option<Duration>,
-    ) -> std::io::Result<Self> {
-        let mut args: Vec<OsString> = vec![WORKER_FLAG.into()];
-        args.extend(config.worker_args()?);
-        Ok(WorkerCommand {
-            program: std::env::current_exe()?,
-            args,
-            case_timeout,
-        })
-    }
-}
-
 /// One live worker process, seen from the parent.
 struct Worker {
     child: Child,
