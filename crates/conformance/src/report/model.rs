@@ -74,7 +74,7 @@ pub struct Environment {
     /// which flips port bits on purpose; `MLX_CONFORMANCE_FAULT=…`, which
     /// crashes or stops workers on purpose), each with what it does: named
     /// in every report, so a leftover one never passes for a real FAIL or
-    /// a real crash ([`crate::config::testing_hooks`]).
+    /// a real crash (the run fills it from `config::testing_hooks`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub testing_hook: Option<String>,
 }
